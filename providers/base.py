@@ -1,0 +1,103 @@
+"""The interfaces the engine depends on: one async client per async kind, one sync client
+per sync kind, and where each provider lives.
+
+The engine imports these protocols, never a concrete client; ``providers.registry`` builds
+the concrete client for a ``provider_kind``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from providers.outcomes import PollOutcome, SyncOutcome
+from providers.transport import RetryPolicy
+
+__all__ = ["AsyncKindClient", "Endpoint", "OnPoll", "ProviderSettings", "SyncKindClient"]
+
+OnPoll = Callable[[PollOutcome], Awaitable[None]]
+
+
+class AsyncKindClient(Protocol):
+    """A polled upstream task of one ``provider_kind``."""
+
+    kind: str
+
+    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
+        """Start an upstream task; return its task id. Not idempotent upstream."""
+        ...
+
+    async def poll(self, task_id: str) -> PollOutcome:
+        """One status check of ``task_id``. Never creates anything."""
+        ...
+
+    async def resume(
+        self, task_id: str, *, interval_s: float, budget_s: float,
+        on_poll: OnPoll | None = None,
+    ) -> PollOutcome:
+        """Poll ``task_id`` every ``interval_s`` until a terminal outcome or ``budget_s``
+        elapses (then the last ``Running``). Never creates a task."""
+        ...
+
+
+class SyncKindClient(Protocol):
+    """A single-round-trip upstream call of one ``provider_kind``."""
+
+    kind: str
+
+    async def call(self, request: Mapping[str, Any]) -> SyncOutcome:
+        """Make the call; return the outcome. Raises ``ProviderError`` on transport or
+        protocol errors."""
+        ...
+
+
+class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
+    base_url: str
+    api_key: str
+    media_base_url: str | None = None
+
+
+class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Where each provider lives and how to authenticate. Defaults are the real APIs."""
+
+    kie: Endpoint = Endpoint(base_url="https://api.kie.ai", api_key="")
+    replicate: Endpoint = Endpoint(base_url="https://api.replicate.com", api_key="")
+    elevenlabs: Endpoint = Endpoint(base_url="https://api.elevenlabs.io", api_key="")
+    anthropic: Endpoint = Endpoint(base_url="https://api.anthropic.com", api_key="")
+    retry: RetryPolicy = RetryPolicy()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ProviderSettings:
+        """Read ``CALLWARDEN_<PROVIDER>_URL`` and ``<PROVIDER>_API_KEY`` (e.g.
+        ``KIE_API_KEY``, ``REPLICATE_API_TOKEN``, ``ELEVENLABS_API_KEY``,
+        ``ANTHROPIC_API_KEY``)."""
+        e = os.environ if env is None else env
+        base = cls()
+
+        def ep(name: str, default: Endpoint, key_var: str) -> Endpoint:
+            return Endpoint(
+                base_url=e.get(f"CALLWARDEN_{name}_URL", default.base_url).rstrip("/"),
+                api_key=e.get(key_var, default.api_key),
+            )
+
+        return cls(
+            kie=ep("KIE", base.kie, "KIE_API_KEY"),
+            replicate=ep("REPLICATE", base.replicate, "REPLICATE_API_TOKEN"),
+            elevenlabs=ep("ELEVENLABS", base.elevenlabs, "ELEVENLABS_API_KEY"),
+            anthropic=ep("ANTHROPIC", base.anthropic, "ANTHROPIC_API_KEY"),
+        )
+
+    @classmethod
+    def for_simulator(cls, base_url: str, api_key: str = "sim-key") -> ProviderSettings:
+        """All four providers served by one simulator at ``base_url``, each under its own
+        prefix (``/kie``, ``/replicate``, ``/elevenlabs``, ``/anthropic``)."""
+        url = base_url.rstrip("/")
+
+        def ep(name: str) -> Endpoint:
+            return Endpoint(base_url=f"{url}/{name}", api_key=api_key)
+
+        return cls(kie=ep("kie"), replicate=ep("replicate"), elevenlabs=ep("elevenlabs"),
+                   anthropic=ep("anthropic"))

@@ -1,0 +1,144 @@
+"""The error tree of ``providers``: nothing from aiohttp, json or botocore escapes it.
+
+::
+
+    ProviderError                     base; carries ``provider`` and the upstream ``message``
+    ├── TransientError                retry later: HTTP 5xx, KIE 455/500, reset, timeout
+    │   ├── RateLimited               HTTP 429 or in-body ``code: 429``; ``retry_after`` (s)
+    │   └── ProviderTimeout           no answer within the request timeout
+    ├── AuthenticationError           401 / invalid key
+    ├── InsufficientCredits           402 / KIE 433 / quota exceeded
+    ├── BadRequest                    terminal: validation or policy error on *our* request
+    ├── TaskNotFound                  the upstream task id is unknown or gone
+    ├── MalformedResponse             body is not what the provider documents
+    ├── UnknownProviderKind           a ``provider_kind`` no client knows
+    └── MediaError                    downloading a result failed
+        ├── MediaExpired              404/403/410 on a result URL, or ``data_removed``
+        ├── MediaTooLarge             body over the size limit
+        └── MediaTypeRejected         content type not allowed
+
+    StorageError                      storing media failed (transient by nature)
+    SignatureError                    a webhook signature is missing, wrong or stale
+
+``is_transient(err)`` tells a caller whether retrying the same request may succeed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "BadRequest",
+    "InsufficientCredits",
+    "MalformedResponse",
+    "MediaError",
+    "MediaExpired",
+    "MediaTooLarge",
+    "MediaTypeRejected",
+    "ProviderError",
+    "ProviderTimeout",
+    "RateLimited",
+    "SignatureError",
+    "StorageError",
+    "TaskNotFound",
+    "TransientError",
+    "UnknownProviderKind",
+    "is_transient",
+]
+
+
+class ProviderError(Exception):
+    """Base of every error raised by ``providers``.
+
+    ``provider`` names the upstream (``kie``, ``replicate``, ``elevenlabs``, ``anthropic``),
+    ``message`` keeps the provider's own words, ``status`` the HTTP status (or in-body code)
+    when there was one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.code = code
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.provider, str(self.status) if self.status else "") if p]
+        prefix = f"[{' '.join(parts)}] " if parts else ""
+        return f"{prefix}{self.message}"
+
+
+class TransientError(ProviderError):
+    """The request may succeed if sent again later."""
+
+
+class RateLimited(TransientError):
+    """The provider throttled us; ``retry_after`` is in seconds when it said so."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.retry_after = retry_after
+
+
+class ProviderTimeout(TransientError):
+    """No (complete) answer within the request timeout."""
+
+
+class AuthenticationError(ProviderError):
+    """The credentials were refused."""
+
+
+class InsufficientCredits(ProviderError):
+    """The account has no credit or quota left for this request."""
+
+
+class BadRequest(ProviderError):
+    """The provider refused our request as invalid; sending it again will not help."""
+
+
+class TaskNotFound(ProviderError):
+    """The upstream task id is unknown, expired or deleted."""
+
+
+class MalformedResponse(ProviderError):
+    """The response body does not have the documented shape (bad JSON, missing fields,
+    an unknown status value)."""
+
+
+class UnknownProviderKind(ProviderError):
+    """A ``provider_kind`` that no client in the registry knows."""
+
+
+class MediaError(ProviderError):
+    """Fetching a result media URL failed."""
+
+
+class MediaExpired(MediaError):
+    """The result is gone: 403/404/410 on its URL, or the provider removed it."""
+
+
+class MediaTooLarge(MediaError):
+    """The media body exceeded the configured size limit."""
+
+
+class MediaTypeRejected(MediaError):
+    """The media's content type is not one we accept."""
+
+
+class StorageError(Exception):
+    """Storing media failed; the caller may retry (keys are deterministic)."""
+
+
+class SignatureError(Exception):
+    """A webhook signature is missing, malformed, wrong, or its timestamp is stale."""
+
+
+def is_transient(err: BaseException) -> bool:
+    """True when retrying the same request later may succeed."""
+    return isinstance(err, TransientError | StorageError)

@@ -1,0 +1,56 @@
+"""Normalised results of provider calls: what a poll or a sync call tells us.
+
+These are plain frozen values (no I/O). Every client maps its provider's own status
+vocabulary onto exactly one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["Blob", "Failed", "NotFound", "PollOutcome", "Running", "Succeeded", "SyncOutcome"]
+
+
+class Blob(msgspec.Struct, frozen=True, kw_only=True):
+    """Media returned inline by a sync call (TTS audio bytes), not behind a URL."""
+
+    content_type: str
+    data: bytes
+
+
+class Running(msgspec.Struct, frozen=True, kw_only=True, tag="running"):
+    """Upstream is still working. ``progress`` is 0..100 when the provider reports it."""
+
+    raw_state: str
+    progress: float | None = None
+
+
+class Succeeded(msgspec.Struct, frozen=True, kw_only=True, tag="succeeded"):
+    """Upstream finished. ``media_urls`` to download now; ``text`` for LLM answers;
+    ``cost`` as the provider reported it (credits or USD, provider-specific), if any."""
+
+    media_urls: tuple[str, ...] = ()
+    text: str | None = None
+    cost: float | None = None
+    blobs: tuple[Blob, ...] = ()
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
+    """Upstream reported that the task failed (generation error, moderation...)."""
+
+    error: str
+    code: str | None = None
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class NotFound(msgspec.Struct, frozen=True, kw_only=True, tag="not_found"):
+    """The task id is unknown to the provider (never existed, expired or deleted)."""
+
+    message: str = ""
+
+
+PollOutcome = Running | Succeeded | Failed | NotFound
+SyncOutcome = Succeeded | Failed

@@ -1,0 +1,165 @@
+"""The one place that sends HTTP: timeouts, bounded jittered retries, error translation.
+
+Clients build requests and parse responses with pure functions; this module only moves
+bytes. Each client passes a ``classify`` function that turns a response into a
+:class:`~providers.errors.ProviderError` (or ``None`` when it is usable). Transient errors
+are retried with full-jitter exponential backoff, bounded in attempts *and* total time,
+honouring ``Retry-After``.
+
+A create request is **not idempotent** upstream (no provider takes an idempotency key), so
+for ``idempotent=False`` only failures that prove the request was never processed are
+retried: HTTP 429 and a connection that could not be opened. A timeout, a reset or a 5xx
+after sending is ambiguous and is raised at once for the caller to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from providers.errors import (
+    MalformedResponse,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    TransientError,
+)
+
+__all__ = ["RawResponse", "RetryPolicy", "parse_retry_after", "send"]
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    max_attempts: int = 4
+    base_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+    max_total_s: float = 30.0
+    timeout_s: float = 30.0
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+class RawResponse(msgspec.Struct, frozen=True, kw_only=True):
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    def json(self, provider: str) -> Any:
+        """The body as JSON, or :class:`MalformedResponse` keeping a prefix of the body."""
+        try:
+            return msgspec.json.decode(self.body)
+        except msgspec.DecodeError as exc:
+            snippet = self.body[:200].decode("utf-8", "replace")
+            raise MalformedResponse(
+                f"invalid JSON from {provider}: {exc}; body starts {snippet!r}",
+                provider=provider, status=self.status,
+            ) from exc
+
+
+Classify = Callable[[RawResponse], ProviderError | None]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` (or ``retry-after-ms``-derived) header value:
+    either delta-seconds or an HTTP date. ``None`` when absent or unparseable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def _backoff(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
+    cap = min(policy.max_delay_s, policy.base_delay_s * (2 ** attempt))
+    return rng.uniform(0, cap)
+
+
+def _retryable(err: ProviderError, idempotent: bool) -> bool:
+    if isinstance(err, RateLimited):
+        return True
+    if not idempotent:
+        return isinstance(err, _ConnectFailed)
+    return isinstance(err, TransientError)
+
+
+class _ConnectFailed(TransientError):
+    """The TCP connection could not be opened: the request was certainly not processed."""
+
+
+async def _once(
+    session: aiohttp.ClientSession, method: str, url: str, *, provider: str,
+    timeout_s: float, kwargs: Mapping[str, Any],
+) -> RawResponse:
+    try:
+        async with session.request(
+            method, url, timeout=aiohttp.ClientTimeout(total=timeout_s), **kwargs
+        ) as resp:
+            body = await resp.read()
+            headers = {k.lower(): v for k, v in resp.headers.items()}
+            return RawResponse(status=resp.status, headers=headers, body=body)
+    except TimeoutError as exc:
+        raise ProviderTimeout(
+            f"{method} {url} timed out after {timeout_s}s", provider=provider
+        ) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise _ConnectFailed(f"cannot connect for {method} {url}: {exc}",
+                             provider=provider) from exc
+    except aiohttp.ClientError as exc:
+        raise TransientError(f"{method} {url} failed: {exc!r}", provider=provider) from exc
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    provider: str,
+    classify: Classify,
+    policy: RetryPolicy = DEFAULT_POLICY,
+    idempotent: bool = True,
+    sleep: Sleep = asyncio.sleep,
+    rng: random.Random | None = None,
+    **kwargs: Any,
+) -> RawResponse:
+    """Send one logical request; return a response that ``classify`` accepts.
+
+    ``kwargs`` go to ``aiohttp.ClientSession.request`` (``json=``, ``data=``, ``params=``,
+    ``headers=``). Raises a :class:`ProviderError` subclass, never an aiohttp error.
+    """
+    rng = rng or random.Random()
+    deadline = time.monotonic() + policy.max_total_s
+    attempt = 0
+    while True:
+        try:
+            raw = await _once(session, method, url, provider=provider,
+                              timeout_s=policy.timeout_s, kwargs=kwargs)
+            err = classify(raw)
+            if err is None:
+                return raw
+            raise err
+        except ProviderError as err:
+            attempt += 1
+            if attempt >= policy.max_attempts or not _retryable(err, idempotent):
+                raise
+            delay = _backoff(policy, attempt, rng)
+            if isinstance(err, RateLimited) and err.retry_after is not None:
+                delay = max(delay, err.retry_after)
+            if time.monotonic() + delay > deadline:
+                raise
+            await sleep(delay)
