@@ -1,0 +1,223 @@
+"""Anthropic Messages API client (``anthropic-sync``): one ``POST /v1/messages``.
+
+Sans-I/O: :func:`build_messages_request` makes the request, :func:`parse_message` turns a
+2xx body into an outcome, :func:`classify_anthropic` turns an error response into a typed
+:mod:`providers.errors` error. :class:`AnthropicClient` glues them to the transport.
+
+Errors come as ``{"type": "error", "error": {"type", "message"}, "request_id"}`` (and a
+``request-id`` header); the HTTP status decides the class:
+
+====  ======================  =======================
+HTTP  ``error.type``          raised
+====  ======================  =======================
+400   invalid_request_error   BadRequest
+401   authentication_error    AuthenticationError
+402   billing_error           InsufficientCredits
+403   permission_error        AuthenticationError
+404   not_found_error         BadRequest (a wrong model or path, not a task)
+413   request_too_large       BadRequest
+429   rate_limit_error        RateLimited (``retry-after-ms``, else ``retry-after``)
+500   api_error               TransientError
+504   timeout_error           TransientError
+529   overloaded_error        TransientError
+====  ======================  =======================
+
+``x-should-retry: false`` makes any of them terminal (a plain ``ProviderError`` in place of
+a transient one); ``x-should-retry: true`` makes a terminal one transient. The message keeps
+the error type and the ``request_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from providers.base import Endpoint
+from providers.errors import (
+    AuthenticationError,
+    BadRequest,
+    InsufficientCredits,
+    MalformedResponse,
+    ProviderError,
+    RateLimited,
+    TransientError,
+    UnknownProviderKind,
+)
+from providers.outcomes import Failed, Succeeded
+from providers.transport import (
+    DEFAULT_POLICY,
+    RawResponse,
+    RetryPolicy,
+    Sleep,
+    parse_retry_after,
+    send,
+)
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "AnthropicClient",
+    "MessagesRequest",
+    "anthropic_client_for",
+    "build_messages_request",
+    "classify_anthropic",
+    "parse_message",
+]
+
+PROVIDER = "anthropic"
+KIND = "anthropic-sync"
+ANTHROPIC_VERSION = "2023-06-01"
+REQUIRED = ("model", "max_tokens", "messages")
+
+_BY_STATUS: dict[int, type[ProviderError]] = {
+    400: BadRequest, 401: AuthenticationError, 402: InsufficientCredits,
+    403: AuthenticationError, 404: BadRequest, 413: BadRequest, 429: RateLimited,
+    408: TransientError, 409: TransientError,
+    500: TransientError, 504: TransientError, 529: TransientError,
+}
+# For an error envelope under a status the table does not know (or a 2xx).
+_BY_TYPE: dict[str, type[ProviderError]] = {
+    "invalid_request_error": BadRequest, "authentication_error": AuthenticationError,
+    "billing_error": InsufficientCredits, "permission_error": AuthenticationError,
+    "not_found_error": BadRequest, "request_too_large": BadRequest,
+    "rate_limit_error": RateLimited, "api_error": TransientError,
+    "timeout_error": TransientError, "overloaded_error": TransientError,
+}
+
+
+class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/messages`` as data (the path is fixed; headers besides the key here)."""
+
+    body: dict[str, Any]
+    path: str = "/v1/messages"
+    headers: dict[str, str] = msgspec.field(
+        default_factory=lambda: {"anthropic-version": ANTHROPIC_VERSION,
+                                 "content-type": "application/json"})
+
+
+def build_messages_request(request: Mapping[str, Any]) -> MessagesRequest:
+    """The Messages request: ``{model, max_tokens, messages, system?, ...}`` passed through.
+
+    Streaming is refused (a sync call reads one JSON body)."""
+    missing = [k for k in REQUIRED if request.get(k) in (None, "", [])]
+    if missing:
+        raise BadRequest(f"messages request needs {', '.join(missing)}", provider=PROVIDER)
+    if request.get("stream"):
+        raise BadRequest("stream=true is not supported by the sync client", provider=PROVIDER)
+    return MessagesRequest(body=dict(request))
+
+
+def _malformed(message: str, raw: RawResponse) -> MalformedResponse:
+    return MalformedResponse(message, provider=PROVIDER, status=raw.status)
+
+
+def _text_of(content: list[Any], raw: RawResponse) -> str:
+    parts = []
+    for block in content:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _malformed(f"content block is not an object with a type: {block!r}", raw)
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise _malformed("text block without text", raw)
+            parts.append(block["text"])
+    return "".join(parts)
+
+
+def parse_message(raw: RawResponse) -> Succeeded | Failed:
+    """A message object as an outcome: ``text`` is the text blocks joined, ``raw`` the
+    whole message (with ``usage``); ``stop_reason == "refusal"`` is a failure."""
+    body = raw.json(PROVIDER)
+    if isinstance(body, dict) and body.get("type") == "error":
+        raise _error_from(raw)  # an error envelope with a 2xx status
+    if not isinstance(body, dict) or body.get("type") != "message":
+        raise _malformed(f"expected a message object, got {raw.body[:200]!r}", raw)
+    content = body.get("content")
+    if not isinstance(content, list):
+        raise _malformed("message without a content list", raw)
+    text = _text_of(content, raw)
+    if body.get("stop_reason") == "refusal":
+        return Failed(error="refusal", code="refusal", raw=body)
+    return Succeeded(text=text, cost=None, raw=body)
+
+
+def _envelope(raw: RawResponse) -> tuple[str, str, str | None]:
+    """(error type, message, request id) of an error response, whatever its body."""
+    rid = raw.headers.get("request-id")
+    try:
+        body = msgspec.json.decode(raw.body)
+    except msgspec.DecodeError:
+        return "", raw.body[:200].decode("utf-8", "replace").strip() or f"HTTP {raw.status}", rid
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return "", str(body)[:200], rid
+    rid = body.get("request_id") or rid
+    return str(error.get("type") or ""), str(error.get("message") or ""), rid
+
+
+def _error_class(status: int, etype: str, should_retry: str | None) -> type[ProviderError]:
+    cls = (_BY_STATUS.get(status) or _BY_TYPE.get(etype)
+           or (TransientError if status >= 500 else BadRequest))
+    if should_retry == "false" and issubclass(cls, TransientError):
+        return ProviderError
+    if should_retry == "true" and not issubclass(cls, TransientError):
+        return TransientError
+    return cls
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    try:
+        return max(0.0, float(headers["retry-after-ms"]) / 1000.0)
+    except (KeyError, ValueError):
+        return parse_retry_after(headers.get("retry-after"))
+
+
+def _error_from(raw: RawResponse) -> ProviderError:
+    etype, message, rid = _envelope(raw)
+    text = f"{etype}: {message}" if etype else message
+    if rid:
+        text += f" (request_id {rid})"
+    cls = _error_class(raw.status, etype, raw.headers.get("x-should-retry"))
+    if cls is RateLimited:
+        return RateLimited(text, retry_after=_retry_after(raw.headers), provider=PROVIDER,
+                           status=raw.status, code=etype or None)
+    return cls(text, provider=PROVIDER, status=raw.status, code=etype or None)
+
+
+def classify_anthropic(raw: RawResponse) -> ProviderError | None:
+    """``None`` for a 2xx response, else the typed error (table in the module doc)."""
+    if 200 <= raw.status < 300:
+        return None
+    return _error_from(raw)
+
+
+class AnthropicClient:
+    """``anthropic-sync``: one Messages call per job."""
+
+    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint,
+                 kind: str = KIND, policy: RetryPolicy = DEFAULT_POLICY,
+                 sleep: Sleep = asyncio.sleep) -> None:
+        self.kind = kind
+        self._session, self._endpoint = session, endpoint
+        self._policy, self._sleep = policy, sleep
+
+    async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
+        req = build_messages_request(request)
+        headers = {"x-api-key": self._endpoint.api_key, **req.headers}
+        raw = await send(self._session, "POST", self._endpoint.base_url + req.path,
+                         provider=PROVIDER, classify=classify_anthropic, policy=self._policy,
+                         idempotent=False, sleep=self._sleep, headers=headers,
+                         data=msgspec.json.encode(req.body))
+        return parse_message(raw)
+
+
+def anthropic_client_for(
+    kind: str, session: aiohttp.ClientSession, endpoint: Endpoint, *,
+    policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+) -> AnthropicClient:
+    """The client for ``anthropic-sync``; :class:`UnknownProviderKind` for anything else."""
+    if kind != KIND:
+        raise UnknownProviderKind(f"no Anthropic client for kind {kind!r}", provider=PROVIDER)
+    return AnthropicClient(session, endpoint, kind, policy, sleep)
