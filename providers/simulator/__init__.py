@@ -1,0 +1,23 @@
+"""A faithful local fake of the four providers (see :mod:`providers.simulator.core`)."""
+
+from providers.simulator.core import (
+    Fault,
+    RunningSimulator,
+    Script,
+    Simulator,
+    Step,
+    WebhookPlan,
+    main,
+    running_simulator,
+)
+
+__all__ = [
+    "Fault",
+    "RunningSimulator",
+    "Script",
+    "Simulator",
+    "Step",
+    "WebhookPlan",
+    "main",
+    "running_simulator",
+]

@@ -1,0 +1,345 @@
+"""The provider simulator: one aiohttp server faking KIE, Replicate, ElevenLabs and Anthropic.
+
+Each provider lives in ``providers/simulator/<name>.py`` (``NAME``, ``routes(sim)``,
+``render_error(...)``) and is mounted as a sub-application under ``/<NAME>``. Core adds to
+each sub-app one middleware that journals the request and then applies the next armed
+fault; it also serves result media at ``/media/{token}`` and the control API at ``/_sim``.
+Nothing provider-specific lives here.
+
+Route names: aiohttp wants them unique per provider, but several paths may be one logical
+route. A name ``"create.by_model"`` is journaled and faulted as ``"create"``.
+
+Use it in tests as ``async with running_simulator() as rs: ...`` or run it standalone with
+``python -m providers.simulator --port 8765``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import importlib
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from providers.base import ProviderSettings
+from providers.simulator.control import control_routes
+from providers.simulator.journal import Faults, Journal, JournalEntry
+from providers.simulator.media import MediaHost
+from providers.simulator.model import (
+    Clock,
+    Fault,
+    Phase,
+    Script,
+    Step,
+    Task,
+    TaskStore,
+    WebhookPlan,
+)
+from providers.simulator.webhooks import Delivery, Webhooks
+
+__all__ = [
+    "MAX_HANG_S",
+    "PROVIDER_MODULES",
+    "Clock",
+    "Delivery",
+    "Fault",
+    "Faults",
+    "Journal",
+    "JournalEntry",
+    "MediaHost",
+    "Phase",
+    "ProviderModule",
+    "RunningSimulator",
+    "Script",
+    "Simulator",
+    "Step",
+    "Task",
+    "TaskStore",
+    "WebhookPlan",
+    "Webhooks",
+    "build_app",
+    "load_provider_modules",
+    "main",
+    "running_simulator",
+]
+
+PROVIDER_MODULES: tuple[str, ...] = (
+    "providers.simulator.kie",
+    "providers.simulator.replicate",
+    "providers.simulator.elevenlabs",
+    "providers.simulator.anthropic",
+)
+MAX_HANG_S = 120.0
+OnPhase = Callable[[Phase], Awaitable[None]]
+
+
+class ProviderModule(Protocol):
+    """What a ``providers/simulator/<name>.py`` module exposes."""
+
+    NAME: str
+
+    def routes(self, sim: Simulator) -> list[web.RouteDef]: ...
+
+    def render_error(self, status: int, message: str, *, retry_after: float | None = None,
+                     in_body: bool = False) -> web.Response: ...
+
+
+def load_provider_modules(names: Sequence[str] = PROVIDER_MODULES) -> list[ProviderModule]:
+    """Import each provider module; skip one that does not exist (yet). An import error
+    *inside* an existing module is raised, not hidden."""
+    found: list[ProviderModule] = []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            if exc.name == name:
+                continue
+            raise
+        found.append(cast(ProviderModule, module))
+    return found
+
+
+def _secret(rng: random.Random, prefix: str, size: int, *, b64: bool) -> str:
+    raw = rng.randbytes(size)
+    return prefix + (base64.b64encode(raw).decode() if b64 else raw.hex())
+
+
+class Simulator:
+    """The state shared by every provider route: clock, journal, tasks, faults, media,
+    webhooks, scripts queued through the control API, and background jobs."""
+
+    def __init__(self, *, api_key: str = "sim-key", clock_factor: float = 1.0,
+                 seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.clock = Clock(clock_factor)
+        self.journal = Journal()
+        self.tasks = TaskStore(self.clock)
+        self.faults = Faults()
+        self.media = MediaHost(self.clock, self.rng)
+        self.webhooks = Webhooks(self.clock)
+        self.api_key = api_key
+        self.base_url = ""
+        self.webhook_secrets: dict[str, str] = {
+            "replicate": _secret(self.rng, "whsec_", 24, b64=True),
+            "kie": _secret(self.rng, "", 16, b64=False),
+            "elevenlabs": _secret(self.rng, "wsec_", 16, b64=False),
+        }
+        self.modules: dict[str, ProviderModule] = {}
+        self._scripts: dict[str, deque[Script]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def set_base_url(self, url: str) -> None:
+        self.base_url = url.rstrip("/")
+        self.media.base_url = self.base_url
+
+    def provider_url(self, provider: str, path: str = "") -> str:
+        """Absolute URL of ``path`` under ``provider``'s prefix on this simulator."""
+        return f"{self.base_url}/{provider}{path}"
+
+    def queue_script(self, provider: str, script: Script) -> None:
+        """The next task created for ``provider`` (without ``_sim``) follows ``script``."""
+        self._scripts.setdefault(provider, deque()).append(script)
+
+    def script_for(self, provider: str, request_input: Mapping[str, Any]) -> Script:
+        """The request's ``_sim`` script, else the next queued one, else the default."""
+        if "_sim" in request_input:
+            try:
+                return msgspec.convert(request_input["_sim"], Script)
+            except msgspec.ValidationError as exc:
+                raise web.HTTPBadRequest(text=f"invalid _sim script: {exc}") from exc
+        queue = self._scripts.get(provider)
+        return queue.popleft() if queue else Script()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` in the background; it is cancelled on reset and close."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def drive(self, task: Task, on_phase: OnPhase, *, interval_s: float = 0.02,
+              observe: bool = True) -> asyncio.Task[None]:
+        """Advance ``task`` in the background (one observation per tick when ``observe``)
+        and await ``on_phase`` on each change of phase name, until a terminal phase.
+        For providers that call back: the task progresses even when nobody polls."""
+        return self.spawn(self._drive(task, on_phase, interval_s, observe))
+
+    async def _drive(self, task: Task, on_phase: OnPhase, interval_s: float,
+                     observe: bool) -> None:
+        last: str | None = None
+        while True:
+            now = self.clock.now()
+            phase = task.observe(now) if observe else task.peek(now)
+            if phase.name != last:
+                last = phase.name
+                await on_phase(phase)
+            if phase.terminal:
+                return
+            await asyncio.sleep(interval_s)
+
+    def reset(self) -> None:
+        """Forget tasks, journal, faults, scripts, media and deliveries (clock stays)."""
+        for job in self._background:
+            job.cancel()
+        self.journal.clear()
+        self.tasks.clear()
+        self.faults.clear()
+        self.media.clear()
+        self._scripts.clear()
+        self.webhooks.reset()
+
+    async def close(self) -> None:
+        jobs = list(self._background)
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        await self.webhooks.close()
+
+
+def _route_name(request: web.Request) -> str:
+    name = request.match_info.route.name or ""
+    return name.split(".", 1)[0]
+
+
+def _fault_message(status: int) -> str:
+    return "rate limited" if status == 429 else f"simulated upstream error (HTTP {status})"
+
+
+async def _truncated_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The real answer's body cut in half, sent as a 200 JSON response."""
+    try:
+        resp = await handler(request)
+        body = resp.body if isinstance(resp, web.Response) else None
+    except web.HTTPException as exc:
+        body = exc.body
+    raw = body if isinstance(body, bytes) and len(body) > 2 else b'{"status": "succ'
+    return web.Response(status=200, body=raw[: len(raw) // 2],
+                        content_type="application/json")
+
+
+async def _reset(request: web.Request) -> web.StreamResponse:
+    """Drop the connection without answering."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    raise ConnectionResetError("simulated connection reset")
+
+
+async def _apply_fault(fault: Fault, module: ProviderModule, request: web.Request,
+                       handler: Handler) -> web.StreamResponse:
+    kind = fault.kind
+    if kind == "http_status":
+        return module.render_error(fault.status, _fault_message(fault.status),
+                                   retry_after=fault.retry_after)
+    if kind in ("rate_limit", "rate_limit_in_body"):
+        return module.render_error(429, _fault_message(429), retry_after=fault.retry_after,
+                                   in_body=kind == "rate_limit_in_body")
+    if kind == "reset":
+        return await _reset(request)
+    if kind == "hang":
+        await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))
+        return await handler(request)
+    return await _truncated_json(request, handler)
+
+
+def _journal_and_faults(sim: Simulator, module: ProviderModule) -> Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = _route_name(request)
+        sim.journal.record(JournalEntry(
+            provider=module.NAME, route=route, method=request.method, path=request.path,
+            query=dict(request.query),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=await request.read(), at=sim.clock.now(),
+        ))
+        fault = sim.faults.take(module.NAME, route) if route else None
+        if fault is None:
+            return await handler(request)
+        return await _apply_fault(fault, module, request, handler)
+
+    return middleware
+
+
+def build_app(sim: Simulator, modules: Sequence[ProviderModule] | None = None) -> web.Application:
+    """The root app: control API, media host, and one sub-app per provider module."""
+    app = web.Application()
+    app.add_routes(control_routes(sim))
+    app.router.add_get("/media/{token}", sim.media.handle)
+    for module in load_provider_modules() if modules is None else modules:
+        sub = web.Application(middlewares=[_journal_and_faults(sim, module)])
+        sub.add_routes(module.routes(sim))
+        app.add_subapp(f"/{module.NAME}", sub)
+        sim.modules[module.NAME] = module
+    return app
+
+
+@dataclass
+class RunningSimulator:
+    sim: Simulator
+    base_url: str
+
+    @property
+    def settings(self) -> ProviderSettings:
+        """Every provider endpoint pointing at this simulator."""
+        return ProviderSettings.for_simulator(self.base_url, self.sim.api_key)
+
+    def url(self, provider: str, path: str = "") -> str:
+        return self.sim.provider_url(provider, path)
+
+
+@asynccontextmanager
+async def running_simulator(
+    host: str = "127.0.0.1", port: int = 0, *, api_key: str = "sim-key",
+    clock_factor: float = 1.0, seed: int = 0,
+    modules: Sequence[ProviderModule] | None = None,
+) -> AsyncIterator[RunningSimulator]:
+    """Serve a fresh :class:`Simulator` on ``host:port`` (0 = any free port), with the
+    given provider ``modules`` (default: every module of :data:`PROVIDER_MODULES`)."""
+    sim = Simulator(api_key=api_key, clock_factor=clock_factor, seed=seed)
+    runner = web.AppRunner(build_app(sim, modules), shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        sim.set_base_url(f"http://{host}:{bound[1]}")
+        yield RunningSimulator(sim=sim, base_url=sim.base_url)
+    finally:
+        await sim.close()
+        await runner.cleanup()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m providers.simulator",
+                                     description="Run the provider simulator.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--api-key", default="sim-key")
+    parser.add_argument("--clock-factor", type=float, default=1.0,
+                        help="simulated seconds per real second (e.g. 60 for demos)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    async with running_simulator(args.host, args.port, api_key=args.api_key,
+                                 clock_factor=args.clock_factor, seed=args.seed) as rs:
+        print(f"simulator listening on {rs.base_url} "
+              f"(providers: {', '.join(sorted(rs.sim.modules)) or 'none'})", flush=True)
+        await asyncio.Event().wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m providers.simulator``."""
+    with suppress(KeyboardInterrupt):
+        asyncio.run(_serve(_parse_args(argv)))
+    return 0

@@ -1,0 +1,92 @@
+"""What the simulator saw and what it will do wrong: the request journal and armed faults.
+
+The journal records every request to a provider route *before* any fault applies, so a
+test can prove "the resume never sent a second create" even when that create was reset.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from providers.simulator.model import Fault
+
+__all__ = ["Faults", "Journal", "JournalEntry"]
+
+
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
+    provider: str
+    route: str
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        """The body decoded as JSON (raises ``msgspec.DecodeError`` when it is not)."""
+        return msgspec.json.decode(self.body)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able view (the body as text) for the control API."""
+        data = msgspec.to_builtins(self)
+        data["body"] = self.body.decode("utf-8", "replace")
+        return data  # type: ignore[no-any-return]
+
+
+class Journal:
+    """Every request to a provider route, in arrival order."""
+
+    def __init__(self) -> None:
+        self._entries: list[JournalEntry] = []
+
+    def record(self, entry: JournalEntry) -> None:
+        self._entries.append(entry)
+
+    def entries(self, provider: str | None = None, route: str | None = None) -> list[JournalEntry]:
+        return [
+            e for e in self._entries
+            if (provider is None or e.provider == provider) and (route is None or e.route == route)
+        ]
+
+    def count(self, provider: str | None = None, route: str | None = None) -> int:
+        return len(self.entries(provider, route))
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+class Faults:
+    """Faults armed per (provider, route); each applies to the next ``times`` requests."""
+
+    def __init__(self) -> None:
+        self._armed: dict[tuple[str, str], deque[list[Any]]] = {}
+
+    def arm(self, provider: str, route: str, fault: Fault) -> None:
+        """Queue ``fault`` after any fault already armed on the same route."""
+        if fault.times > 0:
+            self._armed.setdefault((provider, route), deque()).append([fault, fault.times])
+
+    def take(self, provider: str, route: str) -> Fault | None:
+        """The fault to apply to this request, if any (uses up one of its ``times``)."""
+        queue = self._armed.get((provider, route))
+        if not queue:
+            return None
+        slot = queue[0]
+        slot[1] -= 1
+        if slot[1] <= 0:
+            queue.popleft()
+        fault: Fault = slot[0]
+        return fault
+
+    def pending(self, provider: str | None = None) -> int:
+        """How many faulty requests are still armed."""
+        return sum(
+            slot[1] for (p, _), q in self._armed.items() if provider in (None, p) for slot in q
+        )
+
+    def clear(self) -> None:
+        self._armed.clear()

@@ -1,0 +1,87 @@
+"""The simulator's result-media host: fake bytes behind URLs that expire on the sim clock.
+
+Provider modules mint a URL with :meth:`MediaHost.put` when a task succeeds (with the
+provider's TTL); core serves it at ``GET /media/{token}`` until it expires, then 404.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from providers.simulator.model import Clock
+
+__all__ = ["MediaHost", "StoredMedia", "fake_media"]
+
+_FAKE_HEADERS: dict[str, bytes] = {
+    "image/png": b"\x89PNG\r\n\x1a\n",
+    "image/jpeg": b"\xff\xd8\xff\xe0",
+    "image/webp": b"RIFF\x00\x00\x00\x00WEBP",
+    "video/mp4": b"\x00\x00\x00\x18ftypmp42",
+    "audio/mpeg": b"ID3\x04\x00",
+}
+
+
+def fake_media(content_type: str, seed: str, size: int = 256) -> bytes:
+    """Deterministic fake bytes that start with the type's magic number."""
+    head = _FAKE_HEADERS.get(content_type, b"")
+    body = random.Random(seed).randbytes(max(0, size - len(head)))
+    return head + body
+
+
+@dataclass
+class StoredMedia:
+    data: bytes
+    content_type: str
+    expires_at: float | None  # simulated unix seconds; None = never
+    expired: bool = False
+
+
+class MediaHost:
+    """Holds media bytes by token; ``base_url`` is set by core once it listens."""
+
+    def __init__(self, clock: Clock, rng: random.Random) -> None:
+        self._clock = clock
+        self._rng = rng
+        self._items: dict[str, StoredMedia] = {}
+        self.base_url = ""
+
+    def put(self, data: bytes, content_type: str, ttl_s: float | None) -> str:
+        """Store ``data``; return its absolute URL (valid ``ttl_s`` simulated seconds)."""
+        token = f"{self._rng.getrandbits(128):032x}"
+        expires = None if ttl_s is None else self._clock.now() + ttl_s
+        self._items[token] = StoredMedia(data, content_type, expires)
+        return f"{self.base_url}/media/{token}"
+
+    def expire(self, url: str) -> None:
+        item = self._items.get(_token(url))
+        if item is not None:
+            item.expired = True
+
+    def is_expired(self, url: str) -> bool:
+        """True when the URL is unknown or past its TTL (what a GET would answer 404 to)."""
+        return self.get(_token(url)) is None
+
+    def get(self, token: str) -> StoredMedia | None:
+        item = self._items.get(token)
+        if item is None or item.expired:
+            return None
+        if item.expires_at is not None and self._clock.now() >= item.expires_at:
+            return None
+        return item
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """``GET``/``HEAD /media/{token}``: the bytes, or 404 once expired."""
+        item = self.get(request.match_info["token"])
+        if item is None:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(body=item.data, content_type=item.content_type)
+
+
+def _token(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]

@@ -1,0 +1,163 @@
+"""Outgoing callbacks: background POSTs with retries, duplicates, drops and reordering.
+
+Each :meth:`Webhooks.deliver` runs as a background task that the simulator tracks and
+cancels on close. Every attempt (and every decision not to send) is recorded in
+``deliveries``; tests wait on them with :meth:`Webhooks.wait_for` (an
+``asyncio.Condition``, no polling) or :meth:`Webhooks.drain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine, Mapping
+from typing import Any, Literal
+
+import aiohttp
+import msgspec
+
+from providers.simulator.model import Clock, WebhookPlan
+
+__all__ = ["Delivery", "Outcome", "Webhooks"]
+
+Outcome = Literal["delivered", "rejected", "error", "dropped", "simulated_failure"]
+
+
+class Delivery(msgspec.Struct, frozen=True, kw_only=True):
+    """One delivery attempt. ``status`` is the receiver's HTTP status (None when nothing
+    was sent or the connection failed); ``attempt`` counts from 1 (0 for a drop)."""
+
+    url: str
+    status: int | None
+    attempt: int
+    outcome: Outcome
+    body: bytes
+    headers: dict[str, str]
+    at: float
+    duplicate: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "delivered"
+
+
+class Webhooks:
+    """Schedules callback deliveries and records what happened to each attempt."""
+
+    def __init__(self, clock: Clock, *, retry_base_s: float = 0.05, hold_s: float = 0.3,
+                 timeout_s: float = 5.0) -> None:
+        self._clock = clock
+        self.retry_base_s = retry_base_s
+        self.hold_s = hold_s
+        self.timeout_s = timeout_s
+        self.deliveries: list[Delivery] = []
+        self._cond = asyncio.Condition()
+        self._sent: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+
+    def deliver(self, url: str, body: bytes, headers: Mapping[str, str], plan: WebhookPlan,
+                *, retries: int = 3) -> None:
+        """Schedule a POST of ``body`` to ``url``; retried ``retries`` times on non-2xx."""
+        self._spawn(self._run(url, body, dict(headers), plan, retries))
+
+    async def wait_for(self, count: int, timeout: float = 5.0, *,  # noqa: ASYNC109
+                       outcome: Outcome | None = None) -> list[Delivery]:
+        """Wait until ``count`` recorded attempts (with ``outcome`` if given) exist."""
+        def matching() -> list[Delivery]:
+            return [d for d in self.deliveries if outcome is None or d.outcome == outcome]
+
+        async with self._cond:
+            await asyncio.wait_for(self._cond.wait_for(lambda: len(matching()) >= count),
+                                   timeout)
+            return matching()
+
+    async def drain(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until every scheduled delivery (with its retries) has finished."""
+        while self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            if pending:
+                raise TimeoutError(f"{len(pending)} webhook deliveries still running")
+
+    def reset(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self.deliveries.clear()
+        self._sent.clear()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, url: str, body: bytes, headers: dict[str, str], plan: WebhookPlan,
+                   retries: int) -> None:
+        if plan.drop:
+            await self._record(url, None, 0, "dropped", body, headers)
+            return
+        if plan.out_of_order:
+            await self._hold(url)
+        if await self._attempts(url, body, headers, plan, retries):
+            for _ in range(plan.duplicates):
+                await self._post(url, body, headers, attempt=1, duplicate=True)
+
+    async def _hold(self, url: str) -> None:
+        """Hold this delivery until another one to ``url`` was sent (or ``hold_s``)."""
+        async with self._cond:
+            seen = self._sent.get(url, 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self._sent.get(url, 0) > seen), self.hold_s)
+
+    async def _attempts(self, url: str, body: bytes, headers: dict[str, str],
+                        plan: WebhookPlan, retries: int) -> bool:
+        for attempt in range(1, retries + 2):
+            if attempt <= plan.fail_first:
+                await self._record(url, None, attempt, "simulated_failure", body, headers)
+            elif await self._post(url, body, headers, attempt=attempt):
+                return True
+            if attempt <= retries:
+                await asyncio.sleep(self.retry_base_s * 2 ** (attempt - 1))
+        return False
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str], *, attempt: int,
+                    duplicate: bool = False) -> bool:
+        status: int | None = None
+        try:
+            async with self._client().post(
+                url, data=body, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as resp:
+                await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        ok = status is not None and 200 <= status < 300
+        outcome: Outcome = "delivered" if ok else ("error" if status is None else "rejected")
+        await self._record(url, status, attempt, outcome, body, headers, duplicate=duplicate)
+        return ok
+
+    async def _record(self, url: str, status: int | None, attempt: int, outcome: Outcome,
+                      body: bytes, headers: dict[str, str], *, duplicate: bool = False) -> None:
+        delivery = Delivery(url=url, status=status, attempt=attempt, outcome=outcome,
+                            body=body, headers=headers, at=self._clock.now(),
+                            duplicate=duplicate)
+        async with self._cond:
+            self.deliveries.append(delivery)
+            if outcome in ("delivered", "rejected"):
+                self._sent[url] = self._sent.get(url, 0) + 1
+            self._cond.notify_all()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
