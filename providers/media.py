@@ -1,0 +1,284 @@
+"""Download a result's media with a hard size cap, a type allow-list and typed errors.
+
+:func:`download` streams the body in chunks and aborts (closing the connection) as soon as it
+passes ``max_bytes``; a ``Content-Length`` above the limit is refused before any body is read.
+``data:`` URIs (Replicate's sync mode returns them) are decoded under the same checks.
+
+Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
+(``image/*``); ``None`` accepts anything. The default, :data:`DEFAULT_MEDIA_TYPES`, is
+``image/*``, ``video/*`` and ``audio/*``. ``application/octet-stream`` is deliberately *not* in
+it, yet CDNs often label media that way: a generic or missing type is resolved by sniffing the
+first bytes (PNG, JPEG, GIF, WebP, AVIF/HEIC, MP4/MOV, WebM, MP3, AAC, WAV, OGG, FLAC); media
+that sniffs as an allowed type is accepted *with the sniffed type*, anything else is refused.
+So an HTML error page or an unknown blob served with status 200 is never stored as a result.
+
+Errors (all from :mod:`providers.errors`; no aiohttp exception escapes)::
+
+    HTTP 403 / 404 / 410                    MediaExpired
+    HTTP 429                                RateLimited (retry_after from Retry-After)
+    HTTP 5xx / 408 / 425, reset, refused    TransientError
+    no complete answer within timeout_s     ProviderTimeout
+    body or Content-Length over max_bytes   MediaTooLarge
+    content type not allowed                MediaTypeRejected
+    other 4xx, bad URL or scheme, bad data: MediaError
+
+Messages show URLs without their query string (signed URLs carry credentials there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import urllib.parse
+from collections.abc import Mapping
+
+import aiohttp
+import msgspec
+
+from providers.errors import (
+    MediaError,
+    MediaExpired,
+    MediaTooLarge,
+    MediaTypeRejected,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    TransientError,
+)
+from providers.transport import parse_retry_after
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MEDIA_TYPES",
+    "GENERIC_TYPES",
+    "Downloaded",
+    "decode_data_uri",
+    "download",
+    "resolve_content_type",
+    "sniff_media_type",
+    "status_error",
+    "type_allowed",
+]
+
+DEFAULT_MAX_BYTES = 200 * 2**20
+DEFAULT_MEDIA_TYPES: frozenset[str] = frozenset({"image/*", "video/*", "audio/*"})
+GENERIC_TYPES: frozenset[str] = frozenset(
+    {"", "application/octet-stream", "binary/octet-stream", "application/binary"}
+)
+_CHUNK = 64 * 1024
+_EXPIRED = frozenset({403, 404, 410})
+_RETRY_LATER = frozenset({408, 425})
+
+# Leading bytes -> content type; RIFF and ISO-BMFF ("ftyp") containers by their brand.
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"\x1a\x45\xdf\xa3", "video/webm"),
+    (b"ID3", "audio/mpeg"),
+    (b"\xff\xfb", "audio/mpeg"),
+    (b"\xff\xf3", "audio/mpeg"),
+    (b"\xff\xf2", "audio/mpeg"),
+    (b"\xff\xf1", "audio/aac"),
+    (b"\xff\xf9", "audio/aac"),
+    (b"OggS", "audio/ogg"),
+    (b"fLaC", "audio/flac"),
+)
+_RIFF_FORMS: Mapping[bytes, str] = {b"WEBP": "image/webp", b"WAVE": "audio/wav"}
+_FTYP_BRANDS: Mapping[bytes, str] = {
+    b"avif": "image/avif", b"heic": "image/heic", b"heix": "image/heic", b"mif1": "image/heic",
+    b"M4A ": "audio/mp4", b"qt  ": "video/quicktime",
+}
+
+
+class Downloaded(msgspec.Struct, frozen=True, kw_only=True):
+    """A fetched media body; ``content_type`` is the checked (possibly sniffed) type."""
+
+    data: bytes
+    content_type: str
+    url: str
+
+
+# --------------------------------------------------------------------------- pure decisions
+
+
+def sniff_media_type(data: bytes) -> str | None:
+    """The media type that ``data``'s leading bytes announce, or ``None``."""
+    if data[:4] == b"RIFF":
+        return _RIFF_FORMS.get(data[8:12])
+    if data[4:8] == b"ftyp":
+        return _FTYP_BRANDS.get(data[8:12], "video/mp4")
+    for magic, content_type in _MAGIC:
+        if data.startswith(magic):
+            return content_type
+    return None
+
+
+def _base_type(header: str | None) -> str:
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def type_allowed(content_type: str, allowed: frozenset[str] | None) -> bool:
+    """``content_type`` is in ``allowed`` exactly or by its ``major/*`` wildcard."""
+    if allowed is None:
+        return True
+    major = content_type.split("/", 1)[0]
+    return content_type in allowed or f"{major}/*" in allowed
+
+
+def resolve_content_type(
+    declared: str, data: bytes, allowed: frozenset[str] | None
+) -> str | None:
+    """The type to record for ``data`` served as ``declared``, or ``None`` if refused.
+
+    A specific declared type must be allowed; a generic one is replaced by the sniffed type
+    (``application/octet-stream`` when nothing is recognised) which must then be allowed.
+    """
+    if declared not in GENERIC_TYPES:
+        return declared if type_allowed(declared, allowed) else None
+    candidate = sniff_media_type(data) or "application/octet-stream"
+    return candidate if type_allowed(candidate, allowed) else None
+
+
+def status_error(status: int, reason: str, retry_after: str | None, shown: str
+                 ) -> ProviderError | None:
+    """The error an HTTP status on a media URL means, or ``None`` for 2xx."""
+    if 200 <= status < 300:
+        return None
+    message = f"GET {shown} answered HTTP {status} {reason}".rstrip()
+    if status in _EXPIRED:
+        return MediaExpired(message, status=status)
+    if status == 429:
+        return RateLimited(message, status=status, retry_after=parse_retry_after(retry_after))
+    if status >= 500 or status in _RETRY_LATER:
+        return TransientError(message, status=status)
+    return MediaError(message, status=status)
+
+
+def _redact(url: str) -> str:
+    """``url`` without query and fragment, for messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url.split("?", 1)[0].split("#", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+
+
+def _refuse_declared(declared: str, allowed: frozenset[str] | None, shown: str) -> None:
+    if declared not in GENERIC_TYPES and not type_allowed(declared, allowed):
+        raise MediaTypeRejected(f"{shown}: content type {declared!r} is not allowed")
+
+
+def _checked(declared: str, data: bytes, allowed: frozenset[str] | None, url: str,
+             shown: str) -> Downloaded:
+    content_type = resolve_content_type(declared, data, allowed)
+    if content_type is None:
+        sniffed = sniff_media_type(data)
+        raise MediaTypeRejected(
+            f"{shown}: content type {declared or 'missing'!r} (sniffed {sniffed!r}) "
+            "is not allowed"
+        )
+    return Downloaded(data=data, content_type=content_type, url=url)
+
+
+# --------------------------------------------------------------------------- data: URIs
+
+
+def _decoded_lower_bound(payload: str, is_base64: bool) -> int:
+    return len(payload) // 4 * 3 - 2 if is_base64 else len(payload) // 3
+
+
+def _decode_payload(payload: str, is_base64: bool) -> bytes:
+    if not is_base64:
+        return urllib.parse.unquote_to_bytes(payload)
+    if "%" in payload:
+        payload = urllib.parse.unquote(payload)
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaError(f"data: URI has invalid base64: {exc}") from exc
+
+
+def decode_data_uri(
+    uri: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+    allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
+) -> Downloaded:
+    """Decode an RFC 2397 ``data:`` URI under the same size and type rules as a download.
+    A missing media type is treated as generic and sniffed."""
+    header, comma, payload = uri[len("data:"):].partition(",")
+    if uri[:5].lower() != "data:" or not comma:
+        raise MediaError("malformed data: URI (expected data:[<type>][;base64],<data>)")
+    params = header.split(";")
+    is_base64 = params[-1].strip().lower() == "base64"
+    declared = _base_type(params[0])
+    _refuse_declared(declared, allowed_types, "data: URI")
+    if _decoded_lower_bound(payload, is_base64) > max_bytes:
+        raise MediaTooLarge(f"data: URI payload exceeds {max_bytes} bytes")
+    data = _decode_payload(payload, is_base64)
+    if len(data) > max_bytes:
+        raise MediaTooLarge(f"data: URI payload is {len(data)} bytes, over {max_bytes}")
+    return _checked(declared, data, allowed_types, uri, "data: URI")
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, shown: str) -> bytes:
+    """Read the body in chunks; close the connection as soon as it passes ``max_bytes``."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        resp.close()
+        raise MediaTooLarge(
+            f"{shown}: Content-Length {resp.content_length} exceeds {max_bytes} bytes")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(_CHUNK):
+        body += chunk
+        if len(body) > max_bytes:
+            resp.close()
+            raise MediaTooLarge(f"{shown}: body exceeds {max_bytes} bytes")
+    return bytes(body)
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, shown: str, *, max_bytes: int,
+    allowed_types: frozenset[str] | None, headers: Mapping[str, str] | None,
+) -> tuple[str, bytes]:
+    async with session.get(url, headers=dict(headers) if headers else None) as resp:
+        error = status_error(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
+                             shown)
+        if error is not None:
+            raise error
+        declared = _base_type(resp.headers.get("Content-Type"))
+        _refuse_declared(declared, allowed_types, shown)
+        return declared, await _read_capped(resp, max_bytes, shown)
+
+
+async def download(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 120,
+) -> Downloaded:
+    """Fetch ``url`` (``http``, ``https`` or ``data:``) within ``timeout_s`` in total, body
+    included. Raises only :mod:`providers.errors` types (see the module docstring)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "data":
+        return decode_data_uri(url, max_bytes=max_bytes, allowed_types=allowed_types)
+    shown = _redact(url)
+    if scheme not in ("http", "https"):
+        raise MediaError(f"unsupported media URL scheme in {shown!r}")
+    try:
+        async with asyncio.timeout(timeout_s):
+            declared, data = await _fetch(session, url, shown, max_bytes=max_bytes,
+                                          allowed_types=allowed_types, headers=headers)
+    except TimeoutError as exc:
+        raise ProviderTimeout(f"GET {shown} timed out after {timeout_s}s") from exc
+    except aiohttp.InvalidURL as exc:
+        raise MediaError(f"invalid media URL {shown!r}: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise TransientError(f"GET {shown} failed: {exc!r}") from exc
+    return _checked(declared, data, allowed_types, url, shown)

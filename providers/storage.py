@@ -1,0 +1,384 @@
+"""Media storage: the :class:`MediaStore` port, deterministic keys, and two adapters.
+
+A result is stored under :func:`media_key` ``(job_id, index, content_type)``, e.g.
+``media/0b6f…/0.png``. The key depends on nothing else, so an upload that is retried after a
+crash overwrites the same object instead of leaking a second one.
+
+Keys are relative, ``/``-separated paths; every segment matches ``[A-Za-z0-9_-][A-Za-z0-9._-]*``
+(so no ``..``, no absolute paths, no hidden names, no backslashes). :func:`check_key` enforces
+it in every adapter, before any I/O.
+
+Adapters:
+
+- :class:`LocalFolderStore` writes atomically (temp file in the target folder, ``fsync``,
+  ``os.replace``) and keeps the content type and SHA-256 in a sidecar under ``<root>/.meta``.
+- :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
+  content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``.
+
+Both run their blocking I/O in :func:`asyncio.to_thread`. Errors::
+
+    InvalidMediaKey (ValueError)   a job id, prefix or key outside the allowed shape: a bug
+    ObjectNotFound (LookupError)   get/head of a key that holds no object
+    StorageError                   any backend failure (OSError, botocore); ``__cause__`` kept
+
+:func:`store_from_env` picks the adapter from ``CALLWARDEN_MEDIA_*`` settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import boto3
+import msgspec
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from providers.errors import StorageError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+__all__ = [
+    "InvalidMediaKey",
+    "LocalFolderStore",
+    "MediaStore",
+    "ObjectNotFound",
+    "S3Store",
+    "StoredObject",
+    "check_key",
+    "extension_for",
+    "make_s3_client",
+    "media_key",
+    "store_from_env",
+]
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+_MAX_KEY_LEN = 1024
+_META_DIR = ".meta"
+_GENERIC_TYPE = "application/octet-stream"
+
+_EXTENSIONS: Mapping[str, str] = {
+    "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+    "image/avif": "avif", "image/heic": "heic", "image/svg+xml": "svg", "image/bmp": "bmp",
+    "video/mp4": "mp4", "video/webm": "webm", "video/quicktime": "mov",
+    "audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav",
+    "audio/ogg": "ogg", "audio/flac": "flac", "audio/aac": "aac", "audio/mp4": "m4a",
+    "audio/webm": "weba", "application/json": "json", "text/plain": "txt",
+    "application/zip": "zip", "application/x-tar": "tar",
+}
+
+
+class InvalidMediaKey(ValueError):
+    """A job id, prefix or key that could escape its folder or is not in the safe charset."""
+
+
+class ObjectNotFound(LookupError):
+    """No object is stored under ``key``."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no media object stored under key {key!r}")
+        self.key = key
+
+
+class StoredObject(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a blob landed: ``uri`` is ``file://…`` or ``s3://bucket/…``."""
+
+    key: str
+    uri: str
+    size: int
+    content_type: str
+    sha256: str
+
+
+class MediaStore(Protocol):
+    """Stores media blobs under deterministic keys; a put to an existing key replaces it."""
+
+    async def put(self, key: str, data: bytes, content_type: str) -> StoredObject: ...
+
+    async def get(self, key: str) -> bytes: ...
+
+    async def head(self, key: str) -> StoredObject: ...
+
+    async def exists(self, key: str) -> bool: ...
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def extension_for(content_type: str) -> str:
+    """File extension for a content type (parameters and case ignored); ``bin`` if unknown."""
+    base = content_type.split(";", 1)[0].strip().lower()
+    return _EXTENSIONS.get(base, "bin")
+
+
+def media_key(job_id: str, index: int, content_type: str, *, prefix: str = "media") -> str:
+    """``<prefix>/<job_id>/<index>.<ext>``: the same inputs always give the same key.
+
+    ``job_id`` is 1–128 characters of ``[A-Za-z0-9_-]`` starting with a letter or digit;
+    ``index`` is the media's position in the result (``>= 0``). Anything else raises
+    :class:`InvalidMediaKey`.
+    """
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InvalidMediaKey(f"job id {job_id!r} is not 1-128 chars of [A-Za-z0-9_-]")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InvalidMediaKey(f"media index must be an int >= 0, got {index!r}")
+    name = f"{job_id}/{index}.{extension_for(content_type)}"
+    return check_key(f"{prefix}/{name}" if prefix else name)
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` unchanged if it is a safe relative key, else raise InvalidMediaKey."""
+    if not isinstance(key, str) or not key or len(key) > _MAX_KEY_LEN:
+        raise InvalidMediaKey(f"media key {key!r} is empty or too long")
+    for segment in key.split("/"):
+        if not _SEGMENT.fullmatch(segment):
+            raise InvalidMediaKey(f"media key {key!r} has an unsafe segment {segment!r}")
+    return key
+
+
+def _check_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    return check_key(prefix) if prefix else ""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- local folder
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file next to ``path``, fsync it, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _os_errors(action: str, key: str) -> Iterator[None]:
+    try:
+        yield
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+        if action == "put":
+            raise StorageError(f"cannot {action} media {key!r}: {exc}") from exc
+        raise ObjectNotFound(key) from exc
+    except OSError as exc:
+        raise StorageError(f"cannot {action} media {key!r}: {exc}") from exc
+
+
+class LocalFolderStore:
+    """A :class:`MediaStore` in a folder; nothing is ever written outside ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*check_key(key).split("/"))
+
+    def _meta_path(self, key: str) -> Path:
+        return self.root.joinpath(_META_DIR, *f"{check_key(key)}.json".split("/"))
+
+    def _confined(self, path: Path) -> Path:
+        """Create ``path``'s folder and refuse it if a symlink leads outside ``root``."""
+        if not path.parent.resolve().is_relative_to(self.root.resolve()):
+            raise InvalidMediaKey(f"{path} resolves outside {self.root}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
+        path, meta = self._path(key), self._meta_path(key)
+        obj = StoredObject(key=key, uri=path.as_uri(), size=len(data),
+                           content_type=content_type, sha256=_sha256(data))
+        with _os_errors("put", key):
+            _write_atomic(self._confined(path), data)
+            _write_atomic(self._confined(meta), msgspec.json.encode(obj))
+        return obj
+
+    def _get_sync(self, key: str) -> bytes:
+        path = self._path(key)
+        with _os_errors("get", key):
+            return path.read_bytes()
+
+    def _head_sync(self, key: str) -> StoredObject:
+        data = self._get_sync(key)
+        digest = _sha256(data)
+        content_type = _GENERIC_TYPE
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(self._meta_path(key).read_bytes())
+            if meta.get("sha256") == digest:  # else a put was cut between data and sidecar
+                content_type = str(meta["content_type"])
+        return StoredObject(key=key, uri=self._path(key).as_uri(), size=len(data),
+                            content_type=content_type, sha256=digest)
+
+    def _exists_sync(self, key: str) -> bool:
+        path = self._path(key)
+        with _os_errors("stat", key):
+            return path.is_file()
+
+    async def put(self, key: str, data: bytes, content_type: str) -> StoredObject:
+        return await asyncio.to_thread(self._put_sync, key, data, content_type)
+
+    async def get(self, key: str) -> bytes:
+        return await asyncio.to_thread(self._get_sync, key)
+
+    async def head(self, key: str) -> StoredObject:
+        """Size, SHA-256 and content type of a stored object (reads it: for tests/audit)."""
+        return await asyncio.to_thread(self._head_sync, key)
+
+    async def exists(self, key: str) -> bool:
+        return await asyncio.to_thread(self._exists_sync, key)
+
+
+# --------------------------------------------------------------------------- S3
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+@contextlib.contextmanager
+def _boto_errors(action: str, bucket: str, key: str) -> Iterator[None]:
+    """Translate botocore errors: a missing key -> ObjectNotFound, the rest -> StorageError."""
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if action != "put" and code in _NOT_FOUND_CODES:
+            raise ObjectNotFound(key) from exc
+        raise StorageError(f"S3 {action} s3://{bucket}/{key} failed: {code} {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"S3 {action} s3://{bucket}/{key} failed: {exc}") from exc
+
+
+def make_s3_client(
+    *, endpoint_url: str | None = None, region: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> S3Client:
+    """One S3 client; credentials from ``env``'s ``AWS_*`` if given there, else as boto3
+    finds them (environment, config files, instance role). Path-style for custom endpoints."""
+    env = env or {}
+    session = boto3.session.Session(
+        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
+        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+        aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
+        region_name=region,
+    )
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=10, read_timeout=60,
+        s3={"addressing_style": "path"} if endpoint_url else None,
+    )
+    return session.client("s3", endpoint_url=endpoint_url, config=config)
+
+
+class S3Store:
+    """A :class:`MediaStore` in an S3 (or S3-compatible) bucket, under an optional prefix."""
+
+    def __init__(
+        self, bucket: str, *, endpoint_url: str | None = None, region: str | None = None,
+        prefix: str = "", client: S3Client | None = None,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = _check_prefix(prefix)
+        self._client = client or make_s3_client(endpoint_url=endpoint_url, region=region)
+
+    def _full(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _object(self, key: str, size: int, content_type: str, digest: str) -> StoredObject:
+        return StoredObject(key=key, uri=f"s3://{self.bucket}/{self._full(key)}", size=size,
+                            content_type=content_type, sha256=digest)
+
+    def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
+        obj = self._object(key, len(data), content_type, _sha256(data))
+        with _boto_errors("put", self.bucket, key):
+            self._client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
+                                    ContentType=content_type, Metadata={"sha256": obj.sha256})
+        return obj
+
+    def _get_sync(self, key: str) -> bytes:
+        with _boto_errors("get", self.bucket, key):
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return answer["Body"].read()
+
+    def _head_sync(self, key: str) -> StoredObject:
+        with _boto_errors("head", self.bucket, key):
+            answer = self._client.head_object(Bucket=self.bucket, Key=self._full(key))
+        digest = answer.get("Metadata", {}).get("sha256") or _sha256(self._get_sync(key))
+        return self._object(key, answer["ContentLength"],
+                            answer.get("ContentType", _GENERIC_TYPE), digest)
+
+    def _exists_sync(self, key: str) -> bool:
+        try:
+            self._head_sync(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def _ensure_bucket_sync(self) -> None:
+        region = self._client.meta.region_name
+        with _boto_errors("create-bucket", self.bucket, ""):
+            try:
+                if region and region != "us-east-1":
+                    self._client.create_bucket(
+                        Bucket=self.bucket,
+                        CreateBucketConfiguration={"LocationConstraint": region},  # type: ignore[typeddict-item]
+                    )
+                else:
+                    self._client.create_bucket(Bucket=self.bucket)
+            except self._client.exceptions.BucketAlreadyOwnedByYou:
+                pass
+
+    async def put(self, key: str, data: bytes, content_type: str) -> StoredObject:
+        return await asyncio.to_thread(self._put_sync, key, data, content_type)
+
+    async def get(self, key: str) -> bytes:
+        return await asyncio.to_thread(self._get_sync, key)
+
+    async def head(self, key: str) -> StoredObject:
+        return await asyncio.to_thread(self._head_sync, key)
+
+    async def exists(self, key: str) -> bool:
+        """True if an object is stored under ``key``. A missing *bucket* also answers False
+        (S3's HEAD gives a bare 404 for both); ``put`` then raises StorageError."""
+        return await asyncio.to_thread(self._exists_sync, key)
+
+    async def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist yet (tests and demos)."""
+        await asyncio.to_thread(self._ensure_bucket_sync)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def store_from_env(env: Mapping[str, str], *, default_dir: Path) -> MediaStore:
+    """``CALLWARDEN_MEDIA_S3_BUCKET`` set -> :class:`S3Store` (with
+    ``CALLWARDEN_MEDIA_S3_ENDPOINT_URL``, ``CALLWARDEN_MEDIA_S3_PREFIX``, ``AWS_REGION`` /
+    ``AWS_DEFAULT_REGION`` and ``AWS_*`` credentials); else a :class:`LocalFolderStore` in
+    ``CALLWARDEN_MEDIA_DIR`` or ``default_dir``."""
+    bucket = env.get("CALLWARDEN_MEDIA_S3_BUCKET", "").strip()
+    if not bucket:
+        return LocalFolderStore(Path(env.get("CALLWARDEN_MEDIA_DIR") or default_dir))
+    endpoint_url = env.get("CALLWARDEN_MEDIA_S3_ENDPOINT_URL") or None
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+    client = make_s3_client(endpoint_url=endpoint_url, region=region, env=env)
+    return S3Store(bucket, prefix=env.get("CALLWARDEN_MEDIA_S3_PREFIX", ""), client=client)

@@ -1,0 +1,245 @@
+"""One contract for every MediaStore adapter: a local folder and S3 (moto's server over HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+from moto.server import ThreadedMotoServer
+
+from providers.errors import StorageError
+from providers.storage import (
+    InvalidMediaKey,
+    LocalFolderStore,
+    MediaStore,
+    ObjectNotFound,
+    S3Store,
+    media_key,
+    store_from_env,
+)
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"first" * 50
+MP3 = b"ID3" + b"second" * 70
+
+DUMMY_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Dummy credentials for this test only; no shared config files are read."""
+    for name, value in DUMMY_AWS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    return DUMMY_AWS
+
+
+def _bucket() -> str:
+    return f"cw-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["local", "s3"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, moto_endpoint: str, aws_env: dict[str, str]
+) -> AsyncIterator[MediaStore]:
+    if request.param == "local":
+        yield LocalFolderStore(tmp_path / "media-root")
+        return
+    s3 = S3Store(_bucket(), endpoint_url=moto_endpoint, region="us-east-1", prefix="cw")
+    await s3.ensure_bucket()
+    yield s3
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+async def test_put_then_get_returns_the_same_bytes(store: MediaStore) -> None:
+    key = media_key("job-1", 0, "image/png")
+    stored = await store.put(key, PNG, "image/png")
+    assert await store.get(key) == PNG
+    assert (stored.key, stored.size, stored.sha256) == (key, len(PNG),
+                                                        hashlib.sha256(PNG).hexdigest())
+
+
+async def test_head_reports_what_is_stored(store: MediaStore) -> None:
+    key = media_key("job-2", 1, "audio/mpeg")
+    stored = await store.put(key, MP3, "audio/mpeg")
+    assert await store.head(key) == stored
+
+
+async def test_content_type_is_kept_even_when_the_key_says_otherwise(store: MediaStore) -> None:
+    key = media_key("job-3", 0, "application/octet-stream")  # ".bin"
+    await store.put(key, MP3, "audio/mpeg")
+    assert (await store.head(key)).content_type == "audio/mpeg"
+
+
+async def test_repeated_put_to_the_same_key_overwrites(store: MediaStore) -> None:
+    first = await store.put(media_key("job-4", 0, "image/png"), PNG, "image/png")
+    second = await store.put(media_key("job-4", 0, "image/png"), PNG[:9] + b"retry", "image/png")
+    assert (second.key, second.uri) == (first.key, first.uri)
+    assert await store.get(first.key) == PNG[:9] + b"retry"
+    assert (await store.head(first.key)).sha256 == second.sha256 != first.sha256
+
+
+async def test_distinct_indexes_are_distinct_objects(store: MediaStore) -> None:
+    a = await store.put(media_key("job-5", 0, "image/png"), PNG, "image/png")
+    b = await store.put(media_key("job-5", 1, "image/png"), PNG + b"x", "image/png")
+    assert a.uri != b.uri
+    assert await store.get(a.key) == PNG
+
+
+async def test_concurrent_puts_leave_one_whole_payload(store: MediaStore) -> None:
+    key = media_key("job-6", 0, "application/octet-stream")
+    payloads = [bytes([i]) * (64 * 1024 + i) for i in range(8)]
+    await asyncio.gather(*(store.put(key, p, "application/octet-stream") for p in payloads))
+    assert await store.get(key) in payloads
+
+
+async def test_missing_key_is_a_clear_error(store: MediaStore) -> None:
+    key = media_key("never-stored", 0, "image/png")
+    assert not await store.exists(key)
+    with pytest.raises(ObjectNotFound, match="never-stored"):
+        await store.get(key)
+    with pytest.raises(ObjectNotFound):
+        await store.head(key)
+
+
+async def test_exists_after_put(store: MediaStore) -> None:
+    key = media_key("job-7", 0, "video/mp4")
+    await store.put(key, b"\x00\x00\x00\x18ftypmp42", "video/mp4")
+    assert await store.exists(key)
+
+
+@pytest.mark.parametrize("key", ["../escape.png", "media/../../escape.png", "/abs.png",
+                                 "media/job/..", "media\\..\\x.png", ".meta/x.json"])
+async def test_traversal_keys_are_refused_before_any_io(
+    store: MediaStore, key: str, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidMediaKey):
+        await store.put(key, PNG, "image/png")
+    with pytest.raises(InvalidMediaKey):
+        await store.get(key)
+    with pytest.raises(InvalidMediaKey):
+        await store.exists(key)
+    assert not (tmp_path / "escape.png").exists()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.fixture(params=["local", "s3"])
+def broken_store(
+    request: pytest.FixtureRequest, tmp_path: Path, moto_endpoint: str, aws_env: dict[str, str]
+) -> MediaStore:
+    """A store whose backend cannot work: the root is a file / the bucket does not exist."""
+    if request.param == "local":
+        root = tmp_path / "not-a-folder"
+        root.write_bytes(b"")
+        return LocalFolderStore(root)
+    return S3Store(_bucket(), endpoint_url=moto_endpoint, region="us-east-1")
+
+
+async def test_backend_failure_becomes_storage_error_with_cause(broken_store: MediaStore) -> None:
+    with pytest.raises(StorageError) as info:
+        await broken_store.put(media_key("job-8", 0, "image/png"), PNG, "image/png")
+    assert isinstance(info.value.__cause__, OSError | ClientError)
+
+
+async def test_missing_bucket_on_get_is_storage_error_not_missing_key(
+    moto_endpoint: str, aws_env: dict[str, str]
+) -> None:
+    store = S3Store(_bucket(), endpoint_url=moto_endpoint, region="us-east-1")
+    with pytest.raises(StorageError) as info:
+        await store.get(media_key("job-9", 0, "image/png"))
+    assert isinstance(info.value.__cause__, ClientError)
+    assert "NoSuchBucket" in str(info.value)
+
+
+# --------------------------------------------------------------------------- adapter specifics
+
+
+async def test_local_store_leaves_no_temp_files(tmp_path: Path) -> None:
+    store = LocalFolderStore(tmp_path)
+    stored = await store.put(media_key("job-10", 0, "image/png"), PNG, "image/png")
+    await store.put(stored.key, PNG + b"again", "image/png")
+    names = sorted(p.name for p in (tmp_path / "media" / "job-10").iterdir())
+    assert names == ["0.png"]
+    assert stored.uri == (tmp_path / "media" / "job-10" / "0.png").as_uri()
+
+
+async def test_local_store_refuses_a_symlink_leading_out_of_root(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "media").symlink_to(outside)
+    with pytest.raises(InvalidMediaKey):
+        await LocalFolderStore(tmp_path / "root").put("media/job/0.png", PNG, "image/png")
+    assert list(outside.iterdir()) == []
+
+
+async def test_s3_store_writes_under_its_prefix(
+    moto_endpoint: str, aws_env: dict[str, str]
+) -> None:
+    bucket = _bucket()
+    store = S3Store(bucket, endpoint_url=moto_endpoint, region="us-east-1", prefix="tenant-a/")
+    await store.ensure_bucket()
+    stored = await store.put("media/j/0.png", PNG, "image/png")
+    assert stored.uri == f"s3://{bucket}/tenant-a/media/j/0.png"
+    listing = store._client.list_objects_v2(Bucket=bucket)
+    assert [o["Key"] for o in listing["Contents"]] == ["tenant-a/media/j/0.png"]
+
+
+async def test_ensure_bucket_twice_is_harmless(
+    moto_endpoint: str, aws_env: dict[str, str]
+) -> None:
+    store = S3Store(_bucket(), endpoint_url=moto_endpoint, region="us-east-1")
+    await store.ensure_bucket()
+    await store.ensure_bucket()
+    assert not await store.exists("media/j/0.png")
+
+
+def test_store_from_env_prefers_s3_then_media_dir_then_default(
+    tmp_path: Path, moto_endpoint: str, aws_env: dict[str, str]
+) -> None:
+    s3 = store_from_env({"CALLWARDEN_MEDIA_S3_BUCKET": "b1",
+                         "CALLWARDEN_MEDIA_S3_ENDPOINT_URL": moto_endpoint, **aws_env},
+                        default_dir=tmp_path)
+    assert isinstance(s3, S3Store)
+    assert (s3.bucket, s3._client.meta.endpoint_url) == ("b1", moto_endpoint)
+    local = store_from_env({"CALLWARDEN_MEDIA_DIR": str(tmp_path / "m")}, default_dir=tmp_path)
+    assert isinstance(local, LocalFolderStore)
+    assert local.root == tmp_path / "m"
+    fallback = store_from_env({}, default_dir=tmp_path / "d")
+    assert isinstance(fallback, LocalFolderStore)
+    assert fallback.root == tmp_path / "d"
+
+
+async def test_store_from_env_s3_store_works_end_to_end(
+    tmp_path: Path, moto_endpoint: str, aws_env: dict[str, str]
+) -> None:
+    env = {"CALLWARDEN_MEDIA_S3_BUCKET": _bucket(),
+           "CALLWARDEN_MEDIA_S3_ENDPOINT_URL": moto_endpoint, **aws_env}
+    store = store_from_env(env, default_dir=tmp_path)
+    assert isinstance(store, S3Store)
+    await store.ensure_bucket()
+    await store.put("media/j/0.mp3", MP3, "audio/mpeg")
+    assert await store.get("media/j/0.mp3") == MP3
