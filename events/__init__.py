@@ -1,0 +1,47 @@
+"""What happened: the event types of a job's external call and their codec."""
+
+from events.codec import EventDecodeError, UnknownEventType, decode, encode, register_upcaster
+from events.types import (
+    EVENT_TYPES,
+    VERSIONS,
+    Adopted,
+    CallStarted,
+    Cancelled,
+    Completed,
+    Event,
+    Exhausted,
+    FinalizeClaimed,
+    FinalizeFailed,
+    ReconcileAttempted,
+    StoredMedia,
+    Swept,
+    TaskCreated,
+    UpstreamFailed,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "VERSIONS",
+    "Adopted",
+    "CallStarted",
+    "Cancelled",
+    "Completed",
+    "Event",
+    "EventDecodeError",
+    "Exhausted",
+    "FinalizeClaimed",
+    "FinalizeFailed",
+    "ReconcileAttempted",
+    "StoredMedia",
+    "Swept",
+    "TaskCreated",
+    "UnknownEventType",
+    "UpstreamFailed",
+    "UpstreamResult",
+    "UpstreamSucceeded",
+    "decode",
+    "encode",
+    "register_upcaster",
+]

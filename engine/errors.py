@@ -1,0 +1,70 @@
+"""The engine's error tree. Driver errors are translated here, keeping ``__cause__``.
+
+::
+
+    CallwardenError
+    ├── DatabaseError               the database failed us
+    │   └── DatabaseUnavailable     cannot connect / connection lost (transient)
+    ├── JobNotFound                 no ``jobs`` row with that id
+    ├── TaskAlreadyClaimed          another job already holds this (kind, task id)
+    ├── ConflictExhausted           lost the race too many times in a row
+    ├── ConfigError                 invalid configuration
+    └── MigrationError              a migration failed or the schema is ahead of us
+
+    events.states.InvalidTransition  an event may not follow the call's state
+    └── TerminalStateError           the call is terminal (absorbing)
+    events.codec.EventDecodeError    a stored event cannot be decoded (names job and seq)
+"""
+
+from __future__ import annotations
+
+from events.codec import EventDecodeError
+from events.states import InvalidTransition, TerminalStateError
+
+__all__ = [
+    "CallwardenError",
+    "ConfigError",
+    "ConflictExhausted",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "EventDecodeError",
+    "InvalidTransition",
+    "JobNotFound",
+    "MigrationError",
+    "TaskAlreadyClaimed",
+    "TerminalStateError",
+]
+
+
+class CallwardenError(Exception):
+    """Base of the engine's own errors."""
+
+
+class DatabaseError(CallwardenError):
+    """The database refused or failed a statement."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached, or the connection dropped mid-statement."""
+
+
+class JobNotFound(CallwardenError):
+    def __init__(self, job_id: object) -> None:
+        super().__init__(f"no job {job_id}")
+        self.job_id = job_id
+
+
+class TaskAlreadyClaimed(CallwardenError):
+    """Another job already holds this ``(provider_kind, provider_task_id)``."""
+
+
+class ConflictExhausted(CallwardenError):
+    """A transition lost the optimistic race more times than allowed."""
+
+
+class ConfigError(CallwardenError):
+    """Configuration is invalid; the message says which setting and why."""
+
+
+class MigrationError(CallwardenError):
+    """Applying migrations failed."""

@@ -1,0 +1,92 @@
+-- Every runtime query of the engine, each under a "-- name: <name>" header.
+-- Loaded once by engine.queries; parameters are psycopg named placeholders.
+
+-- name: load_projection
+SELECT id, status, call_state, call_version, provider_kind, provider_task_id,
+       provider_call_started_at, call_sync, reconcile_attempts, reconcile_last_error,
+       reconcile_next_at, error_message, finalize_owner, finalize_lease_until,
+       upstream_result::text AS upstream_result, output_data::text AS output_data,
+       provider_cost, call_finished_at, call_settlement
+FROM jobs
+WHERE id = %(job_id)s;
+
+-- name: append_event
+-- One transition in one statement (so one transaction, one round trip): update the
+-- projection fenced on the version read (and on status <> 'cancelled' unless the event is
+-- the cancel itself), append the event at seq = new version only if the update won, and
+-- settle the reservation with a compare-and-set on status = 'reserved' only if the event
+-- was appended. Data-modifying CTEs share one snapshot and commit or roll back together.
+WITH upd AS (
+    UPDATE jobs SET
+        call_state = %(call_state)s::text,
+        call_version = %(new_version)s::int,
+        status = COALESCE(%(status)s::text, status),
+        provider_kind = %(provider_kind)s::text,
+        provider_task_id = %(provider_task_id)s::text,
+        provider_call_started_at = %(provider_call_started_at)s::timestamptz,
+        call_sync = %(call_sync)s::boolean,
+        reconcile_attempts = %(reconcile_attempts)s::int,
+        reconcile_last_error = %(reconcile_last_error)s::text,
+        reconcile_next_at = %(reconcile_next_at)s::timestamptz,
+        error_message = COALESCE(%(error_message)s::text, error_message),
+        finalize_owner = %(finalize_owner)s::text,
+        finalize_lease_until = %(finalize_lease_until)s::timestamptz,
+        upstream_result = %(upstream_result)s::jsonb,
+        output_data = COALESCE(%(output_data)s::jsonb, output_data),
+        provider_cost = %(provider_cost)s::numeric,
+        call_finished_at = %(call_finished_at)s::timestamptz,
+        call_settlement = %(call_settlement)s::text,
+        completed_at = CASE WHEN %(call_state)s::text = 'completed'
+                            THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
+        progress = CASE WHEN %(call_state)s::text = 'completed' THEN 100 ELSE progress END,
+        updated_at = now()
+    WHERE id = %(job_id)s::uuid
+      AND call_version = %(expected_version)s::int
+      AND (status <> 'cancelled' OR %(is_cancel)s::boolean)
+    RETURNING id
+), ev AS (
+    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+    SELECT id, %(new_version)s::int, %(type)s::text, %(event_version)s::smallint,
+           %(payload)s::jsonb, %(actor)s::text
+    FROM upd
+    RETURNING seq
+), settle AS (
+    UPDATE usage_logs SET
+        status = %(settle_to)s::text,
+        settled_at = now(),
+        credits_charged = CASE WHEN %(settle_to)s::text = 'committed'
+            THEN LEAST(COALESCE(%(cost)s::numeric, credits_reserved), credits_reserved)
+            ELSE 0 END
+    WHERE job_id = %(job_id)s::uuid
+      AND status = 'reserved'
+      AND %(settle_to)s::text IS NOT NULL
+      AND EXISTS (SELECT 1 FROM ev)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM ev) AS appended,
+       (SELECT count(*) FROM settle) AS settled,
+       (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
+
+-- name: load_events
+SELECT seq, type, version, payload::text AS payload, actor, recorded_at
+FROM call_events
+WHERE job_id = %(job_id)s
+ORDER BY seq;
+
+-- name: reservation_for_job
+SELECT id, status, credits_reserved, credits_charged
+FROM usage_logs
+WHERE job_id = %(job_id)s
+ORDER BY id;
+
+-- name: create_job
+-- A job row and its credit reservation, in one statement.
+WITH j AS (
+    INSERT INTO jobs (id, user_id, job_type, status, input_data, workflow_execution_id, node_id)
+    VALUES (%(job_id)s, %(user_id)s, %(job_type)s, %(status)s, %(input_data)s::jsonb,
+            %(workflow_execution_id)s, %(node_id)s)
+    RETURNING id, user_id
+)
+INSERT INTO usage_logs (job_id, user_id, status, credits_reserved)
+SELECT id, user_id, 'reserved', %(credits)s FROM j WHERE %(credits)s::numeric IS NOT NULL
+RETURNING id;

@@ -1,0 +1,168 @@
+"""What happened to a job's external call: one frozen, tagged msgspec Struct per event.
+
+Every event carries ``at`` (when it happened, timezone-aware, passed in: nothing here reads
+a clock) and ``actor`` (who recorded it: ``worker:<incarnation>``, ``reconciler:<id>``,
+``webhook``, ``user:<id>``, ``admin``...). The tag is the event's type name, stored in the
+``call_events.type`` column; ``VERSIONS`` gives each type's current payload version.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+import msgspec
+
+__all__ = [
+    "EVENT_TYPES",
+    "VERSIONS",
+    "Adopted",
+    "CallStarted",
+    "Cancelled",
+    "Completed",
+    "Event",
+    "Exhausted",
+    "FinalizeClaimed",
+    "FinalizeFailed",
+    "ReconcileAttempted",
+    "StoredMedia",
+    "Swept",
+    "TaskCreated",
+    "UpstreamFailed",
+    "UpstreamResult",
+    "UpstreamSucceeded",
+]
+
+
+class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    at: datetime
+    actor: str
+    VERSION: ClassVar[int] = 1
+
+
+class UpstreamResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What upstream produced: URLs to download at once, text, the cost it reported."""
+
+    media_urls: tuple[str, ...] = ()
+    text: str | None = None
+    cost: float | None = None
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class StoredMedia(msgspec.Struct, frozen=True, kw_only=True):
+    """One result stored under its deterministic key."""
+
+    key: str
+    url: str
+    content_type: str
+    size: int
+
+
+class CallStarted(_Base, frozen=True, kw_only=True, tag=True):
+    """∅ → created. Written *before* the upstream create request (or the sync call)."""
+
+    kind: str
+    sync: bool = False
+
+
+class Adopted(_Base, frozen=True, kw_only=True, tag=True):
+    """∅ → created|polling: a row whose seed columns were written by non-callwarden code."""
+
+    kind: str
+    task_id: str | None = None
+    call_started_at: datetime | None = None
+    observed_status: str | None = None
+    sync: bool = False
+
+
+class TaskCreated(_Base, frozen=True, kw_only=True, tag=True):
+    """created → polling: the upstream task id is persisted."""
+
+    task_id: str
+
+
+class UpstreamSucceeded(_Base, frozen=True, kw_only=True, tag=True):
+    """created|polling → upstream_succeeded."""
+
+    result: UpstreamResult
+
+
+class UpstreamFailed(_Base, frozen=True, kw_only=True, tag=True):
+    """created|polling → failed (refund)."""
+
+    error: str
+    code: str | None = None
+
+
+class FinalizeClaimed(_Base, frozen=True, kw_only=True, tag=True):
+    """upstream_succeeded → finalizing, or finalizing → finalizing once the lease expired."""
+
+    owner: str
+    lease_until: datetime
+
+
+class FinalizeFailed(_Base, frozen=True, kw_only=True, tag=True):
+    """finalizing → upstream_succeeded (retried later)."""
+
+    error: str
+
+
+class Completed(_Base, frozen=True, kw_only=True, tag=True):
+    """finalizing → completed (commit at ``cost``, never above the reservation)."""
+
+    media: tuple[StoredMedia, ...] = ()
+    cost: float | None = None
+
+
+class Swept(_Base, frozen=True, kw_only=True, tag=True):
+    """created|polling → swept (refund): no recovery is possible."""
+
+    reason: str = "reconcile_no_recovery"
+
+
+class Exhausted(_Base, frozen=True, kw_only=True, tag=True):
+    """any non-terminal → exhausted (refund): reconcile attempts hit the cap."""
+
+    attempts: int
+    last_error: str | None = None
+
+
+class Cancelled(_Base, frozen=True, kw_only=True, tag=True):
+    """any non-terminal (or a job whose call never started) → cancelled (refund)."""
+
+    by: str
+
+
+class ReconcileAttempted(_Base, frozen=True, kw_only=True, tag=True):
+    """non-terminal → same state; ``reconcile_attempts += 1``."""
+
+    outcome: str
+    error: str | None = None
+    next_attempt_at: datetime | None = None
+
+
+Event = (
+    CallStarted
+    | Adopted
+    | TaskCreated
+    | UpstreamSucceeded
+    | UpstreamFailed
+    | FinalizeClaimed
+    | FinalizeFailed
+    | Completed
+    | Swept
+    | Exhausted
+    | Cancelled
+    | ReconcileAttempted
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        CallStarted, Adopted, TaskCreated, UpstreamSucceeded, UpstreamFailed,
+        FinalizeClaimed, FinalizeFailed, Completed, Swept, Exhausted, Cancelled,
+        ReconcileAttempted,
+    )
+}
+
+VERSIONS: dict[str, int] = {name: cls.VERSION for name, cls in EVENT_TYPES.items()}

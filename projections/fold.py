@@ -1,0 +1,254 @@
+"""The fold: a job's events -> its call state and the ``jobs`` columns the projection owns.
+
+One pure function used three ways: inside the append transaction (to compute the new
+columns from the old ones plus one event), in replay/verify, and in audit timelines. It
+never reads a clock or touches I/O. Illegal sequences raise
+:class:`events.states.InvalidTransition` (terminal states are absorbing).
+
+The hot loop works on a mutable, slotted accumulator; :class:`CallProjection` is the frozen
+value handed to callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+import msgspec
+
+from events.states import LEGAL, SETTLEMENT, TERMINAL, CallState, InvalidTransition, next_state
+from events.types import (
+    Adopted,
+    CallStarted,
+    Cancelled,
+    Completed,
+    Event,
+    Exhausted,
+    FinalizeClaimed,
+    FinalizeFailed,
+    ReconcileAttempted,
+    StoredMedia,
+    Swept,
+    TaskCreated,
+    UpstreamFailed,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
+
+__all__ = ["EMPTY", "CallProjection", "apply", "fold", "fold_from", "status_for"]
+
+ERROR_EXHAUSTED = "reconcile_exhausted"
+
+_STATUS: dict[CallState, str | None] = {
+    CallState.CREATED: None,  # pending or processing: left as the host set it
+    CallState.POLLING: "processing",
+    CallState.UPSTREAM_SUCCEEDED: "processing",
+    CallState.FINALIZING: "processing",
+    CallState.COMPLETED: "completed",
+    CallState.FAILED: "failed",
+    CallState.SWEPT: "failed",
+    CallState.EXHAUSTED: "failed",
+    CallState.CANCELLED: "cancelled",
+}
+
+
+def status_for(state: CallState | None) -> str | None:
+    """The ``jobs.status`` a call state projects to (``None``: not owned, left as is)."""
+    return None if state is None else _STATUS[state]
+
+
+class CallProjection(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job's events add up to. ``status`` ``None`` means "not set by the call"."""
+
+    state: CallState | None = None
+    version: int = 0
+    status: str | None = None
+    provider_kind: str | None = None
+    provider_task_id: str | None = None
+    provider_call_started_at: datetime | None = None
+    call_sync: bool = False
+    reconcile_attempts: int = 0
+    reconcile_last_error: str | None = None
+    reconcile_next_at: datetime | None = None
+    error_message: str | None = None
+    finalize_owner: str | None = None
+    finalize_lease_until: datetime | None = None
+    upstream_result: UpstreamResult | None = None
+    output_media: tuple[StoredMedia, ...] | None = None
+    provider_cost: float | None = None
+    call_finished_at: datetime | None = None
+    settlement: str | None = None  # "committed" | "refunded" once terminal
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+EMPTY = CallProjection()
+_FIELDS = CallProjection.__struct_fields__
+
+
+class _Acc:
+    """Mutable twin of :class:`CallProjection` for the hot loop (same fields)."""
+
+    __slots__ = _FIELDS
+    state: CallState | None
+    version: int
+    status: str | None
+    provider_kind: str | None
+    provider_task_id: str | None
+    provider_call_started_at: datetime | None
+    call_sync: bool
+    reconcile_attempts: int
+    reconcile_last_error: str | None
+    reconcile_next_at: datetime | None
+    error_message: str | None
+    finalize_owner: str | None
+    finalize_lease_until: datetime | None
+    upstream_result: UpstreamResult | None
+    output_media: tuple[StoredMedia, ...] | None
+    provider_cost: float | None
+    call_finished_at: datetime | None
+    settlement: str | None
+
+    def freeze(self) -> CallProjection:
+        return CallProjection(**{f: getattr(self, f) for f in _FIELDS})
+
+
+def _thaw(p: CallProjection) -> _Acc:
+    acc = _Acc()
+    for f in _FIELDS:
+        setattr(acc, f, getattr(p, f))
+    return acc
+
+
+def _call_started(a: _Acc, e: CallStarted) -> None:
+    a.provider_kind = e.kind
+    a.call_sync = e.sync
+    a.provider_call_started_at = e.at
+
+
+def _adopted(a: _Acc, e: Adopted) -> None:
+    a.provider_kind = e.kind
+    a.call_sync = e.sync
+    a.provider_call_started_at = e.call_started_at or e.at
+    if e.task_id:
+        a.provider_task_id = e.task_id
+        a.state = CallState.POLLING
+    a.status = e.observed_status if a.state is CallState.CREATED else "processing"
+
+
+def _task_created(a: _Acc, e: TaskCreated) -> None:
+    a.provider_task_id = e.task_id
+
+
+def _upstream_succeeded(a: _Acc, e: UpstreamSucceeded) -> None:
+    a.upstream_result = e.result
+
+
+def _upstream_failed(a: _Acc, e: UpstreamFailed) -> None:
+    a.error_message = e.error
+
+
+def _finalize_claimed(a: _Acc, e: FinalizeClaimed) -> None:
+    lease = a.finalize_lease_until
+    if a.state is CallState.FINALIZING and lease is not None and e.at < lease:
+        raise InvalidTransition(
+            CallState.FINALIZING, "FinalizeClaimed",
+            f"lease held by {a.finalize_owner} until {lease.isoformat()}")
+    a.finalize_owner = e.owner
+    a.finalize_lease_until = e.lease_until
+
+
+def _finalize_failed(a: _Acc, e: FinalizeFailed) -> None:
+    a.finalize_owner = None
+    a.finalize_lease_until = None
+    a.reconcile_last_error = e.error
+
+
+def _completed(a: _Acc, e: Completed) -> None:
+    a.output_media = e.media
+    a.provider_cost = e.cost
+    a.finalize_owner = None
+    a.finalize_lease_until = None
+
+
+def _swept(a: _Acc, e: Swept) -> None:
+    a.error_message = e.reason
+
+
+def _exhausted(a: _Acc, e: Exhausted) -> None:
+    a.error_message = ERROR_EXHAUSTED
+    a.reconcile_attempts = max(a.reconcile_attempts, e.attempts)
+    if e.last_error is not None:
+        a.reconcile_last_error = e.last_error
+
+
+def _cancelled(a: _Acc, e: Cancelled) -> None:
+    pass
+
+
+def _reconcile_attempted(a: _Acc, e: ReconcileAttempted) -> None:
+    a.reconcile_attempts += 1
+    a.reconcile_next_at = e.next_attempt_at
+    if e.error is not None:
+        a.reconcile_last_error = e.error
+
+
+_HANDLERS: dict[type, Callable[[_Acc, object], None]] = {
+    CallStarted: _call_started,  # type: ignore[dict-item]
+    Adopted: _adopted,  # type: ignore[dict-item]
+    TaskCreated: _task_created,  # type: ignore[dict-item]
+    UpstreamSucceeded: _upstream_succeeded,  # type: ignore[dict-item]
+    UpstreamFailed: _upstream_failed,  # type: ignore[dict-item]
+    FinalizeClaimed: _finalize_claimed,  # type: ignore[dict-item]
+    FinalizeFailed: _finalize_failed,  # type: ignore[dict-item]
+    Completed: _completed,  # type: ignore[dict-item]
+    Swept: _swept,  # type: ignore[dict-item]
+    Exhausted: _exhausted,  # type: ignore[dict-item]
+    Cancelled: _cancelled,  # type: ignore[dict-item]
+    ReconcileAttempted: _reconcile_attempted,  # type: ignore[dict-item]
+}
+
+
+def _step(a: _Acc, e: Event) -> None:
+    cls = type(e)
+    dest = LEGAL.get((a.state, cls.__name__))
+    if dest is None:
+        next_state(a.state, cls.__name__)  # raises the precise error
+    previous = a.state
+    a.state = dest
+    _HANDLERS[cls](a, e)
+    a.version += 1
+    if a.state is not previous:
+        _enter(a, e)
+
+
+def _enter(a: _Acc, e: Event) -> None:
+    state = a.state
+    assert state is not None
+    status = _STATUS[state]
+    if status is not None:
+        a.status = status
+    if state in TERMINAL:
+        a.settlement = SETTLEMENT[state]
+        a.call_finished_at = e.at
+        a.reconcile_next_at = None
+
+
+def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
+    """``p`` advanced by ``events`` in order."""
+    acc = _thaw(p)
+    for e in events:
+        _step(acc, e)
+    return acc.freeze()
+
+
+def fold(events: Iterable[Event]) -> CallProjection:
+    """The projection of a job's whole event history (from the empty call)."""
+    return fold_from(EMPTY, events)
+
+
+def apply(p: CallProjection, e: Event) -> CallProjection:
+    """``p`` after one more event; raises ``InvalidTransition`` if it may not follow."""
+    return fold_from(p, (e,))

