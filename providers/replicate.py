@@ -1,0 +1,371 @@
+"""Replicate clients (``replicate-prediction``, ``replicate-training``), split sans-I/O.
+
+Pure functions build each request (:class:`Request`) and parse each response into a
+:mod:`providers.outcomes` value or a typed :mod:`providers.errors` error, keeping
+Replicate's own ``detail``. The two client classes only glue them to
+:func:`providers.transport.send`.
+
+Mapping of a prediction/training object (reference §11, §14):
+
+- ``starting`` / ``processing``                 -> ``Running``
+- ``succeeded``                                 -> ``Succeeded`` (every http(s) URL in
+  ``output``: a string, a list, or object values such as ``weights``)
+- ``succeeded`` with ``data_removed: true``     -> :class:`MediaExpired` (the output is
+  gone after one hour: fail and refund)
+- ``failed`` / ``canceled`` / ``aborted``       -> ``Failed(error=error or status)``
+- HTTP 404 on GET                               -> ``NotFound``
+- problem+json errors: 401/403 auth, 402 credits, 429 ``RateLimited`` (``Retry-After``),
+  5xx transient, other 4xx ``BadRequest``; anything else is :class:`MalformedResponse`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, Literal
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from providers.base import Endpoint, OnPoll
+from providers.errors import (
+    AuthenticationError,
+    BadRequest,
+    InsufficientCredits,
+    MalformedResponse,
+    MediaExpired,
+    ProviderError,
+    RateLimited,
+    TransientError,
+    UnknownProviderKind,
+)
+from providers.kinds import KINDS
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.transport import (
+    DEFAULT_POLICY,
+    Classify,
+    RawResponse,
+    RetryPolicy,
+    Sleep,
+    parse_retry_after,
+    send,
+)
+
+__all__ = [
+    "PROVIDER",
+    "ReplicatePredictionClient",
+    "ReplicateTrainingClient",
+    "Request",
+    "build_cancel_request",
+    "build_get_request",
+    "build_prediction_request",
+    "build_training_request",
+    "classify_replicate",
+    "classify_replicate_poll",
+    "output_urls",
+    "parse_created",
+    "parse_prediction",
+    "replicate_client_for",
+]
+
+PROVIDER: Final = "replicate"
+Collection = Literal["predictions", "trainings"]
+RUNNING_STATES: Final = frozenset({"starting", "processing"})
+FAILED_STATES: Final = frozenset({"failed", "canceled", "aborted"})
+DEFAULT_EVENTS: Final = ("completed",)
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """One HTTP request to send, relative to the endpoint's base URL."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    headers: dict[str, str]
+    json: dict[str, Any] | None = None
+
+
+# -- requests (pure) -------------------------------------------------------------------------
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """Replicate auth: ``Authorization: Bearer <token>``."""
+    return {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+
+
+def _owner_name(value: Any, field: str) -> tuple[str, str]:
+    if not isinstance(value, str) or value.count("/") != 1 or not all(value.split("/")):
+        raise BadRequest(f"{field} must be 'owner/name', got {value!r}", provider=PROVIDER)
+    owner, name = value.split("/")
+    return owner, name
+
+
+def _input(request: Mapping[str, Any]) -> dict[str, Any]:
+    inputs = request.get("input")
+    if not isinstance(inputs, Mapping):
+        raise BadRequest("request needs an 'input' object", provider=PROVIDER)
+    return dict(inputs)
+
+
+def _with_webhook(body: dict[str, Any], request: Mapping[str, Any],
+                  callback_url: str | None) -> dict[str, Any]:
+    if callback_url:
+        body["webhook"] = callback_url
+        body["webhook_events_filter"] = list(request.get("webhook_events_filter",
+                                                         DEFAULT_EVENTS))
+    return body
+
+
+def build_prediction_request(request: Mapping[str, Any], *, api_key: str,
+                             callback_url: str | None = None) -> Request:
+    """Create a prediction: ``{"version": ..., "input": ...}`` goes to ``/v1/predictions``;
+    ``{"model": "owner/name", "input": ...}`` to the official-model route."""
+    body: dict[str, Any] = {"input": _input(request)}
+    if request.get("version"):
+        body["version"] = request["version"]
+        path = "/v1/predictions"
+    elif "model" in request:
+        owner, name = _owner_name(request["model"], "model")
+        path = f"/v1/models/{quote(owner)}/{quote(name)}/predictions"
+    else:
+        raise BadRequest("request needs 'version' or 'model'", provider=PROVIDER)
+    return Request(method="POST", path=path, headers=auth_headers(api_key),
+                   json=_with_webhook(body, request, callback_url))
+
+
+def build_training_request(request: Mapping[str, Any], *, api_key: str,
+                           callback_url: str | None = None) -> Request:
+    """Create a training of ``model`` at ``version`` into ``destination``."""
+    owner, name = _owner_name(request.get("model"), "model")
+    _owner_name(request.get("destination"), "destination")
+    version = request.get("version")
+    if not isinstance(version, str) or not version:
+        raise BadRequest("a training needs a 'version' id", provider=PROVIDER)
+    body = {"destination": request["destination"], "input": _input(request)}
+    path = f"/v1/models/{quote(owner)}/{quote(name)}/versions/{quote(version)}/trainings"
+    return Request(method="POST", path=path, headers=auth_headers(api_key),
+                   json=_with_webhook(body, request, callback_url))
+
+
+def build_get_request(collection: Collection, task_id: str, *, api_key: str) -> Request:
+    """The status request; never creates anything."""
+    return Request(method="GET", path=f"/v1/{collection}/{quote(task_id, safe='')}",
+                   headers=auth_headers(api_key))
+
+
+def build_cancel_request(collection: Collection, task_id: str, *, api_key: str) -> Request:
+    return Request(method="POST", path=f"/v1/{collection}/{quote(task_id, safe='')}/cancel",
+                   headers=auth_headers(api_key))
+
+
+# -- responses (pure) ------------------------------------------------------------------------
+
+def _detail(raw: RawResponse) -> tuple[str, str | None]:
+    """The problem's ``detail`` (or the body's text) and its ``title``."""
+    try:
+        body = msgspec.json.decode(raw.body)
+    except msgspec.DecodeError:
+        return raw.body[:200].decode("utf-8", "replace") or f"HTTP {raw.status}", None
+    if isinstance(body, dict):
+        detail = body.get("detail") or body.get("title") or f"HTTP {raw.status}"
+        title = body.get("title")
+        return str(detail), str(title) if title is not None else None
+    return str(body), None
+
+
+def _error_for(raw: RawResponse) -> ProviderError:
+    message, title = _detail(raw)
+    kw: dict[str, Any] = {"provider": PROVIDER, "status": raw.status, "code": title}
+    if raw.status == 429:
+        return RateLimited(message, retry_after=parse_retry_after(raw.headers.get("retry-after")),
+                           **kw)
+    if raw.status >= 500:
+        return TransientError(message, **kw)
+    if raw.status in (401, 403):
+        return AuthenticationError(message, **kw)
+    if raw.status == 402:
+        return InsufficientCredits(message, **kw)
+    if raw.status >= 400:
+        return BadRequest(message, **kw)
+    return MalformedResponse(f"unexpected HTTP {raw.status}: {message}", **kw)
+
+
+def classify_replicate(raw: RawResponse) -> ProviderError | None:
+    """For creates and cancels: any non-2xx is an error (404 = bad model/destination)."""
+    return None if 200 <= raw.status < 300 else _error_for(raw)
+
+
+def classify_replicate_poll(raw: RawResponse) -> ProviderError | None:
+    """For GETs: a 404 is an answer (:class:`NotFound`), not an error."""
+    return None if raw.status == 404 else classify_replicate(raw)
+
+
+def _document(raw: RawResponse) -> dict[str, Any]:
+    body = raw.json(PROVIDER)
+    if not isinstance(body, dict):
+        raise MalformedResponse(f"expected a JSON object, got {type(body).__name__}",
+                                provider=PROVIDER, status=raw.status)
+    return body
+
+
+def parse_created(raw: RawResponse) -> str:
+    """The new prediction's (or training's) id."""
+    task_id = _document(raw).get("id")
+    if not isinstance(task_id, str) or not task_id:
+        raise MalformedResponse("create answer has no 'id'", provider=PROVIDER,
+                                status=raw.status)
+    return task_id
+
+
+def _walk_urls(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        if value.startswith(("https://", "http://")):
+            yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk_urls(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _walk_urls(item)
+
+
+def output_urls(output: Any) -> tuple[str, ...]:
+    """Every http(s) URL in ``output`` (string, list, or object values), in order."""
+    return tuple(dict.fromkeys(_walk_urls(output)))
+
+
+def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
+    if doc.get("data_removed") is True:
+        raise MediaExpired(f"output of {doc.get('id')} was removed (data_removed)",
+                           provider=PROVIDER, status=raw.status)
+    urls = output_urls(doc.get("output"))
+    if not urls:
+        raise MalformedResponse(f"succeeded without output URLs: {doc.get('output')!r}",
+                                provider=PROVIDER, status=raw.status)
+    trimmed = {k: v for k, v in doc.items() if k != "logs"}
+    return Succeeded(media_urls=urls, cost=None, raw=trimmed)
+
+
+def parse_prediction(raw: RawResponse) -> PollOutcome:
+    """A GET (or cancel) answer for a prediction or training."""
+    if raw.status == 404:
+        return NotFound(message=_detail(raw)[0])
+    doc = _document(raw)
+    status = doc.get("status")
+    if status in RUNNING_STATES:
+        return Running(raw_state=status)
+    if status == "succeeded":
+        return _succeeded(doc, raw)
+    if status in FAILED_STATES:
+        error = doc.get("error")
+        message = error if isinstance(error, str) and error else status
+        return Failed(error=message, code=status,
+                      raw={k: v for k, v in doc.items() if k != "logs"})
+    raise MalformedResponse(f"unknown Replicate status {status!r}", provider=PROVIDER,
+                            status=raw.status)
+
+
+# -- clients ---------------------------------------------------------------------------------
+
+class _ReplicateClient:
+    collection: Collection
+    family: str
+
+    def __init__(
+        self, session: aiohttp.ClientSession, endpoint: Endpoint, kind: str,
+        policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep, *,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        spec = KINDS.get(kind)
+        if spec is None or spec.provider != PROVIDER or spec.family != self.family:
+            raise UnknownProviderKind(f"not a Replicate {self.family} kind: {kind!r}",
+                                      provider=PROVIDER)
+        self.kind = kind
+        self._session, self._endpoint = session, endpoint
+        self._policy, self._sleep, self._now = policy, sleep, now
+
+    async def _send(self, req: Request, *, classify: Classify, idempotent: bool) -> RawResponse:
+        url = self._endpoint.base_url.rstrip("/") + req.path
+        return await send(self._session, req.method, url, provider=PROVIDER,
+                          classify=classify, policy=self._policy, idempotent=idempotent,
+                          sleep=self._sleep, headers=req.headers, json=req.json)
+
+    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
+        raise NotImplementedError
+
+    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
+        req = self._build_create(request, callback_url)
+        raw = await self._send(req, classify=classify_replicate, idempotent=False)
+        return parse_created(raw)
+
+    async def poll(self, task_id: str) -> PollOutcome:
+        req = build_get_request(self.collection, task_id, api_key=self._endpoint.api_key)
+        raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
+        return parse_prediction(raw)
+
+    async def cancel(self, task_id: str) -> PollOutcome:
+        """Ask Replicate to cancel ``task_id``; the answer's outcome."""
+        req = build_cancel_request(self.collection, task_id, api_key=self._endpoint.api_key)
+        raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
+        return parse_prediction(raw)
+
+    async def resume(
+        self, task_id: str, *, interval_s: float, budget_s: float,
+        on_poll: OnPoll | None = None,
+    ) -> PollOutcome:
+        """Poll until terminal or ``budget_s`` is spent (then the last ``Running``).
+
+        Elapsed time is the larger of the ``now`` clock and the total slept, so a fake
+        ``sleep`` still bounds the loop. A transient error is retried on the next tick
+        while budget remains, then raised. Never creates a task."""
+        start, slept = self._now(), 0.0
+        while True:
+            try:
+                outcome = await self.poll(task_id)
+            except TransientError:
+                if max(self._now() - start, slept) + interval_s > budget_s:
+                    raise
+            else:
+                if on_poll is not None:
+                    await on_poll(outcome)
+                if not isinstance(outcome, Running) or \
+                        max(self._now() - start, slept) >= budget_s:
+                    return outcome
+            await self._sleep(interval_s)
+            slept += interval_s
+
+
+class ReplicatePredictionClient(_ReplicateClient):
+    """``replicate-prediction``: ``request`` = ``{"version" | "model", "input"}``."""
+
+    collection: Collection = "predictions"
+    family = "prediction"
+
+    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
+        return build_prediction_request(request, api_key=self._endpoint.api_key,
+                                        callback_url=callback_url)
+
+
+class ReplicateTrainingClient(_ReplicateClient):
+    """``replicate-training``: ``request`` = ``{"model", "version", "destination",
+    "input"}``."""
+
+    collection: Collection = "trainings"
+    family = "training"
+
+    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
+        return build_training_request(request, api_key=self._endpoint.api_key,
+                                      callback_url=callback_url)
+
+
+def replicate_client_for(
+    session: aiohttp.ClientSession, endpoint: Endpoint, kind: str,
+    policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+) -> ReplicatePredictionClient | ReplicateTrainingClient:
+    """The client for a ``replicate-*`` kind."""
+    classes: Sequence[type[ReplicatePredictionClient | ReplicateTrainingClient]] = (
+        ReplicatePredictionClient, ReplicateTrainingClient)
+    for cls in classes:
+        if KINDS.get(kind) is not None and KINDS[kind].family == cls.family:
+            return cls(session, endpoint, kind, policy, sleep)
+    raise UnknownProviderKind(f"not a Replicate kind: {kind!r}", provider=PROVIDER)
