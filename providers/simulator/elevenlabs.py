@@ -29,6 +29,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -147,58 +148,65 @@ def _dub_status(task: Task, phase_name: str) -> str:
     return {"queued": "queued", "succeeded": "dubbed", "failed": "failed"}[phase_name]
 
 
-def _dubbing_routes(sim: Simulator) -> list[web.RouteDef]:
-    def task_or_404(request: web.Request) -> Task | web.Response:
-        task = sim.tasks.get(NAME, request.match_info["dubbing_id"])
-        if task is None or task.peek(sim.clock.now()).name == "vanished":
-            return render_error(404, "Dubbing not found", code="dubbing_not_found")
+def _task_or_404(sim: Simulator, request: web.Request) -> Task | web.Response:
+    task = sim.tasks.get(NAME, request.match_info["dubbing_id"])
+    if task is None or task.peek(sim.clock.now()).name == "vanished":
+        return render_error(404, "Dubbing not found", code="dubbing_not_found")
+    return task
+
+
+def _dub_problem(form: Mapping[str, list[str | bytes]]) -> web.Response | None:
+    target = _first(form, "target_lang")
+    if not isinstance(target, str) or not target:
+        return render_error(422, "field required", param="target_lang")
+    if _first(form, "file") is None and not _first(form, "source_url"):
+        return render_error(400, "Either file or source_url must be provided", param="file")
+    return None
+
+
+async def _create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    form = await _form(request)
+    if isinstance(form, web.Response):
+        return form
+    script = _dub_problem(form) or _script(sim, {k: v[0] for k, v in form.items()})
+    if isinstance(script, web.Response):
+        return script
+    dubbing_id = "".join(sim.rng.choices(ID_ALPHABET, k=20))
+    kept = {k: v for k, v in form.items() if k not in ("file", "csv_file")}
+    task = sim.tasks.create(NAME, "dubbing", kept, script, callback_url=None,
+                            task_id=dubbing_id)
+    task.extra |= {"name": str(_first(form, "name") or "dub"),
+                   "source_language": str(_first(form, "source_lang") or "auto"),
+                   "target_languages": [str(_first(form, "target_lang"))]}
+    seconds = sum(step.seconds or 0 for step in script.steps) or 10.0
+    return web.json_response({"dubbing_id": dubbing_id, "expected_duration_sec": seconds})
+
+
+async def _poll(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    task = _task_or_404(sim, request)
+    if isinstance(task, web.Response):
         return task
+    phase = task.observe(sim.clock.now())
+    if phase.name == "vanished" or task.polls <= task.script.not_found_first_polls:
+        return render_error(404, "Dubbing not found", code="dubbing_not_found")
+    return web.json_response(_dub_body(task, _dub_status(task, phase.name)))
 
-    async def create(request: web.Request) -> web.StreamResponse:
-        form = await _form(request)
-        if isinstance(form, web.Response):
-            return form
-        target = _first(form, "target_lang")
-        if not isinstance(target, str) or not target:
-            return render_error(422, "field required", param="target_lang")
-        if _first(form, "file") is None and not _first(form, "source_url"):
-            return render_error(400, "Either file or source_url must be provided",
-                                param="file")
-        script = _script(sim, {k: v[0] for k, v in form.items()})
-        if isinstance(script, web.Response):
-            return script
-        dubbing_id = "".join(sim.rng.choices(ID_ALPHABET, k=20))
-        task = sim.tasks.create(NAME, "dubbing", {k: v for k, v in form.items()
-                                                  if k not in ("file", "csv_file")},
-                                script, callback_url=None, task_id=dubbing_id)
-        task.extra |= {"name": str(_first(form, "name") or "dub"),
-                       "source_language": str(_first(form, "source_lang") or "auto"),
-                       "target_languages": [target]}
-        seconds = sum(step.seconds or 0 for step in script.steps) or 10.0
-        return web.json_response({"dubbing_id": dubbing_id, "expected_duration_sec": seconds})
 
-    async def poll(request: web.Request) -> web.StreamResponse:
-        task = task_or_404(request)
-        if isinstance(task, web.Response):
-            return task
-        phase = task.observe(sim.clock.now())
-        if phase.name == "vanished" or task.polls <= task.script.not_found_first_polls:
-            return render_error(404, "Dubbing not found", code="dubbing_not_found")
-        return web.json_response(_dub_body(task, _dub_status(task, phase.name)))
+async def _result(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    task = _task_or_404(sim, request)
+    if isinstance(task, web.Response):
+        return task
+    lang = request.match_info["lang"]
+    if lang not in task.extra["target_languages"]:
+        return render_error(404, f"Language {lang} not found", code="language_not_found")
+    return _audio_answer(sim, task, lang)
 
-    async def audio(request: web.Request) -> web.StreamResponse:
-        task = task_or_404(request)
-        if isinstance(task, web.Response):
-            return task
-        lang = request.match_info["lang"]
-        if lang not in task.extra["target_languages"]:
-            return render_error(404, f"Language {lang} not found", code="language_not_found")
-        return _audio_answer(sim, task, lang)
 
+def _dubbing_routes(sim: Simulator) -> list[web.RouteDef]:
     path = "/v1/dubbing/{dubbing_id}"
-    return [web.post("/v1/dubbing", create, name="create"),
-            web.get(path, poll, name="poll"),
-            web.get(path + "/audio/{lang}", audio, name="result")]
+    return [web.post("/v1/dubbing", partial(_create, sim), name="create"),
+            web.get(path, partial(_poll, sim), name="poll"),
+            web.get(path + "/audio/{lang}", partial(_result, sim), name="result")]
 
 
 def _audio_answer(sim: Simulator, task: Task, lang: str) -> web.Response:
