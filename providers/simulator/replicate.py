@@ -43,7 +43,8 @@ UNAUTHENTICATED = "You did not pass a valid authentication token"
 BAD_DESTINATION = "The specified training destination does not exist"
 _ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 _STATUS = {"queued": "starting", "running": "processing", "succeeded": "succeeded",
-           "failed": "failed", "canceled": "canceled"}
+           "failed": "failed", "canceled": "canceled",
+           "vanished": "starting"}  # only a create answer can show a task that vanishes
 _DEFAULT_EVENTS = ("output", "completed")
 _DESTINATION = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
