@@ -10,11 +10,12 @@ Kinds and families: ``kie-standard``, ``kie-kling3``, ``kie-lip-sync`` use the m
 
 **The "recordInfo is null" grace window.** KIE briefly answers "no such task" right after a
 task is created (reference §2). :class:`KieTaskClient` keeps, per task id it created or
-polled, the time it first saw it (``now()``, injectable), and for the first
-``null_grace_s`` seconds (default 60) reports a not-found answer as
-``Running(raw_state="record_pending")``; after that it is :class:`NotFound`. A task resumed
-after a restart is "first seen" at its first poll, unless the caller passes the creation
-time to :meth:`KieTaskClient.remember`.
+polled, the time it first saw it (``now()``: unix seconds, injectable), and for the first
+``null_grace_s`` seconds (default 60) reports a not-found answer (``422 recordInfo is
+null``, in-body 404, Suno's ``data: null``) as ``Running(raw_state="record_pending")``;
+after that it is :class:`NotFound`. A task resumed after a restart is "first seen" at its
+first poll, so a vanished task costs one extra grace window, unless the caller passes the
+persisted creation time to :meth:`KieTaskClient.remember`.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class KieTaskClient:
         *,
         callback_url: str | None = None,
         null_grace_s: float = NULL_GRACE_S,
-        now: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
         spec = KINDS.get(kind)
         if spec is None or spec.provider != PROVIDER or not spec.is_async:
@@ -175,7 +176,7 @@ class KieTaskClient:
 
     def remember(self, task_id: str, first_seen: float | None = None) -> None:
         """Start (or move back) the grace window of ``task_id``; ``first_seen`` is on the
-        ``now`` clock (default: now)."""
+        ``now`` clock (unix seconds by default; default value: now)."""
         at = self._now() if first_seen is None else first_seen
         self._first_seen[task_id] = min(at, self._first_seen.get(task_id, at))
 
