@@ -32,7 +32,9 @@ from events.types import Cancelled, Event
 from projections.columns import from_row, to_columns
 from projections.fold import CallProjection, apply
 
-__all__ = ["AppendResult", "Conn", "Decide", "append", "cancel", "load", "transition"]
+__all__ = [
+    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "load", "transition",
+]
 
 Conn = AsyncConnection[DictRow]
 Decide = Callable[[CallProjection], Event | None]
@@ -58,7 +60,7 @@ def _translate(exc: psycopg.Error) -> Exception:
     return DatabaseError(f"database error: {exc}")
 
 
-async def _execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
+async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
     try:
         cur = await conn.execute(QUERIES[name], params)
         return await cur.fetchall()
@@ -72,7 +74,7 @@ async def _execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRo
 
 async def load(conn: Conn, job_id: uuid.UUID) -> CallProjection:
     """The projection stored on the job's row; :class:`JobNotFound` if there is none."""
-    rows = await _execute(conn, "load_projection", {"job_id": job_id})
+    rows = await execute(conn, "load_projection", {"job_id": job_id})
     if not rows:
         raise JobNotFound(job_id)
     return from_row(rows[0])
@@ -111,7 +113,7 @@ async def append(
     first."""
     new = apply(current, event)
     params = _params(job_id, current, new, event)
-    rows = await _execute(conn, "append_event", params)
+    rows = await execute(conn, "append_event", params)
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))
     return AppendResult(ok=True, projection=new, event=event,

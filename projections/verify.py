@@ -1,0 +1,47 @@
+"""Does the stored projection tell the truth? Pure comparison of a ``jobs`` row (as a
+projection) and its reservation with the fold of the job's events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from projections.fold import CallProjection
+
+__all__ = ["OPTIONAL_FIELDS", "Mismatch", "compare", "compare_settlement"]
+
+# Fields the fold leaves to the host when it has nothing to say (None = "not set").
+OPTIONAL_FIELDS = frozenset({"status", "error_message", "output_media"})
+_FIELDS = CallProjection.__struct_fields__
+
+
+class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    column: str
+    projected: Any
+    folded: Any
+
+
+def compare(job_id: object, stored: CallProjection, folded: CallProjection) -> list[Mismatch]:
+    """Every field where the stored projection differs from the fold."""
+    out = []
+    for f in _FIELDS:
+        want = getattr(folded, f)
+        if want is None and f in OPTIONAL_FIELDS:
+            continue
+        have = getattr(stored, f)
+        if have != want:
+            out.append(Mismatch(job_id=str(job_id), column=f, projected=have, folded=want))
+    return out
+
+
+def compare_settlement(job_id: object, statuses: list[str],
+                       folded: CallProjection) -> list[Mismatch]:
+    """The job's ``usage_logs`` statuses against what the fold says they must be:
+    ``reserved`` while the call is open, the terminal state's settlement after."""
+    want = folded.settlement if folded.terminal else "reserved"
+    if folded.state is None:
+        return []
+    return [Mismatch(job_id=str(job_id), column="usage_logs.status", projected=s, folded=want)
+            for s in statuses if s != want]

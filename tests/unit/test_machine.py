@@ -1,0 +1,74 @@
+"""Every (state, event) pair of DESIGN §3, from an explicit table written independently of
+the implementation's declaration."""
+
+from __future__ import annotations
+
+import pytest
+from transitions.core import MachineError
+
+from engine.machine import EMPTY, build_machine
+from events.states import (
+    TERMINAL,
+    CallState,
+    InvalidTransition,
+    TerminalStateError,
+    next_state,
+)
+from events.types import EVENT_TYPES
+
+C, P, U, F = "created", "polling", "upstream_succeeded", "finalizing"
+OPEN = (C, P, U, F)
+
+# state -> {event type: resulting state}; every pair not listed is illegal.
+EXPECTED: dict[str, dict[str, str]] = {
+    EMPTY: {"CallStarted": C, "Adopted": C, "Cancelled": "cancelled"},
+    C: {"TaskCreated": P, "UpstreamSucceeded": U, "UpstreamFailed": "failed",
+        "Swept": "swept", "Exhausted": "exhausted", "Cancelled": "cancelled",
+        "ReconcileAttempted": C},
+    P: {"UpstreamSucceeded": U, "UpstreamFailed": "failed", "Swept": "swept",
+        "Exhausted": "exhausted", "Cancelled": "cancelled", "ReconcileAttempted": P},
+    U: {"FinalizeClaimed": F, "Exhausted": "exhausted", "Cancelled": "cancelled",
+        "ReconcileAttempted": U},
+    F: {"FinalizeClaimed": F, "FinalizeFailed": U, "Completed": "completed",
+        "Exhausted": "exhausted", "Cancelled": "cancelled", "ReconcileAttempted": F},
+    **{t.value: {} for t in TERMINAL},
+}
+
+PAIRS = [(s, e) for s in EXPECTED for e in sorted(EVENT_TYPES)]
+
+
+def _state(name: str) -> CallState | None:
+    return None if name == EMPTY else CallState(name)
+
+
+@pytest.mark.parametrize(("state", "event"), PAIRS)
+def test_next_state_matches_the_design_table(state: str, event: str) -> None:
+    expected = EXPECTED[state].get(event)
+    if expected is None:
+        with pytest.raises(InvalidTransition):
+            next_state(_state(state), event)
+    else:
+        assert next_state(_state(state), event) == CallState(expected)
+
+
+@pytest.mark.parametrize(("state", "event"), PAIRS)
+def test_transitions_library_machine_agrees(state: str, event: str) -> None:
+    _, model = build_machine(_state(state))
+    expected = EXPECTED[state].get(event)
+    if expected is None:
+        with pytest.raises(MachineError):
+            model.trigger(event)
+    else:
+        model.trigger(event)
+        assert model.state == expected
+
+
+@pytest.mark.parametrize("state", sorted(t.value for t in TERMINAL))
+def test_terminal_states_raise_the_terminal_error(state: str) -> None:
+    for event in EVENT_TYPES:
+        with pytest.raises(TerminalStateError):
+            next_state(CallState(state), event)
+
+
+def test_table_covers_every_state() -> None:
+    assert set(EXPECTED) == {EMPTY, *(s.value for s in CallState)}
