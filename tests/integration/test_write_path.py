@@ -111,7 +111,8 @@ async def test_stale_writer_loses_and_learns_the_winner(conn: Conn) -> None:
     p0 = await _drive(conn, job, [CallStarted(at=T0, actor="w", kind="kie-standard")])
     won = await append(conn, job, p0, TaskCreated(at=T0, actor="w1", task_id="a"))
     lost = await append(conn, job, p0, UpstreamFailed(at=T0, actor="w2", error="x"))
-    assert won.ok and not lost.ok
+    assert won.ok
+    assert not lost.ok
     assert lost.projection.state is CallState.POLLING
     assert lost.projection.provider_task_id == "a"
     assert await _events(conn, job) == ["CallStarted", "TaskCreated"]
@@ -135,7 +136,8 @@ async def test_terminal_state_is_absorbing(conn: Conn) -> None:
     with pytest.raises(TerminalStateError):
         await append(conn, job, p, UpstreamFailed(at=T0, actor="w", error="again"))
     result = await cancel(conn, job, by="user:1", now=T0)
-    assert not result.ok and result.projection.state is CallState.FAILED
+    assert not result.ok
+    assert result.projection.state is CallState.FAILED
     assert (await _usage(conn, job))[0]["status"] == "refunded"
 
 
@@ -144,7 +146,8 @@ async def test_cancel_refunds_and_blocks_completion(conn: Conn) -> None:
     p = await _drive(conn, job, _happy()[:4])  # finalizing
     assert (await cancel(conn, job, by="user:1", now=T0)).ok
     late = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
-    assert not late.ok and late.projection.state is CallState.CANCELLED
+    assert not late.ok
+    assert late.projection.state is CallState.CANCELLED
     assert await _usage(conn, job) == [
         {"status": "refunded", "credits_reserved": 9, "credits_charged": 0}]
 
@@ -165,7 +168,8 @@ async def test_job_without_reservation_settles_as_documented_noop(conn: Conn) ->
     job = await create_job(conn, credits=None)
     p = await _drive(conn, job, _happy()[:4])
     r = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
-    assert r.ok and r.settlement == "no_reservation"
+    assert r.ok
+    assert r.settlement == "no_reservation"
 
 
 async def test_reservation_settled_elsewhere_is_reported_not_overwritten(conn: Conn) -> None:
@@ -173,7 +177,8 @@ async def test_reservation_settled_elsewhere_is_reported_not_overwritten(conn: C
     p = await _drive(conn, job, _happy()[:4])
     await conn.execute("UPDATE usage_logs SET status = 'refunded' WHERE job_id = %s", (job,))
     r = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
-    assert r.ok and r.settlement == "already_settled"
+    assert r.ok
+    assert r.settlement == "already_settled"
     assert (await _usage(conn, job))[0]["status"] == "refunded"
 
 
