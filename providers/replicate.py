@@ -359,7 +359,7 @@ class ReplicateTrainingClient(_ReplicateClient):
 
 
 def replicate_client_for(
-    session: aiohttp.ClientSession, endpoint: Endpoint, kind: str,
+    kind: str, session: aiohttp.ClientSession, endpoint: Endpoint, *,
     policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
 ) -> ReplicatePredictionClient | ReplicateTrainingClient:
     """The client for a ``replicate-*`` kind."""

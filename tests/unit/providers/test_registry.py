@@ -1,0 +1,52 @@
+"""Every registered kind resolves to a client of the right shape; unknown kinds are typed
+errors."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from providers.base import ProviderSettings
+from providers.errors import UnknownProviderKind
+from providers.kinds import KINDS, is_sync_call
+from providers.registry import client_for
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+async def test_every_kind_has_a_client_matching_its_mode(kind: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        client = client_for(kind, session, ProviderSettings.for_simulator("http://127.0.0.1:1"))
+        assert client.kind == kind
+        if is_sync_call(kind):
+            assert hasattr(client, "call")
+            assert not hasattr(client, "create")
+        else:
+            assert hasattr(client, "create")
+            assert hasattr(client, "resume")
+
+
+@pytest.mark.parametrize("operation", ["voice-clone", "voice-design", "forced-alignment"])
+async def test_elevenlabs_sync_operations_get_the_sync_client(operation: str) -> None:
+    assert is_sync_call("elevenlabs-async", operation)
+    async with aiohttp.ClientSession() as session:
+        client = client_for("elevenlabs-async", session, ProviderSettings(),
+                            operation=operation)
+        assert hasattr(client, "call")
+
+
+async def test_unknown_kind_is_a_typed_error() -> None:
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(UnknownProviderKind, match="midjourney"):
+            client_for("midjourney", session, ProviderSettings())
+
+
+def test_fourteen_kinds_with_the_seed_thresholds() -> None:
+    minutes = {k: v.stale_threshold_s / 60 for k, v in KINDS.items()}
+    assert minutes == {
+        "kie-standard": 10, "kie-veo": 25, "kie-suno": 30, "kie-kontext": 10, "kie-luma": 25,
+        "kie-kling3": 25, "kie-runway": 25, "kie-lip-sync": 75, "kie-llm": 5,
+        "replicate-prediction": 20, "replicate-training": 30, "elevenlabs-async": 15,
+        "elevenlabs-sync": 5, "anthropic-sync": 5}
+    for spec in KINDS.values():
+        if spec.result_url_lifetime_s is not None:
+            assert spec.stale_threshold_s < spec.result_url_lifetime_s
