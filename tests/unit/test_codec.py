@@ -14,6 +14,7 @@ from events.types import (
     EVENT_TYPES,
     VERSIONS,
     Completed,
+    Event,
     ReconcileAttempted,
     StoredMedia,
     TaskCreated,
@@ -25,7 +26,7 @@ T = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def test_round_trip_keeps_every_field() -> None:
-    events = [
+    events: list[Event] = [
         TaskCreated(at=T, actor="worker:1", task_id="abc"),
         UpstreamSucceeded(at=T, actor="reconciler:2", result=UpstreamResult(
             media_urls=("http://a/1.png", "http://a/2.png"), cost=1.5, raw={"k": [1]})),

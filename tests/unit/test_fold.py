@@ -33,33 +33,32 @@ T0 = datetime(2026, 5, 19, tzinfo=UTC)
 
 
 def _make(name: str, at: datetime, lease_s: float) -> Event:
-    common = {"at": at, "actor": "a"}
     match name:
         case "CallStarted":
-            return CallStarted(**common, kind="kie-standard")
+            return CallStarted(at=at, actor="a", kind="kie-standard")
         case "Adopted":
-            return Adopted(**common, kind="kie-veo", observed_status="processing")
+            return Adopted(at=at, actor="a", kind="kie-veo", observed_status="processing")
         case "TaskCreated":
-            return TaskCreated(**common, task_id="t")
+            return TaskCreated(at=at, actor="a", task_id="t")
         case "UpstreamSucceeded":
-            return UpstreamSucceeded(**common, result=UpstreamResult(media_urls=("u",)))
+            return UpstreamSucceeded(at=at, actor="a", result=UpstreamResult(media_urls=("u",)))
         case "UpstreamFailed":
-            return UpstreamFailed(**common, error="e")
+            return UpstreamFailed(at=at, actor="a", error="e")
         case "FinalizeClaimed":
-            return FinalizeClaimed(**common, owner="o",
+            return FinalizeClaimed(at=at, actor="a", owner="o",
                                    lease_until=at + timedelta(seconds=lease_s))
         case "FinalizeFailed":
-            return FinalizeFailed(**common, error="s3 down")
+            return FinalizeFailed(at=at, actor="a", error="s3 down")
         case "Completed":
-            return Completed(**common, cost=1.0)
+            return Completed(at=at, actor="a", cost=1.0)
         case "Swept":
-            return Swept(**common)
+            return Swept(at=at, actor="a")
         case "Exhausted":
-            return Exhausted(**common, attempts=18)
+            return Exhausted(at=at, actor="a", attempts=18)
         case "Cancelled":
-            return Cancelled(**common, by="user")
+            return Cancelled(at=at, actor="a", by="user")
         case "ReconcileAttempted":
-            return ReconcileAttempted(**common, outcome="still_running")
+            return ReconcileAttempted(at=at, actor="a", outcome="still_running")
     raise AssertionError(name)
 
 
