@@ -1,0 +1,49 @@
+"""Shared set-up for the benchmarks: a Postgres (``DATABASE_URL`` or a throwaway embedded
+server) and a fresh, migrated database per benchmark run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from engine.db import EmbeddedServer, connect
+from engine.migrate import migrate
+
+
+@contextmanager
+def fresh_database(prefix: str = "bench") -> Iterator[str]:
+    """Yield the URL of a new migrated database; drop it (and any embedded server) after."""
+    server = None
+    admin = os.environ.get("DATABASE_URL")
+    if not admin:
+        server = EmbeddedServer(Path(tempfile.mkdtemp(prefix="cw-bench-")), cleanup="delete")
+        admin = server.url()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}".encode())
+    url = make_conninfo(admin, dbname=name)
+
+    async def _migrate() -> None:
+        async with await connect(url) as conn:
+            await migrate(conn)
+
+    asyncio.run(_migrate())
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
+        if server is not None:
+            server.stop()
+
+
+def conninfo_parts(url: str) -> dict[str, str]:
+    return {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
