@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 import msgspec
+from msgspec.structs import astuple
 
 from events.states import LEGAL, SETTLEMENT, TERMINAL, CallState, InvalidTransition, next_state
 from events.types import (
@@ -111,15 +112,34 @@ class _Acc:
     call_finished_at: datetime | None
     settlement: str | None
 
+    def __init__(self, p: CallProjection) -> None:
+        # One C-level astuple and one unpacking: the per-job cost of the hot loop.
+        (self.state, self.version, self.status, self.provider_kind, self.provider_task_id,
+         self.provider_call_started_at, self.call_sync, self.reconcile_attempts,
+         self.reconcile_last_error, self.reconcile_next_at, self.error_message,
+         self.finalize_owner, self.finalize_lease_until, self.upstream_result,
+         self.output_media, self.provider_cost, self.call_finished_at,
+         self.settlement) = astuple(p)
+
     def freeze(self) -> CallProjection:
-        return CallProjection(**{f: getattr(self, f) for f in _FIELDS})
+        return CallProjection(
+            state=self.state, version=self.version, status=self.status,
+            provider_kind=self.provider_kind, provider_task_id=self.provider_task_id,
+            provider_call_started_at=self.provider_call_started_at,
+            call_sync=self.call_sync, reconcile_attempts=self.reconcile_attempts,
+            reconcile_last_error=self.reconcile_last_error,
+            reconcile_next_at=self.reconcile_next_at, error_message=self.error_message,
+            finalize_owner=self.finalize_owner,
+            finalize_lease_until=self.finalize_lease_until,
+            upstream_result=self.upstream_result, output_media=self.output_media,
+            provider_cost=self.provider_cost, call_finished_at=self.call_finished_at,
+            settlement=self.settlement,
+        )
 
 
-def _thaw(p: CallProjection) -> _Acc:
-    acc = _Acc()
-    for f in _FIELDS:
-        setattr(acc, f, getattr(p, f))
-    return acc
+# The unpacking in ``_Acc.__init__`` must follow CallProjection's field order.
+_PROBE = CallProjection(**{f: i for i, f in enumerate(_FIELDS)})  # type: ignore[arg-type]
+assert _Acc(_PROBE).freeze() == _PROBE, "_Acc.__init__ unpacks fields out of order"
 
 
 def _call_started(a: _Acc, e: CallStarted) -> None:
@@ -195,7 +215,8 @@ def _reconcile_attempted(a: _Acc, e: ReconcileAttempted) -> None:
         a.reconcile_last_error = e.error
 
 
-_HANDLERS: dict[type, Callable[[_Acc, object], None]] = {
+_Handler = Callable[[_Acc, object], None]
+_HANDLERS: dict[type, _Handler] = {
     CallStarted: _call_started,  # type: ignore[dict-item]
     Adopted: _adopted,  # type: ignore[dict-item]
     TaskCreated: _task_created,  # type: ignore[dict-item]
@@ -211,37 +232,42 @@ _HANDLERS: dict[type, Callable[[_Acc, object], None]] = {
 }
 
 
-def _step(a: _Acc, e: Event) -> None:
-    cls = type(e)
-    dest = LEGAL.get((a.state, cls.__name__))
-    if dest is None:
-        next_state(a.state, cls.__name__)  # raises the precise error
-    previous = a.state
-    a.state = dest
-    _HANDLERS[cls](a, e)
-    a.version += 1
-    if a.state is not previous:
-        _enter(a, e)
+# Per event class: (state before -> state after, handler). Derived from LEGAL.
+_BY_CLASS: dict[type, tuple[dict[CallState | None, CallState], _Handler]] = {
+    cls: ({src: dest for (src, name), dest in LEGAL.items() if name == cls.__name__}, fn)
+    for cls, fn in _HANDLERS.items()
+}
+# Per state entered: (status it projects to, settlement if terminal).
+_ENTER: dict[CallState, tuple[str | None, str | None]] = {
+    s: (_STATUS[s], SETTLEMENT.get(s)) for s in CallState
+}
 
 
-def _enter(a: _Acc, e: Event) -> None:
-    state = a.state
-    assert state is not None
-    status = _STATUS[state]
+def _enter(a: _Acc, e: Event, state: CallState) -> None:
+    status, settlement = _ENTER[state]
     if status is not None:
         a.status = status
-    if state in TERMINAL:
-        a.settlement = SETTLEMENT[state]
+    if settlement is not None:
+        a.settlement = settlement
         a.call_finished_at = e.at
         a.reconcile_next_at = None
 
 
 def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
     """``p`` advanced by ``events`` in order."""
-    acc = _thaw(p)
+    a = _Acc(p)
     for e in events:
-        _step(acc, e)
-    return acc.freeze()
+        table, handler = _BY_CLASS[type(e)]
+        previous = a.state
+        dest = table.get(previous)
+        if dest is None:
+            dest = next_state(previous, type(e).__name__)  # raises the precise error
+        a.state = dest
+        handler(a, e)  # may refine the state (Adopted with a task id -> polling)
+        a.version += 1
+        if a.state is not previous:
+            _enter(a, e, a.state or dest)
+    return a.freeze()
 
 
 def fold(events: Iterable[Event]) -> CallProjection:
