@@ -63,7 +63,7 @@ def _translate(exc: psycopg.Error) -> Exception:
 async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
     try:
         cur = await conn.execute(QUERIES[name], params)
-        return await cur.fetchall()
+        return await cur.fetchall() if cur.description is not None else []
     except psycopg.errors.UniqueViolation as exc:
         if "call_events_pkey" in str(exc):
             return []  # someone appended this seq first: a lost race

@@ -70,7 +70,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("Adopted", (None,), S.CREATED),  # -> polling when it carries a task id
     Transition("TaskCreated", (S.CREATED,), S.POLLING),
     Transition("UpstreamSucceeded", _ACTIVE, S.UPSTREAM_SUCCEEDED),
-    Transition("UpstreamFailed", _ACTIVE, S.FAILED),
+    # From upstream_succeeded / finalizing too: the result is gone before it could be
+    # stored (Replicate's data_removed, an expired URL) -- the call fails and refunds.
+    Transition("UpstreamFailed", _ALL_OPEN, S.FAILED),
     Transition("FinalizeClaimed", (S.UPSTREAM_SUCCEEDED, S.FINALIZING), S.FINALIZING),
     Transition("FinalizeFailed", (S.FINALIZING,), S.UPSTREAM_SUCCEEDED),
     Transition("Completed", (S.FINALIZING,), S.COMPLETED),

@@ -88,7 +88,8 @@ class UpstreamSucceeded(_Base, frozen=True, kw_only=True, tag=True):
 
 
 class UpstreamFailed(_Base, frozen=True, kw_only=True, tag=True):
-    """created|polling → failed (refund)."""
+    """created|polling → failed (refund); also from upstream_succeeded|finalizing when the
+    result is gone before it could be stored (expired URL, Replicate ``data_removed``)."""
 
     error: str
     code: str | None = None

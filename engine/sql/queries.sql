@@ -90,3 +90,37 @@ WITH j AS (
 INSERT INTO usage_logs (job_id, user_id, status, credits_reserved)
 SELECT id, user_id, 'reserved', %(credits)s FROM j WHERE %(credits)s::numeric IS NOT NULL
 RETURNING id;
+
+-- name: heartbeat
+-- Projection-only: proves the owner is alive and reports progress. Never an event.
+UPDATE jobs
+SET heartbeat_at = now(), heartbeat_owner = %(owner)s,
+    progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
+WHERE id = %(job_id)s AND call_state IN ('created', 'polling');
+
+-- name: job_meta
+SELECT id, user_id, job_type, status, is_public, workflow_execution_id, node_id,
+       input_data::text AS input_data
+FROM jobs
+WHERE id = %(job_id)s;
+
+-- name: insert_assets
+INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
+SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
+FROM jobs j,
+     unnest(%(keys)s::text[], %(urls)s::text[], %(types)s::text[], %(sizes)s::bigint[])
+         AS a(key, url, content_type, size)
+WHERE j.id = %(job_id)s
+ON CONFLICT (job_id, storage_key) DO NOTHING;
+
+-- name: reopen_workflow
+-- Seed §5.7: reopen the parent execution only if this node was its sole failure, with a
+-- compare-and-set on 'failed' so a user's cancel is never overwritten.
+UPDATE workflow_executions w
+SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
+FROM jobs j
+WHERE j.id = %(job_id)s
+  AND w.id = j.workflow_execution_id
+  AND w.status = 'failed'
+  AND w.failed_nodes = ARRAY[j.node_id]::text[]
+RETURNING w.id;

@@ -27,10 +27,11 @@ EXPECTED: dict[str, dict[str, str]] = {
         "ReconcileAttempted": C},
     P: {"UpstreamSucceeded": U, "UpstreamFailed": "failed", "Swept": "swept",
         "Exhausted": "exhausted", "Cancelled": "cancelled", "ReconcileAttempted": P},
-    U: {"FinalizeClaimed": F, "Exhausted": "exhausted", "Cancelled": "cancelled",
-        "ReconcileAttempted": U},
+    U: {"FinalizeClaimed": F, "UpstreamFailed": "failed", "Exhausted": "exhausted",
+        "Cancelled": "cancelled", "ReconcileAttempted": U},
     F: {"FinalizeClaimed": F, "FinalizeFailed": U, "Completed": "completed",
-        "Exhausted": "exhausted", "Cancelled": "cancelled", "ReconcileAttempted": F},
+        "UpstreamFailed": "failed", "Exhausted": "exhausted", "Cancelled": "cancelled",
+        "ReconcileAttempted": F},
     **{t.value: {} for t in TERMINAL},
 }
 

@@ -1,0 +1,259 @@
+"""The worker API: run one job's external call durably, in a few lines of any handler.
+
+    runner = CallRunner(pool, session, settings, store)
+    outcome = await runner.run(job_id, "kie-standard", {"model": ..., "input": {...}})
+
+Async kinds: record ``CallStarted`` *before* the create request, create, record
+``TaskCreated``, poll (heartbeat and progress go to projection columns, not events),
+record the outcome, finalize. If the job already has a task id (a redelivery, a second
+worker), it polls that task and never creates another. A call left ``created`` without a
+task id by a crash inside the create request is the one ambiguous window: by default it is
+left for the reconciler to sweep and refund (``ambiguous_create="recreate"`` opts into
+creating again). A terminal call returns its outcome without touching the provider.
+Sync kinds: record ``CallStarted``, call, record the outcome, complete.
+No queue library is assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+import aiohttp
+import msgspec
+from psycopg_pool import AsyncConnectionPool
+
+from engine.config import CallConfig
+from engine.failpoints import failpoint
+from engine.finalize import Clock, Finalizer
+from engine.identity import incarnation
+from engine.store import Conn, Decide, execute, load, transition
+from events.states import CallState
+from events.types import (
+    CallStarted,
+    Event,
+    Swept,
+    TaskCreated,
+    UpstreamFailed,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
+from projections.fold import CallProjection
+from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from providers.errors import MediaExpired, ProviderError, RateLimited, TransientError
+from providers.kinds import get_kind, is_sync_call
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.registry import client_for
+from providers.storage import MediaStore, media_key
+
+__all__ = ["CallOutcome", "CallRunner", "utcnow"]
+
+Pool = AsyncConnectionPool[Conn]
+Sleep = Callable[[float], Awaitable[None]]
+Result = Literal["completed", "failed", "swept", "exhausted", "cancelled",
+                 "left_for_reconciler", "still_running"]
+ACTIVE = (CallState.CREATED, CallState.POLLING)
+_TERMINAL_RESULT: dict[CallState, Result] = {
+    CallState.COMPLETED: "completed", CallState.FAILED: "failed", CallState.SWEPT: "swept",
+    CallState.EXHAUSTED: "exhausted", CallState.CANCELLED: "cancelled"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class CallOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: uuid.UUID
+    result: Result
+    projection: CallProjection
+    detail: str | None = None
+
+
+def _outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
+             pending: Result = "left_for_reconciler") -> CallOutcome:
+    result = _TERMINAL_RESULT.get(p.state, pending) if p.state is not None else pending
+    return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
+
+
+def _upstream_event(outcome: PollOutcome, actor: str, now: datetime) -> Event | None:
+    if isinstance(outcome, Succeeded):
+        return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
+            media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
+            raw=outcome.raw))
+    if isinstance(outcome, Failed):
+        return UpstreamFailed(at=now, actor=actor, error=outcome.error, code=outcome.code)
+    if isinstance(outcome, NotFound):
+        return Swept(at=now, actor=actor, reason="upstream_task_not_found")
+    return None
+
+
+class CallRunner:
+    """Runs calls for one process incarnation (``owner``)."""
+
+    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
+                 store: MediaStore, *, owner: str | None = None, clock: Clock = utcnow,
+                 config: CallConfig | None = None, sleep: Sleep = asyncio.sleep,
+                 callback_url: Callable[[uuid.UUID, str], str | None] | None = None) -> None:
+        self.pool, self.session, self.settings, self.store = pool, session, settings, store
+        self.owner = owner or incarnation("worker")
+        self.clock, self.config, self.sleep = clock, config or CallConfig(), sleep
+        self.callback_url = callback_url
+        self.finalizer = Finalizer(pool, store, session, settings, owner=self.owner,
+                                   clock=clock, config=self.config)
+        self._last_beat: dict[uuid.UUID, float] = {}
+
+    async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
+                  operation: str | None = None) -> CallOutcome:
+        """Run (or resume, or report) the job's call; see the module docstring."""
+        get_kind(kind)  # an unknown kind is refused before anything is written
+        sync = is_sync_call(kind, operation)
+        client = client_for(kind, self.session, self.settings, operation=operation,
+                            callback_url=self._callback(job_id, kind))
+        p = await self._load(job_id)
+        if p.terminal:
+            return _outcome(job_id, p)
+        started_here = False
+        if p.state is None:
+            failpoint("before_call_started")
+            p, started_here = await self._start(job_id, kind, sync)
+        if p.terminal:
+            return _outcome(job_id, p)
+        if sync:
+            if started_here:
+                return await self._run_sync(job_id, cast(SyncKindClient, client), request)
+            return await self._after_upstream(job_id, p, "sync call interrupted")
+        return await self._run_async(job_id, kind, p, cast(AsyncKindClient, client), request,
+                                     started_here)
+
+    # -- async kinds ------------------------------------------------------------------
+
+    async def _run_async(self, job_id: uuid.UUID, kind: str, p: CallProjection,
+                         client: AsyncKindClient, request: Mapping[str, Any],
+                         started_here: bool) -> CallOutcome:
+        if p.state is CallState.CREATED:
+            if not started_here and self.config.policy_for(kind) == "sweep":
+                return _outcome(job_id, p, "ambiguous create: left for the reconciler")
+            p, detail = await self._create(job_id, p, client, request)
+            if p.state is CallState.CREATED or p.terminal:
+                return _outcome(job_id, p, detail)
+        if p.state is CallState.POLLING:
+            p, detail = await self._poll(job_id, kind, p, client)
+            if p.state in ACTIVE:
+                return _outcome(job_id, p, detail, pending="still_running")
+        return await self._after_upstream(job_id, p, None)
+
+    async def _create(self, job_id: uuid.UUID, p: CallProjection, client: AsyncKindClient,
+                      request: Mapping[str, Any]) -> tuple[CallProjection, str | None]:
+        failpoint("before_create")
+        try:
+            task_id = await client.create(request, callback_url=self._callback(
+                job_id, client.kind))
+        except RateLimited as exc:  # provably not created: fail now and refund
+            return await self._record(job_id, self._if_active(UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=str(exc), code="rate_limited"))), None
+        except TransientError as exc:  # ambiguous: the task may exist upstream
+            return p, f"create failed ambiguously ({exc}): left for the reconciler"
+        except ProviderError as exc:  # refused: nothing was created
+            return await self._record(job_id, self._if_active(UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=str(exc),
+                code=type(exc).__name__))), None
+        failpoint("after_create")
+        event = TaskCreated(at=self.clock(), actor=self.owner, task_id=task_id)
+        return await self._record(job_id, lambda q: event if q.state is CallState.CREATED
+                                  else None), None
+
+    async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
+                    client: AsyncKindClient) -> tuple[CallProjection, str | None]:
+        assert p.provider_task_id is not None
+        deadline = time.monotonic() + self.config.budget_for(kind)
+        interval = self.config.interval_for(kind)
+        last_error: str | None = None
+        while True:
+            outcome: PollOutcome | None = None
+            try:
+                outcome = await client.poll(p.provider_task_id)
+            except MediaExpired as exc:
+                outcome = Failed(error=f"result expired: {exc}", code="result_gone")
+            except ProviderError as exc:
+                last_error = str(exc)
+            failpoint("mid_poll")
+            event = _upstream_event(outcome, self.owner, self.clock()) if outcome else None
+            if event is not None:
+                return await self._record(job_id, self._if_active(event)), None
+            await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
+                                  else None)
+            if time.monotonic() + interval > deadline:
+                return await self._load(job_id), last_error or "poll budget spent"
+            await self.sleep(interval)
+
+    # -- sync kinds -------------------------------------------------------------------
+
+    async def _run_sync(self, job_id: uuid.UUID, client: SyncKindClient,
+                        request: Mapping[str, Any]) -> CallOutcome:
+        try:
+            outcome: PollOutcome = await client.call(request)
+        except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
+            outcome = Failed(error=str(exc), code=type(exc).__name__)
+        failpoint("after_sync_call")
+        if isinstance(outcome, Succeeded) and outcome.blobs:
+            outcome = await self._prestore(job_id, outcome)
+        event = _upstream_event(outcome, self.owner, self.clock())
+        assert event is not None
+        p = await self._record(job_id, self._if_active(event))
+        return await self._after_upstream(job_id, p, None)
+
+    async def _prestore(self, job_id: uuid.UUID, outcome: Succeeded) -> Succeeded:
+        """Inline bytes (TTS audio) are stored before the outcome is recorded, under the
+        same deterministic keys the finalizer uses; the event carries only the keys."""
+        keys = []
+        for index, blob in enumerate(outcome.blobs):
+            obj = await self.store.put(media_key(str(job_id), index, blob.content_type),
+                                       blob.data, blob.content_type)
+            keys.append(obj.key)
+        raw = {**outcome.raw, "prestored_keys": keys}
+        return msgspec.structs.replace(outcome, blobs=(), raw=raw)
+
+    # -- shared -----------------------------------------------------------------------
+
+    async def _after_upstream(self, job_id: uuid.UUID, p: CallProjection,
+                              detail: str | None) -> CallOutcome:
+        if p.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
+            failpoint("after_upstream_result")
+            done = await self.finalizer.finalize(job_id)
+            return _outcome(job_id, done.projection, done.error or done.outcome)
+        return _outcome(job_id, p, detail)
+
+    async def _start(self, job_id: uuid.UUID, kind: str,
+                     sync: bool) -> tuple[CallProjection, bool]:
+        event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
+        async with self.pool.connection() as conn:
+            r = await transition(conn, job_id, lambda q: event if q.state is None else None)
+        return r.projection, r.ok
+
+    def _if_active(self, event: Event) -> Decide:
+        return lambda q: event if q.state in ACTIVE else None
+
+    async def _record(self, job_id: uuid.UUID, decide: Decide) -> CallProjection:
+        async with self.pool.connection() as conn:
+            return (await transition(conn, job_id, decide)).projection
+
+    async def _load(self, job_id: uuid.UUID) -> CallProjection:
+        async with self.pool.connection() as conn:
+            return await load(conn, job_id)
+
+    async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
+        now = time.monotonic()
+        if now - self._last_beat.get(job_id, -1e9) < self.config.heartbeat_every_s:
+            return
+        self._last_beat[job_id] = now
+        async with self.pool.connection() as conn:
+            await execute(conn, "heartbeat", {
+                "job_id": job_id, "owner": self.owner,
+                "progress": int(progress) if progress is not None else None})
+
+    def _callback(self, job_id: uuid.UUID, kind: str) -> str | None:
+        return self.callback_url(job_id, kind) if self.callback_url else None

@@ -1,0 +1,51 @@
+"""Named crash points between every two steps of a call, for crash tests.
+
+``CALLWARDEN_FAILPOINTS="after_create,mid_poll"`` arms points for this process; when the
+code passes an armed point, the process kills itself with SIGKILL (no cleanup, no
+``finally``: exactly what an OOM kill or a container recycle does). ``name@N`` fires on the
+N-th pass only. Unarmed, a failpoint costs one set look-up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["POINTS", "arm", "failpoint"]
+
+POINTS = (
+    "before_call_started",   # nothing recorded yet
+    "before_create",         # CallStarted recorded, create request not sent
+    "after_create",          # upstream task exists, TaskCreated not recorded (ambiguous)
+    "mid_poll",              # TaskCreated recorded, polling
+    "after_upstream_result",  # UpstreamSucceeded recorded, finalization not claimed
+    "after_claim",           # FinalizeClaimed recorded, media not stored
+    "after_upload",          # media stored, Completed not recorded
+    "after_sync_call",       # sync call answered, outcome not recorded
+)
+
+_armed: dict[str, int] = {}
+_passes: dict[str, int] = {}
+
+
+def arm(spec: str | None) -> None:
+    """Arm points from a spec like ``"after_create,mid_poll@3"`` (replaces the set)."""
+    _armed.clear()
+    _passes.clear()
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        name, _, nth = part.partition("@")
+        if name not in POINTS:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        _armed[name] = int(nth) if nth else 1
+
+
+def failpoint(name: str) -> None:
+    """Die here with SIGKILL if ``name`` is armed (on its N-th pass)."""
+    if name not in _armed:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] == _armed[name]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+arm(os.environ.get("CALLWARDEN_FAILPOINTS"))
