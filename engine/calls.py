@@ -50,7 +50,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import client_for
 from providers.storage import MediaStore, media_key
 
-__all__ = ["CallOutcome", "CallRunner", "utcnow"]
+__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event", "utcnow"]
 
 Pool = AsyncConnectionPool[Conn]
 Sleep = Callable[[float], Awaitable[None]]
@@ -79,7 +79,8 @@ def _outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
     return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
 
 
-def _upstream_event(outcome: PollOutcome, actor: str, now: datetime) -> Event | None:
+def upstream_event(outcome: PollOutcome, actor: str, now: datetime) -> Event | None:
+    """The event recording a poll/call outcome (``None`` while still running)."""
     if isinstance(outcome, Succeeded):
         return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
             media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
@@ -181,7 +182,7 @@ class CallRunner:
             except ProviderError as exc:
                 last_error = str(exc)
             failpoint("mid_poll")
-            event = _upstream_event(outcome, self.owner, self.clock()) if outcome else None
+            event = upstream_event(outcome, self.owner, self.clock()) if outcome else None
             if event is not None:
                 return await self._record(job_id, self._if_active(event)), None
             await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
@@ -201,7 +202,7 @@ class CallRunner:
         failpoint("after_sync_call")
         if isinstance(outcome, Succeeded) and outcome.blobs:
             outcome = await self._prestore(job_id, outcome)
-        event = _upstream_event(outcome, self.owner, self.clock())
+        event = upstream_event(outcome, self.owner, self.clock())
         assert event is not None
         p = await self._record(job_id, self._if_active(event))
         return await self._after_upstream(job_id, p, None)
