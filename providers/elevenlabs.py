@@ -46,6 +46,7 @@ from providers.elevenlabs_wire import (
 )
 from providers.errors import MalformedResponse, TaskNotFound, UnknownProviderKind
 from providers.outcomes import Blob, Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.polling import poll_until_done
 from providers.transport import DEFAULT_POLICY, RawResponse, RetryPolicy, Sleep, send
 
 __all__ = [
@@ -320,17 +321,10 @@ class ElevenLabsDubbingClient(_Base):
 
     async def resume(self, task_id: str, *, interval_s: float, budget_s: float,
                      on_poll: OnPoll | None = None) -> PollOutcome:
-        loop = asyncio.get_running_loop()
-        started, waited = loop.time(), 0.0
-        while True:
-            outcome = await self.poll(task_id)
-            if on_poll is not None:
-                await on_poll(outcome)
-            spent = max(waited, loop.time() - started)
-            if not isinstance(outcome, Running) or spent + interval_s > budget_s:
-                return outcome
-            await self._sleep(interval_s)
-            waited += interval_s
+        """Poll until terminal or ``budget_s`` is spent; never creates a dubbing."""
+        return await poll_until_done(self.poll, task_id, interval_s=interval_s,
+                                     budget_s=budget_s, on_poll=on_poll, sleep=self._sleep,
+                                     now=asyncio.get_running_loop().time)
 
 
 class ElevenLabsSyncClient(_Base):

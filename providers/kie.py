@@ -30,7 +30,7 @@ import aiohttp
 import msgspec
 
 from providers.base import AsyncKindClient, Endpoint, OnPoll, SyncKindClient
-from providers.errors import BadRequest, MalformedResponse, TransientError, UnknownProviderKind
+from providers.errors import BadRequest, MalformedResponse, UnknownProviderKind
 from providers.kie_parse import (
     PROVIDER,
     classify_kie,
@@ -40,6 +40,7 @@ from providers.kie_parse import (
 )
 from providers.kinds import KINDS
 from providers.outcomes import NotFound, PollOutcome, Running, Succeeded
+from providers.polling import poll_until_done
 from providers.transport import DEFAULT_POLICY, Classify, RawResponse, RetryPolicy, Sleep, send
 
 __all__ = [
@@ -141,10 +142,6 @@ async def _send(
     )
 
 
-def _is_terminal(outcome: PollOutcome) -> bool:
-    return not isinstance(outcome, Running)
-
-
 class KieTaskClient:
     """A polled KIE task of one kind (market, Veo, Suno, Kontext, Luma or Runway family).
 
@@ -206,25 +203,10 @@ class KieTaskClient:
         self, task_id: str, *, interval_s: float, budget_s: float,
         on_poll: OnPoll | None = None,
     ) -> PollOutcome:
-        """Poll until terminal or ``budget_s`` is spent (then the last ``Running``).
-
-        Elapsed time is the larger of the ``now`` clock and the total slept, so a fake
-        ``sleep`` still bounds the loop. A transient error is retried on the next tick while
-        budget remains, then raised."""
-        start, slept = self._now(), 0.0
-        while True:
-            try:
-                outcome = await self.poll(task_id)
-            except TransientError:
-                if max(self._now() - start, slept) + interval_s > budget_s:
-                    raise
-            else:
-                if on_poll is not None:
-                    await on_poll(outcome)
-                if _is_terminal(outcome) or max(self._now() - start, slept) >= budget_s:
-                    return outcome
-            await self._sleep(interval_s)
-            slept += interval_s
+        """Poll until terminal or ``budget_s`` is spent; never creates a task."""
+        return await poll_until_done(self.poll, task_id, interval_s=interval_s,
+                                     budget_s=budget_s, on_poll=on_poll, sleep=self._sleep,
+                                     now=self._now)
 
 
 # -- kie-llm ---------------------------------------------------------------------------------
