@@ -1,0 +1,158 @@
+-- Audit, verify, rebuild and stats: every query of engine.audit / verify_batch / rebuild,
+-- each under a "-- name: <name>" header (loaded into engine.queries.QUERIES).
+
+-- name: audit_snapshot
+-- First statement of each verify/rebuild read: one consistent snapshot of rows + events
+-- for the whole batch; read only, so it takes no lock a writer waits for.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: audit_job
+SELECT id, status, call_state, call_version, provider_kind
+FROM jobs
+WHERE id = %(job_id)s;
+
+-- name: audit_reservations
+SELECT id, status, credits_reserved, credits_charged, settled_at
+FROM usage_logs
+WHERE job_id = %(job_id)s
+ORDER BY id;
+
+-- name: audit_verify_ids
+-- The next batch of jobs with a call (events, or projection columns that claim some),
+-- keyset-paginated on id.
+SELECT j.id
+FROM jobs j
+WHERE j.id > %(after)s
+  AND (j.call_version <> 0
+       OR j.call_state IS NOT NULL
+       OR EXISTS (SELECT 1 FROM call_events e WHERE e.job_id = j.id))
+ORDER BY j.id
+LIMIT %(batch)s;
+
+-- name: audit_verify_ids_since
+-- The next batch of jobs with an event recorded at or after %(since)s.
+SELECT DISTINCT job_id AS id
+FROM call_events
+WHERE recorded_at >= %(since)s
+  AND job_id > %(after)s
+ORDER BY job_id
+LIMIT %(batch)s;
+
+-- name: audit_verify_total
+SELECT count(*) AS n
+FROM jobs
+WHERE call_version <> 0 OR call_state IS NOT NULL;
+
+-- name: audit_verify_total_since
+SELECT count(DISTINCT job_id) AS n
+FROM call_events
+WHERE recorded_at >= %(since)s;
+
+-- name: audit_histories
+-- Each job's projection columns, its whole log as ONE JSON array (decoded in one call),
+-- the log's "type/version" signature, its size and last seq (a gap shows as n <> last_seq)
+-- and its reservation statuses.
+SELECT j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provider_task_id,
+       j.provider_call_started_at, j.call_sync, j.reconcile_attempts,
+       j.reconcile_last_error, j.reconcile_next_at, j.error_message, j.finalize_owner,
+       j.finalize_lease_until, j.upstream_result::text AS upstream_result,
+       j.output_data::text AS output_data, j.provider_cost, j.call_finished_at,
+       j.call_settlement,
+       ev.payloads, ev.sig, ev.n, ev.last_seq,
+       coalesce(us.statuses, '{}'::text[]) AS statuses
+FROM jobs j
+LEFT JOIN LATERAL (
+    SELECT '[' || string_agg(e.payload::text, ',' ORDER BY e.seq) || ']' AS payloads,
+           string_agg(e.type || '/' || e.version, ' ' ORDER BY e.seq) AS sig,
+           count(*) AS n,
+           max(e.seq) AS last_seq
+    FROM call_events e
+    WHERE e.job_id = j.id
+) ev ON true
+LEFT JOIN LATERAL (
+    SELECT array_agg(u.status ORDER BY u.id) AS statuses
+    FROM usage_logs u
+    WHERE u.job_id = j.id
+) us ON true
+WHERE j.id = ANY(%(ids)s::uuid[])
+ORDER BY j.id;
+
+-- name: audit_rebuild_projection
+-- Rewrite the projection from the fold, fenced on the call_version read with the events
+-- (a writer that appended since makes this match nothing: re-read and retry). Never
+-- lowers call_version, never touches usage_logs, and keeps a host's status='cancelled'
+-- on a call the log has not ended yet (the seed's cancel fence).
+UPDATE jobs SET
+    call_state = %(call_state)s::text,
+    call_version = %(new_version)s::int,
+    status = CASE WHEN status = 'cancelled' AND NOT %(terminal)s::boolean THEN status
+                  ELSE COALESCE(%(status)s::text, status) END,
+    provider_kind = %(provider_kind)s::text,
+    provider_task_id = %(provider_task_id)s::text,
+    provider_call_started_at = %(provider_call_started_at)s::timestamptz,
+    call_sync = %(call_sync)s::boolean,
+    reconcile_attempts = %(reconcile_attempts)s::int,
+    reconcile_last_error = %(reconcile_last_error)s::text,
+    reconcile_next_at = %(reconcile_next_at)s::timestamptz,
+    error_message = COALESCE(%(error_message)s::text, error_message),
+    finalize_owner = %(finalize_owner)s::text,
+    finalize_lease_until = %(finalize_lease_until)s::timestamptz,
+    upstream_result = %(upstream_result)s::jsonb,
+    output_data = COALESCE(%(output_data)s::jsonb, output_data),
+    provider_cost = %(provider_cost)s::numeric,
+    call_finished_at = %(call_finished_at)s::timestamptz,
+    call_settlement = %(call_settlement)s::text,
+    completed_at = CASE WHEN %(call_state)s::text = 'completed'
+                        THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
+    progress = CASE WHEN %(call_state)s::text = 'completed' THEN 100 ELSE progress END,
+    updated_at = now()
+WHERE id = %(job_id)s::uuid
+  AND call_version = %(expected_version)s::int
+  AND call_version <= %(new_version)s::int
+RETURNING id;
+
+-- name: audit_stats_kind_state
+SELECT coalesce(provider_kind, '-') AS kind, coalesce(call_state, '-') AS state,
+       count(*) AS calls
+FROM jobs
+WHERE call_state IS NOT NULL OR provider_kind IS NOT NULL
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: audit_stats_stale
+-- Open calls (or seed rows not yet adopted) older than their kind's stale threshold; a
+-- kind with no threshold (unknown to this version) counts every open call as stale.
+SELECT j.provider_kind AS kind, count(*) AS stale
+FROM jobs j
+LEFT JOIN unnest(%(kinds)s::text[], %(thresholds)s::float8[]) AS k(kind, threshold_s)
+       ON k.kind = j.provider_kind
+WHERE j.provider_kind IS NOT NULL
+  AND (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
+       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')))
+  AND j.provider_call_started_at
+      < %(now)s::timestamptz - make_interval(secs => coalesce(k.threshold_s, 0))
+GROUP BY 1
+ORDER BY 1;
+
+-- name: audit_stats_terminal_events
+-- Terminal events recorded in the window, by kind, type and whether a reconciler wrote it.
+SELECT coalesce(j.provider_kind, '-') AS kind, e.type,
+       e.actor LIKE 'reconciler%%' AS by_reconciler, count(*) AS events
+FROM call_events e
+JOIN jobs j ON j.id = e.job_id
+WHERE e.recorded_at >= %(since)s
+  AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled')
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3;
+
+-- name: audit_stats_time_to_terminal
+-- call_finished_at - provider_call_started_at for calls finished in the window, per kind
+-- and overall (kind NULL).
+SELECT provider_kind AS kind, count(*) AS calls,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY
+           extract(epoch FROM call_finished_at - provider_call_started_at)) AS pcts
+FROM jobs
+WHERE call_finished_at >= %(since)s
+  AND provider_call_started_at IS NOT NULL
+GROUP BY ROLLUP (provider_kind)
+ORDER BY provider_kind NULLS LAST;
