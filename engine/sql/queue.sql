@@ -1,0 +1,41 @@
+-- The reference worker's queue on the jobs table (migration 0004). Every write after the
+-- claim is fenced on the owner that claimed, so a worker whose lease expired and whose job
+-- was redelivered can neither ack nor extend it any more.
+
+-- name: queue_claim
+-- One statement: pick a batch of unacked jobs whose lease is free or expired (the
+-- visibility timeout), skipping rows another claimer holds, and lease them to the owner.
+WITH picked AS (
+    SELECT id
+    FROM jobs
+    WHERE queue_acked_at IS NULL
+      AND status IN ('pending', 'processing')
+      AND (queue_lease_until IS NULL OR queue_lease_until < now())
+    ORDER BY created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    queue_owner = %(owner)s,
+    queue_lease_until = now() + make_interval(secs => %(visibility_s)s::float8),
+    queue_deliveries = j.queue_deliveries + 1,
+    started_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.input_data::text AS input_data, j.queue_deliveries AS deliveries;
+
+-- name: queue_extend
+UPDATE jobs
+SET queue_lease_until = now() + make_interval(secs => %(visibility_s)s::float8)
+WHERE id = %(job_id)s
+  AND queue_owner = %(owner)s
+  AND queue_acked_at IS NULL
+RETURNING id;
+
+-- name: queue_ack
+UPDATE jobs
+SET queue_acked_at = now(), queue_lease_until = NULL
+WHERE id = %(job_id)s
+  AND queue_owner = %(owner)s
+  AND queue_acked_at IS NULL
+RETURNING id;

@@ -1,0 +1,243 @@
+"""The reference worker's queue on a real Postgres: at-least-once delivery with a
+visibility timeout, exclusive claims, owner-fenced acks; and the in-process worker loop
+(acks every outcome, keeps a live call's lease, refunds what it cannot run)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from engine.calls import CallRunner
+from engine.config import CallConfig
+from engine.db import connect, open_pool
+from engine.finalize import Pool
+from engine.jobs import create_job
+from engine.queue import JobSpec, ack, claim, input_data, parse_job
+from engine.replay import verify_job
+from engine.store import Conn
+from engine.worker import Worker
+from providers.simulator.core import RunningSimulator
+from providers.storage import LocalFolderStore
+
+KIE = input_data("kie-standard", {"model": "nano-banana-pro", "input": {"prompt": "a cat"}})
+
+
+async def _queue_row(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
+    row = await (await conn.execute(
+        "SELECT j.queue_owner, j.queue_deliveries, j.queue_acked_at IS NOT NULL AS acked, "
+        "j.call_state, u.status AS credits FROM jobs j "
+        "LEFT JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s", (job,))).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+# ------------------------------------------------------------------ claim / ack
+
+
+async def test_claim_skips_rows_locked_by_another_transaction(conn: Conn, db_url: str) -> None:
+    locked = await create_job(conn, input_data=KIE)
+    free = await create_job(conn, input_data=KIE)
+    other = await connect(db_url)
+    async with other, other.transaction():
+        await other.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (locked,))
+        got = await claim(conn, owner="w:a", batch=10, visibility_s=30)
+    assert [c.job_id for c in got] == [free]
+
+
+async def test_claim_skips_leased_acked_and_finished_jobs(conn: Conn) -> None:
+    leased = await create_job(conn, input_data=KIE)
+    assert [c.job_id for c in await claim(conn, owner="w:a", batch=1, visibility_s=30)] == [
+        leased]
+    acked = await create_job(conn, input_data=KIE)
+    await conn.execute("UPDATE jobs SET queue_acked_at = now() WHERE id = %s", (acked,))
+    await create_job(conn, input_data=KIE, status="completed")
+    await create_job(conn, input_data=KIE, status="cancelled")
+    assert await claim(conn, owner="w:b", batch=10, visibility_s=30) == []
+
+
+async def test_expired_lease_is_redelivered_and_the_old_owner_is_fenced_out(
+        conn: Conn) -> None:
+    job = await create_job(conn, input_data=KIE)
+    first = await claim(conn, owner="w:dead", batch=1, visibility_s=0.5)
+    assert [(c.job_id, c.deliveries) for c in first] == [(job, 1)]
+    assert await claim(conn, owner="w:next", batch=1, visibility_s=30) == []  # still leased
+    again: list[Any] = []
+
+    async def redelivered() -> bool:
+        again.extend(await claim(conn, owner="w:next", batch=1, visibility_s=30))
+        return bool(again)
+
+    await _eventually(redelivered)
+    assert [(c.job_id, c.deliveries) for c in again] == [(job, 2)]
+    assert not await ack(conn, job, owner="w:dead")
+    assert await ack(conn, job, owner="w:next")
+    assert await claim(conn, owner="w:later", batch=1, visibility_s=0.01) == []
+
+
+async def test_concurrent_claimers_never_get_the_same_job(conn: Conn, db_url: str) -> None:
+    jobs = {await create_job(conn, input_data=KIE) for _ in range(40)}
+
+    async def claimer(name: str) -> list[uuid.UUID]:
+        got: list[uuid.UUID] = []
+        async with await connect(db_url) as c:
+            while batch := await claim(c, owner=name, batch=3, visibility_s=30):
+                got.extend(b.job_id for b in batch)
+        return got
+
+    results = await asyncio.gather(*(claimer(f"w:{i}") for i in range(4)))
+    claimed = [j for r in results for j in r]
+    assert len(claimed) == len(set(claimed))
+    assert set(claimed) == jobs
+
+
+# ------------------------------------------------------------------ the worker loop
+
+
+async def no_sleep(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[Pool]:
+    async with open_pool(db_url, max_size=6) as p:
+        yield p
+
+
+@pytest.fixture
+def make_worker(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                tmp_path: Path) -> Callable[..., Worker]:
+    def make(owner: str = "worker:test", visibility_s: float = 30, poll_s: float = 0.0,
+             **kw: Any) -> Worker:
+        config = CallConfig(poll_interval_s={"kie-standard": poll_s})
+        runner = CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                            owner=owner, config=config,
+                            sleep=asyncio.sleep if poll_s else no_sleep)
+        return Worker(pool, runner, concurrency=2, visibility_s=visibility_s,
+                      poll_empty_s=0.05, grace_s=5, **kw)
+    return make
+
+
+async def _run_until(workers: list[Worker], done: Callable[[], Awaitable[bool]]) -> None:
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+    try:
+        await _eventually(done)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+
+def _acked(conn: Conn, *jobs: uuid.UUID) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return all([(await _queue_row(conn, j))["acked"] for j in jobs])
+    return check
+
+
+async def test_worker_runs_claimed_jobs_and_acks_them(
+        conn: Conn, make_worker: Callable[..., Worker], sim: RunningSimulator) -> None:
+    jobs = [await create_job(conn, input_data=KIE) for _ in range(3)]
+    await _run_until([make_worker()], _acked(conn, *jobs))
+    rows = [await _queue_row(conn, j) for j in jobs]
+    assert {(r["call_state"], r["credits"], r["queue_deliveries"]) for r in rows} == {
+        ("completed", "committed", 1)}
+    assert sim.sim.journal.count("kie", "create") == 3
+
+
+@pytest.mark.parametrize("data", [
+    {"provider_kind": "midjourney", "request": {}},
+    {"request": {"prompt": "no kind"}},
+    {"provider_kind": "kie-standard", "request": "not an object"},
+])
+async def test_job_the_worker_cannot_read_is_refunded_and_acked(
+        conn: Conn, make_worker: Callable[..., Worker], sim: RunningSimulator,
+        data: dict[str, Any]) -> None:
+    job = await create_job(conn, input_data=data, credits=4)
+    await _run_until([make_worker()], _acked(conn, job))
+    row = await _queue_row(conn, job)
+    assert (row["call_state"], row["credits"]) == ("cancelled", "refunded")
+    assert sim.sim.journal.count() == 0
+    assert await verify_job(conn, job) == []
+
+
+async def test_a_live_workers_lease_is_extended_so_its_job_is_not_redelivered(
+        conn: Conn, make_worker: Callable[..., Worker], sim: RunningSimulator) -> None:
+    # The call takes ~3 visibility timeouts; a second worker claims all the while.
+    script = {"steps": [{"phase": "running", "polls": 12}], "end": "succeeded"}
+    req = {"model": "m", "input": {"prompt": "slow", "_sim": script}}
+    job = await create_job(conn, input_data=input_data("kie-standard", req))
+    a = make_worker("worker:a", visibility_s=0.4, poll_s=0.1)
+    b = make_worker("worker:b", visibility_s=0.4, poll_s=0.1)
+    await _run_until([a, b], _acked(conn, job))
+    row = await _queue_row(conn, job)
+    assert (row["call_state"], row["queue_deliveries"]) == ("completed", 1)
+    assert sim.sim.journal.count("kie", "create") == 1
+
+
+async def test_job_delivered_too_often_is_given_up_and_refunded(
+        conn: Conn, make_worker: Callable[..., Worker], sim: RunningSimulator) -> None:
+    job = await create_job(conn, input_data=KIE, credits=2)
+    await conn.execute("UPDATE jobs SET queue_deliveries = 3 WHERE id = %s", (job,))
+    await _run_until([make_worker(max_deliveries=3)], _acked(conn, job))
+    row = await _queue_row(conn, job)
+    assert (row["call_state"], row["credits"], row["queue_deliveries"]) == (
+        "cancelled", "refunded", 4)
+    assert sim.sim.journal.count() == 0
+
+
+# ------------------------------------------------------------------ callwarden enqueue
+
+
+async def _cli(db_url: str, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "DATABASE_URL": db_url}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engine.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_enqueue_creates_claimable_jobs_with_a_reservation(
+        conn: Conn, db_url: str) -> None:
+    code, out = await _cli(db_url, "enqueue", "--kind", "elevenlabs-sync", "--operation",
+                           "tts", "--request", '{"voice_id": "v1", "text": "hi"}',
+                           "--credits", "3", "--user", "u-9", "--count", "2")
+    assert code == 0, out
+    ids = [uuid.UUID(line) for line in out.split()]
+    got = await claim(conn, owner="w:a", batch=10, visibility_s=30)
+    assert sorted(c.job_id for c in got) == sorted(ids)
+    assert [parse_job(c.input_data) for c in got] == [JobSpec(
+        kind="elevenlabs-sync", request={"voice_id": "v1", "text": "hi"}, operation="tts")] * 2
+    rows = await (await conn.execute(
+        "SELECT user_id, status, credits_reserved FROM usage_logs WHERE job_id = ANY(%s)",
+        (ids,))).fetchall()
+    assert [(r["user_id"], r["status"], r["credits_reserved"]) for r in rows] == [
+        ("u-9", "reserved", 3)] * 2
+
+
+@pytest.mark.parametrize("args", [
+    ["--kind", "midjourney", "--request", "{}"],
+    ["--kind", "kie-standard", "--request", "not json"],
+])
+async def test_enqueue_refuses_what_no_worker_could_run(
+        conn: Conn, db_url: str, args: list[str]) -> None:
+    code, out = await _cli(db_url, "enqueue", *args)
+    assert code == 2, out
+    assert "error" in out
+    assert await claim(conn, owner="w:a", batch=10, visibility_s=30) == []
