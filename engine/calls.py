@@ -110,6 +110,13 @@ class CallRunner:
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
                   operation: str | None = None) -> CallOutcome:
         """Run (or resume, or report) the job's call; see the module docstring."""
+        try:
+            return await self._run(job_id, kind, request, operation)
+        finally:
+            self._last_beat.pop(job_id, None)
+
+    async def _run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any],
+                   operation: str | None) -> CallOutcome:
         get_kind(kind)  # an unknown kind is refused before anything is written
         sync = is_sync_call(kind, operation)
         client = client_for(kind, self.session, self.settings, operation=operation,
