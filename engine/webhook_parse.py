@@ -1,0 +1,225 @@
+"""What a webhook body says, per provider and family: ``body -> (task id, outcome)`` (pure).
+
+No I/O and no clock: the receiver (:mod:`engine.webhooks`) verifies signatures, finds the
+job and records the outcome; this module only reads bodies. It reuses the providers' own
+parsers where the callback has the poll's shape (Replicate's prediction object, KIE market
+``data``, an ElevenLabs dubbing object) and reads the callback-only shapes of the other KIE
+families (reference §3–§8) itself.
+
+- Replicate: the body is the prediction (or training) object -> ``parse_prediction``.
+  ``starting``/``processing`` (the ``start`` and ``output`` events) are intermediate.
+  ``data_removed`` -> ``Failed(code="result_gone")``.
+- KIE: ``{"code", "msg", "data"}``. Market: ``data`` is the recordInfo object. Veo:
+  ``data.info.resultUrls``; Kontext: ``data.info.resultImageUrl``; Luma: ``data.resultUrls``;
+  Runway: ``data.video_url`` (snake_case); Suno: ``data.callbackType`` text/first
+  (intermediate), complete (``data.data[].audio_url``), error. A non-200 ``code`` is a failure
+  carrying ``msg``.
+- ElevenLabs (workspace webhooks): ``{"type", "data"}``. ``speech_to_text_transcription``
+  (``data.transcription_id`` or ``request_id``, ``data.transcription.text``) and
+  ``dubbing`` (``data`` is a dubbing object) are read; any other type is ignored.
+
+Anything else raises :class:`MalformedDelivery` (the receiver answers 400, changes nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from providers.elevenlabs import parse_dubbing_status
+from providers.errors import MediaExpired, ProviderError
+from providers.kie_parse import parse_poll_data
+from providers.outcomes import Failed, PollOutcome, Running, Succeeded
+from providers.replicate import parse_prediction
+from providers.transport import RawResponse
+
+__all__ = [
+    "ELEVENLABS_KINDS",
+    "REPLICATE_KINDS",
+    "MalformedDelivery",
+    "Parsed",
+    "kie_task_id",
+    "parse_elevenlabs",
+    "parse_kie",
+    "parse_replicate",
+]
+
+REPLICATE_KINDS: Final = ("replicate-prediction", "replicate-training")
+ELEVENLABS_KINDS: Final = ("elevenlabs-async", "elevenlabs-sync")
+_SUNO_STAGES: Final = frozenset({"text", "first"})
+
+
+class MalformedDelivery(ValueError):
+    """The body is not a delivery this receiver understands."""
+
+
+class Parsed(msgspec.Struct, frozen=True, kw_only=True):
+    """One delivery: the upstream task it is about and what it says (``Running`` for an
+    intermediate stage, acknowledged without a transition)."""
+
+    task_id: str
+    outcome: PollOutcome
+
+    @property
+    def intermediate(self) -> bool:
+        return isinstance(self.outcome, Running)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise MalformedDelivery(f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MalformedDelivery("body is not a JSON object")
+    return doc
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise MalformedDelivery(f"delivery without {what}")
+    return value
+
+
+def _urls(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(u for u in value if isinstance(u, str) and u)
+
+
+# -- Replicate -------------------------------------------------------------------------------
+
+def parse_replicate(body: bytes) -> Parsed:
+    """A Replicate webhook body (prediction or training object)."""
+    doc = _json_object(body)
+    task_id = _text(doc.get("id"), "id")
+    raw = RawResponse(status=200, headers={}, body=body)
+    try:
+        outcome = parse_prediction(raw)
+    except MediaExpired as exc:
+        outcome = Failed(error=f"result expired: {exc}", code="result_gone")
+    except ProviderError as exc:
+        raise MalformedDelivery(str(exc)) from None
+    return Parsed(task_id=task_id, outcome=outcome)
+
+
+# -- KIE -------------------------------------------------------------------------------------
+
+def _kie_envelope(body: bytes) -> tuple[int, str, dict[str, Any]]:
+    doc = _json_object(body)
+    code, data = doc.get("code"), doc.get("data")
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(data, dict):
+        raise MalformedDelivery("KIE callback is not a {code, msg, data: {...}} envelope")
+    msg = doc.get("msg", doc.get("message"))
+    return code, msg if isinstance(msg, str) else "", data
+
+
+def kie_task_id(body: bytes) -> str:
+    """The task id a KIE callback is about (``data.taskId`` or ``data.task_id``); the KIE
+    HMAC signs it, not the body."""
+    _, _, data = _kie_envelope(body)
+    return _text(data.get("taskId") or data.get("task_id"), "data.taskId or data.task_id")
+
+
+def _failed(code: int, msg: str, data: dict[str, Any]) -> Failed:
+    return Failed(error=msg or f"KIE callback code {code}", code=str(code), raw=data)
+
+
+def _success(urls: tuple[str, ...], data: dict[str, Any], family: str) -> Succeeded:
+    if not urls:
+        raise MalformedDelivery(f"{family} callback reports success without result URLs")
+    return Succeeded(media_urls=urls, raw=data)
+
+
+def _info(data: dict[str, Any]) -> dict[str, Any]:
+    info = data.get("info")
+    return info if isinstance(info, dict) else {}
+
+
+def _flat_urls(family: str, data: dict[str, Any]) -> tuple[str, ...]:
+    if family == "veo":
+        return _urls(_info(data).get("resultUrls"))
+    if family == "kontext":
+        url = _info(data).get("resultImageUrl")
+        return (url,) if isinstance(url, str) and url else ()
+    if family == "luma":
+        return _urls(data.get("resultUrls"))
+    url = data.get("video_url")  # runway
+    return (url,) if isinstance(url, str) and url else ()
+
+
+def _suno(code: int, msg: str, data: dict[str, Any]) -> PollOutcome:
+    stage = data.get("callbackType")
+    if stage in _SUNO_STAGES:
+        return Running(raw_state=f"callback:{stage}")
+    if stage == "error" or code != 200:
+        return _failed(code, msg, data)
+    if stage != "complete":
+        raise MalformedDelivery(f"unknown Suno callbackType {stage!r}")
+    tracks = data.get("data")
+    urls = tuple(t.get("audio_url") for t in tracks if isinstance(t, dict)) \
+        if isinstance(tracks, list) else ()
+    return _success(tuple(u for u in urls if isinstance(u, str) and u), data, "suno")
+
+
+def _market(data: dict[str, Any]) -> PollOutcome:
+    try:
+        return parse_poll_data("market", data)
+    except ProviderError as exc:
+        raise MalformedDelivery(str(exc)) from None
+
+
+def parse_kie(family: str, body: bytes) -> Parsed:
+    """A KIE callback of ``family`` (the job's kind's family: market, veo, suno, kontext,
+    luma, runway)."""
+    code, msg, data = _kie_envelope(body)
+    task_id = kie_task_id(body)
+    if family == "market":
+        return Parsed(task_id=task_id, outcome=_market(data))
+    if family == "suno":
+        return Parsed(task_id=task_id, outcome=_suno(code, msg, data))
+    if family not in ("veo", "kontext", "luma", "runway"):
+        raise MalformedDelivery(f"no KIE callback parser for family {family!r}")
+    if code != 200:
+        return Parsed(task_id=task_id, outcome=_failed(code, msg, data))
+    return Parsed(task_id=task_id, outcome=_success(_flat_urls(family, data), data, family))
+
+
+# -- ElevenLabs ------------------------------------------------------------------------------
+
+def _transcription(data: dict[str, Any]) -> Parsed:
+    task_id = _text(data.get("transcription_id") or data.get("request_id"),
+                    "data.transcription_id")
+    error = data.get("error")
+    if isinstance(error, str) and error:
+        return Parsed(task_id=task_id, outcome=Failed(error=error, raw=data))
+    result = data.get("transcription")
+    text = result.get("text") if isinstance(result, dict) else None
+    if not isinstance(text, str):
+        raise MalformedDelivery("transcription webhook without data.transcription.text")
+    return Parsed(task_id=task_id, outcome=Succeeded(text=text, raw=data))
+
+
+def _dubbing(data: dict[str, Any], base_url: str) -> Parsed:
+    task_id = _text(data.get("dubbing_id"), "data.dubbing_id")
+    raw = RawResponse(status=200, headers={}, body=msgspec.json.encode(data))
+    try:
+        return Parsed(task_id=task_id, outcome=parse_dubbing_status(raw, base_url=base_url))
+    except ProviderError as exc:
+        raise MalformedDelivery(str(exc)) from None
+
+
+def parse_elevenlabs(body: bytes, *, base_url: str) -> Parsed | None:
+    """An ElevenLabs workspace webhook; ``None`` for an event type that concerns no call
+    (voice removal notices, agent transcripts...). ``base_url``: the ElevenLabs API base the
+    dubbing result URLs are built on."""
+    doc = _json_object(body)
+    kind, data = doc.get("type"), doc.get("data")
+    if not isinstance(kind, str) or not isinstance(data, dict):
+        raise MalformedDelivery("ElevenLabs webhook is not a {type, data: {...}} object")
+    if kind == "speech_to_text_transcription":
+        return _transcription(data)
+    if kind == "dubbing":
+        return _dubbing(data, base_url)
+    return None

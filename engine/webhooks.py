@@ -1,0 +1,342 @@
+"""Webhook receivers: verify, find the job, record the outcome, finalize in the background.
+
+``POST /webhooks/replicate`` (Svix signature, replay protection on ``webhook-id``),
+``POST /webhooks/kie/{job_id}/{token}`` (KIE HMAC when a key is configured, else the job's
+secret callback token) and ``POST /webhooks/elevenlabs`` (``ElevenLabs-Signature``).
+
+Every request is answered from its own facts: unsigned, mis-signed, stale, replayed,
+oversized or malformed -> 4xx and nothing changes. A terminal outcome is recorded through
+the write path only from ``created``/``polling`` (a duplicate, late or out-of-order delivery
+is a logged no-op answered 200); intermediate stages are acknowledged without a transition.
+Finalization runs after the answer, in a background task; if this process dies first, the
+reconciler finishes it (the call sits in ``upstream_succeeded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from engine.calls import ACTIVE, upstream_event, utcnow
+from engine.errors import DatabaseError, DatabaseUnavailable
+from engine.finalize import Finalizer, Pool
+from engine.metrics import record_append, record_webhook
+from engine.store import Conn, execute, transition
+from engine.webhook_parse import (
+    ELEVENLABS_KINDS,
+    REPLICATE_KINDS,
+    MalformedDelivery,
+    Parsed,
+    kie_task_id,
+    parse_elevenlabs,
+    parse_kie,
+    parse_replicate,
+)
+from events.states import CallState
+from providers.errors import SignatureError
+from providers.kinds import KINDS
+from providers.signing import verify_elevenlabs, verify_kie, verify_replicate
+
+__all__ = ["CallbackUrls", "Receiver", "Reject", "WebhookConfig", "callback_url_for",
+           "ensure_callback_token"]
+
+log = logging.getLogger("callwarden.webhooks")
+T = TypeVar("T")
+MiB = 2**20
+
+
+class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Secrets (``None``: that receiver refuses everything, except KIE which then relies
+    on per-job tokens), the body limit and the signature tolerances."""
+
+    replicate_secret: str | None = None
+    kie_hmac_key: str | None = None
+    elevenlabs_secret: str | None = None
+    elevenlabs_base_url: str = "https://api.elevenlabs.io"
+    max_body_bytes: int = MiB
+    tolerance_s: float = 300.0
+    elevenlabs_tolerance_s: float = 1800.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], elevenlabs_base_url: str) -> WebhookConfig:
+        return cls(replicate_secret=env.get("CALLWARDEN_REPLICATE_WEBHOOK_SECRET") or None,
+                   kie_hmac_key=env.get("CALLWARDEN_KIE_WEBHOOK_HMAC_KEY") or None,
+                   elevenlabs_secret=env.get("CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET") or None,
+                   elevenlabs_base_url=elevenlabs_base_url)
+
+
+# -- callback URLs ---------------------------------------------------------------------------
+
+def callback_url_for(base_url: str, job_id: uuid.UUID, kind: str, token: str | None
+                     ) -> str | None:
+    """The URL a provider should call back for ``job_id``'s call of ``kind`` (``None``:
+    the provider has no per-request callback, or KIE without a token)."""
+    spec, root = KINDS.get(kind), base_url.rstrip("/")
+    if spec is None or spec.mode != "async":
+        return None
+    if spec.provider == "kie":
+        return f"{root}/webhooks/kie/{job_id}/{token}" if token else None
+    if spec.provider == "replicate":
+        return f"{root}/webhooks/replicate"
+    return None  # ElevenLabs webhooks are configured per workspace, not per request
+
+
+async def ensure_callback_token(conn: Conn, job_id: uuid.UUID) -> str | None:
+    """The job's callback token, created once (a redelivered job keeps its token);
+    ``None`` if there is no such job."""
+    rows = await execute(conn, "callback_token_ensure", {
+        "job_id": job_id, "token": secrets.token_urlsafe(24)})
+    return str(rows[0]["callback_token"]) if rows else None
+
+
+class CallbackUrls:
+    """``CallRunner(callback_url=urls)``: call ``await urls.prepare(conn, job_id)`` before
+    ``runner.run(job_id, ...)``; a job never prepared gets no callback (it is polled)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self._tokens: dict[uuid.UUID, str] = {}
+
+    async def prepare(self, conn: Conn, job_id: uuid.UUID) -> None:
+        token = await ensure_callback_token(conn, job_id)
+        if token is not None:
+            self._tokens[job_id] = token
+
+    def forget(self, job_id: uuid.UUID) -> None:
+        self._tokens.pop(job_id, None)
+
+    def __call__(self, job_id: uuid.UUID, kind: str) -> str | None:
+        return callback_url_for(self.base_url, job_id, kind, self._tokens.get(job_id))
+
+
+# -- receiving -------------------------------------------------------------------------------
+
+class Reject(Exception):
+    """Answer ``status`` with ``outcome`` (the metric label) and change nothing."""
+
+    def __init__(self, status: int, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.outcome = status, outcome
+
+
+def _signature_reject(exc: SignatureError) -> Reject:
+    stale = str(exc).startswith("stale")
+    return Reject(401, "stale" if stale else "bad_signature", str(exc))
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise Reject(413, "too_large", f"body over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise Reject(413, "too_large", f"body over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+Handler = Callable[[web.Request], Awaitable[tuple[str, str]]]
+
+
+class Receiver:
+    """The three receivers over one pool; ``clock`` (unix seconds) checks signature
+    timestamps, ``now`` stamps events."""
+
+    def __init__(self, pool: Pool, finalizer: Finalizer, config: WebhookConfig, *,
+                 clock: Callable[[], float] = time.time,
+                 now: Callable[[], datetime] = utcnow) -> None:
+        self.pool, self.finalizer, self.config = pool, finalizer, config
+        self.clock, self.now = clock, now
+        self.background: set[asyncio.Task[None]] = set()
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/webhooks/replicate", self._wrap("replicate", self._replicate)),
+                web.post("/webhooks/kie/{job_id}/{token}", self._wrap("kie", self._kie)),
+                web.post("/webhooks/elevenlabs", self._wrap("elevenlabs", self._elevenlabs))]
+
+    async def drain(self, timeout: float = 10.0) -> int:  # noqa: ASYNC109
+        """Wait for the background finalizations started so far; cancel those still
+        running after ``timeout``. Returns how many had to be cancelled."""
+        if not self.background:
+            return 0
+        _, pending = await asyncio.wait(set(self.background), timeout=timeout)
+        for task in pending:
+            task.cancel()
+        return len(pending)
+
+    def _wrap(self, provider: str, handler: Handler) -> Callable[
+            [web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                outcome, message = await handler(request)
+                status = 200
+            except Reject as exc:
+                outcome, message, status = exc.outcome, str(exc), exc.status
+            except (DatabaseUnavailable, DatabaseError) as exc:
+                outcome, message, status = "error", f"try again later: {exc}", 503
+            record_webhook(provider, outcome, time.perf_counter() - started)
+            if status != 200:
+                log.info("webhook %s refused (%s): %s", provider, outcome, message)
+            return web.json_response({"result": outcome, "detail": message}, status=status)
+        return handle
+
+    # -- providers ---------------------------------------------------------------------------
+
+    async def _replicate(self, request: web.Request) -> tuple[str, str]:
+        secret = self.config.replicate_secret
+        if not secret:
+            raise Reject(401, "not_configured", "no Replicate webhook secret configured")
+        body = await read_body(request, self.config.max_body_bytes)
+        try:
+            msg_id = verify_replicate(secret, request.headers, body, now=self.clock(),
+                                      tolerance_s=self.config.tolerance_s)
+        except SignatureError as exc:
+            raise _signature_reject(exc) from None
+        parsed = _parse(lambda: parse_replicate(body))
+        return await self._deliver("replicate", f"id:{msg_id}", REPLICATE_KINDS, parsed)
+
+    async def _elevenlabs(self, request: web.Request) -> tuple[str, str]:
+        secret = self.config.elevenlabs_secret
+        if not secret:
+            raise Reject(401, "not_configured", "no ElevenLabs webhook secret configured")
+        body = await read_body(request, self.config.max_body_bytes)
+        header = request.headers.get("ElevenLabs-Signature")
+        try:
+            verify_elevenlabs(secret, header, body, now=self.clock(),
+                              tolerance_s=self.config.elevenlabs_tolerance_s)
+        except SignatureError as exc:
+            raise _signature_reject(exc) from None
+        parsed = _parse(lambda: parse_elevenlabs(body, base_url=self.config.elevenlabs_base_url))
+        if parsed is None:
+            return "ignored", "event type concerns no call"
+        return await self._deliver("elevenlabs", f"sig:{header}", ELEVENLABS_KINDS, parsed)
+
+    async def _kie(self, request: web.Request) -> tuple[str, str]:
+        body = await read_body(request, self.config.max_body_bytes)
+        task_id = _parse(lambda: kie_task_id(body))
+        delivery = self._kie_signature(request, task_id, body)
+        job = await self._kie_job(request, authenticated=delivery is not None)
+        kind = str(job["provider_kind"] or "")
+        if not kind.startswith("kie-") or KINDS.get(kind) is None or KINDS[kind].mode != "async":
+            raise Reject(400, "malformed", f"job {job['id']} has no KIE task")
+        if job["provider_task_id"] is None:
+            raise Reject(409, "not_yet_known", "the job's task id is not recorded yet")
+        if job["provider_task_id"] != task_id:
+            raise Reject(400, "malformed", "callback is about another task than the job's")
+        parsed = _parse(lambda: parse_kie(KINDS[kind].family, body))
+        return await self._deliver("kie", delivery, (kind,), parsed)
+
+    def _kie_signature(self, request: web.Request, task_id: str, body: bytes) -> str | None:
+        """With an HMAC key: verify and return a replay key (signature + body digest, as
+        the body is not signed). Without: ``None`` (the URL token authenticates)."""
+        key = self.config.kie_hmac_key
+        if not key:
+            return None
+        try:
+            verify_kie(key, task_id, request.headers, now=self.clock(),
+                       tolerance_s=self.config.tolerance_s)
+        except SignatureError as exc:
+            raise _signature_reject(exc) from None
+        digest = hashlib.sha256(body).hexdigest()[:32]
+        return f"sig:{request.headers.get('X-Webhook-Signature')}:{digest}"
+
+    async def _kie_job(self, request: web.Request, *, authenticated: bool) -> Mapping[str, object]:
+        try:
+            job_id = uuid.UUID(request.match_info["job_id"])
+        except ValueError:
+            raise Reject(404, "unknown_task", "no such job") from None
+        async with self.pool.connection() as conn:
+            rows = await execute(conn, "webhook_job_by_id", {"job_id": job_id})
+        if not rows:
+            raise Reject(404 if authenticated else 401, "unknown_task", "no such job")
+        stored, given = rows[0]["callback_token"], request.match_info["token"]
+        if stored is None and authenticated:
+            return rows[0]  # HMAC-verified; the job never had a token
+        if not (isinstance(stored, str)
+                and hmac.compare_digest(given.encode(), stored.encode())):
+            raise Reject(401, "bad_signature", "callback token does not match the job")
+        return rows[0]
+
+    # -- the shared path ---------------------------------------------------------------------
+
+    async def _deliver(self, provider: str, delivery_id: str | None, kinds: tuple[str, ...],
+                       parsed: Parsed) -> tuple[str, str]:
+        if parsed.intermediate:
+            return "intermediate", "intermediate stage acknowledged"
+        async with self.pool.connection() as conn:
+            rows = await execute(conn, "webhook_find_job", {
+                "kinds": list(kinds), "task_id": parsed.task_id})
+            if not rows:
+                raise Reject(404, "unknown_task", f"no call for task {parsed.task_id}")
+            job_id = rows[0]["id"]
+            if delivery_id is not None:
+                await _claim_delivery(conn, provider, delivery_id, job_id)
+            try:
+                return await self._record(conn, provider, job_id, parsed)
+            except (DatabaseUnavailable, DatabaseError):
+                if delivery_id is not None:
+                    await _forget_delivery(self.pool, provider, delivery_id)
+                raise
+
+    async def _record(self, conn: Conn, provider: str, job_id: uuid.UUID,
+                      parsed: Parsed) -> tuple[str, str]:
+        event = upstream_event(parsed.outcome, f"webhook:{provider}", self.now())
+        result = await transition(
+            conn, job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
+        record_append(result)
+        state = result.projection.state
+        if state is CallState.UPSTREAM_SUCCEEDED:
+            self._finalize_later(job_id)
+        if result.ok:
+            return "applied", f"job {job_id} is {state}"
+        log.info("webhook %s for job %s: no-op, the call is %s", provider, job_id, state)
+        return "noop", f"job {job_id} is already {state}"
+
+    def _finalize_later(self, job_id: uuid.UUID) -> None:
+        task = asyncio.get_running_loop().create_task(self._finalize(job_id))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _finalize(self, job_id: uuid.UUID) -> None:
+        try:
+            done = await self.finalizer.finalize(job_id)
+            log.info("webhook finalize of %s: %s", job_id, done.outcome)
+        except Exception:  # the reconciler finishes what this could not
+            log.exception("webhook finalize of %s failed; left for the reconciler", job_id)
+
+
+def _parse(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except MalformedDelivery as exc:
+        raise Reject(400, "malformed", str(exc)) from None
+
+
+async def _claim_delivery(conn: Conn, provider: str, delivery_id: str,
+                          job_id: uuid.UUID) -> None:
+    rows = await execute(conn, "webhook_record_delivery", {
+        "provider": provider, "delivery_id": delivery_id, "job_id": job_id})
+    if not rows:
+        raise Reject(409, "replay", "delivery already processed")
+
+
+async def _forget_delivery(pool: Pool, provider: str, delivery_id: str) -> None:
+    try:
+        async with pool.connection() as conn:
+            await execute(conn, "webhook_forget_delivery", {
+                "provider": provider, "delivery_id": delivery_id})
+    except (DatabaseUnavailable, DatabaseError):
+        log.warning("could not forget delivery %s/%s", provider, delivery_id)

@@ -1,0 +1,166 @@
+"""The service's other faces: /metrics (scraped and parsed), /healthz, /readyz, the
+admin actions (refused without the token), the dashboard's HTML (escaped), and a worker's
+own metrics port."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.db import open_pool
+from engine.finalize import Finalizer, Pool
+from engine.jobs import create_job
+from engine.metrics import record_reconcile, start_metrics_server
+from engine.replay import load_events, verify_job
+from engine.store import Conn, append, load
+from engine.web_app import ServiceConfig, build_app
+from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
+from providers.base import ProviderSettings
+from providers.storage import LocalFolderStore
+
+TOKEN = "s3cret-admin"
+
+
+async def serve(pool: Pool, http: aiohttp.ClientSession, tmp_path: Path
+                ) -> AsyncIterator[str]:
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), http, ProviderSettings(),
+                          owner="webhook:test", clock=lambda: datetime.now(UTC))
+    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def base(db_url: str, http: aiohttp.ClientSession, tmp_path: Path
+               ) -> AsyncIterator[str]:
+    async with open_pool(db_url, max_size=4) as pool:
+        async for url in serve(pool, http, tmp_path):
+            yield url
+
+
+async def open_call(conn: Conn, kind: str, *, age_s: float = 0.0,
+                    task_id: str | None = None) -> uuid.UUID:
+    job = await create_job(conn, credits=5)
+    at = datetime.now(UTC) - timedelta(seconds=age_s)
+    p = (await append(conn, job, await load(conn, job), CallStarted(
+        at=at, actor="worker:t", kind=kind))).projection
+    if task_id is not None:
+        await append(conn, job, p, TaskCreated(at=at, actor="worker:t", task_id=task_id))
+    return job
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple[
+        tuple[str, str], ...]], float]:
+    async with http.get(url) as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def test_metrics_report_open_and_stale_calls_and_webhook_results(
+        conn: Conn, http: aiohttp.ClientSession, base: str) -> None:
+    await open_call(conn, "kie-standard", age_s=3600, task_id="t-stale")   # past 10 min
+    await open_call(conn, "kie-standard", age_s=5, task_id="t-fresh")
+    await open_call(conn, "replicate-prediction", age_s=5)
+    async with http.post(f"{base}/webhooks/replicate", data=b"{}") as resp:
+        assert resp.status == 401  # no secret configured: refused
+    record_reconcile("kie-standard", "polled_still_running")
+    samples = await scrape(http, f"{base}/metrics")
+    assert samples[("callwarden_calls", (("kind", "kie-standard"), ("state", "polling")))] == 2
+    assert samples[("callwarden_calls", (("kind", "replicate-prediction"),
+                                         ("state", "created")))] == 1
+    assert samples[("callwarden_calls_stale", (("kind", "kie-standard"),))] == 1
+    assert samples[("callwarden_calls_stale", (("kind", "replicate-prediction"),))] == 0
+    assert samples[("callwarden_webhook_deliveries_total", (
+        ("outcome", "not_configured"), ("provider", "replicate")))] >= 1
+    assert samples[("callwarden_webhook_handling_seconds_count",
+                    (("provider", "replicate"),))] >= 1
+    assert samples[("callwarden_reconcile_outcomes_total", (
+        ("kind", "kie-standard"), ("outcome", "polled_still_running")))] >= 1
+
+
+async def test_admin_actions_need_the_token_and_go_through_the_write_path(
+        conn: Conn, http: aiohttp.ClientSession, base: str) -> None:
+    job = await open_call(conn, "kie-standard", task_id="t-admin")
+    url = f"{base}/admin/jobs/{job}"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        async with http.post(f"{url}/force-fail", headers=headers) as resp:
+            assert resp.status == 403
+    assert (await load(conn, job)).version == 2
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with http.post(f"{url}/requeue-reconcile", headers=auth) as resp:
+        assert resp.status == 200
+    async with http.post(f"{url}/force-fail", headers=auth) as resp:
+        assert (resp.status, (await resp.json())["settlement"]) == (200, "settled")
+    async with http.post(f"{url}/force-fail", headers=auth) as resp:
+        assert resp.status == 409  # already terminal
+    events = await load_events(conn, job)
+    assert isinstance(events[2], ReconcileAttempted)
+    assert (events[2].actor, events[2].next_attempt_at) == ("admin", None)
+    assert isinstance(events[3], Cancelled)
+    assert (events[3].actor, events[3].by) == ("admin", "admin")
+    refund = await (await conn.execute(
+        "SELECT status FROM usage_logs WHERE job_id = %s", (job,))).fetchone()
+    assert refund == {"status": "refunded"}
+    assert await verify_job(conn, job) == []
+
+
+async def test_healthz_and_readyz_on_a_migrated_database(
+        http: aiohttp.ClientSession, base: str) -> None:
+    async with http.get(f"{base}/healthz") as resp:
+        assert resp.status == 200
+    async with http.get(f"{base}/readyz") as resp:
+        assert (resp.status, (await resp.json())["status"]) == (200, "ready")
+
+
+async def test_readyz_fails_on_an_unmigrated_database(
+        empty_db_url: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    async with open_pool(empty_db_url, max_size=2) as pool:
+        async for url in serve(pool, http, tmp_path):
+            async with http.get(f"{url}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{url}/readyz") as resp:
+                body = await resp.json()
+            assert (resp.status, body["status"]) == (503, "migrations pending")
+            assert body["pending"][0] == "0001_host_baseline"
+
+
+async def test_dashboard_pages_show_calls_and_escape_what_they_show(
+        conn: Conn, http: aiohttp.ClientSession, base: str) -> None:
+    job = await open_call(conn, "kie-standard", age_s=3600, task_id="<script>x</script>")
+    async with http.get(f"{base}/") as resp:
+        home = await resp.text()
+    assert str(job) in home  # listed as stale
+    assert "<script>" not in home
+    async with http.get(f"{base}/jobs", params={"q": "<script>x</script>"}) as resp:
+        page = await resp.text()
+    assert resp.url.path == f"/jobs/{job}"  # one match: redirected to the job's page
+    assert "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "<script>" not in page
+    assert "TaskCreated" in page
+    async with http.get(f"{base}/jobs", params={"q": str(uuid.uuid4())}) as resp:
+        assert resp.status == 404
+
+
+async def test_a_worker_exposes_its_counters_on_its_own_port(
+        http: aiohttp.ClientSession) -> None:
+    record_reconcile("kie-veo", "finalized")
+    server, port = start_metrics_server(0)
+    try:
+        samples = await scrape(http, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
+    assert samples[("callwarden_reconcile_outcomes_total",
+                    (("kind", "kie-veo"), ("outcome", "finalized")))] >= 1

@@ -1,0 +1,409 @@
+"""Webhook receivers against the simulator's real signed deliveries: the service app runs
+on 127.0.0.1 (AppRunner, port 0), the simulator calls back the URL given at create time.
+
+A script's ``webhook.drop`` makes the simulator record a delivery (real body, real
+signature) without sending it, so a test can send it itself: tampered, late, twice.
+Tasks progress by simulated time (``Step.seconds``) and the receiver checks signatures on
+the simulator's clock, so ``sim.clock.advance`` moves a task on without making it stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+
+from engine.calls import CallRunner
+from engine.db import open_pool
+from engine.finalize import Finalizer, Pool
+from engine.jobs import create_job
+from engine.replay import load_events, verify_job
+from engine.store import Conn, append, cancel, load
+from engine.web_app import RECEIVER, ServiceConfig, build_app
+from engine.webhooks import CallbackUrls, WebhookConfig, callback_url_for, ensure_callback_token
+from events.types import CallStarted, TaskCreated
+from providers.registry import client_for
+from providers.signing import elevenlabs_sign, replicate_sign
+from providers.simulator.core import Delivery, RunningSimulator
+from providers.storage import LocalFolderStore
+
+AUTH = {"Authorization": "Bearer sim-key"}
+QUEUED = [{"phase": "queued", "seconds": 30}, {"phase": "running", "seconds": 30}]
+
+
+@dataclass
+class Service:
+    url: str
+    app: web.Application
+    offset: list[float] = field(default_factory=lambda: [0.0])
+
+    async def drain(self) -> None:
+        assert await self.app[RECEIVER].drain() == 0
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[Pool]:
+    async with open_pool(db_url, max_size=6) as p:
+        yield p
+
+
+@asynccontextmanager
+async def serving(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                  tmp_path: Path, **webhooks: Any) -> AsyncIterator[Service]:
+    secrets = sim.sim.webhook_secrets
+    config = ServiceConfig(admin_token="tok", webhooks=WebhookConfig(
+        replicate_secret=secrets["replicate"], elevenlabs_secret=secrets["elevenlabs"],
+        elevenlabs_base_url=sim.settings.elevenlabs.base_url, **webhooks))
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), http, sim.settings,
+                          owner="webhook:test", clock=lambda: datetime.now(UTC))
+    offset = [0.0]
+    app = build_app(pool, finalizer, config, clock=lambda: sim.sim.clock.now() + offset[0])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield Service(url=f"http://127.0.0.1:{runner.addresses[0][1]}", app=app, offset=offset)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def service(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                  tmp_path: Path) -> AsyncIterator[Service]:
+    async with serving(pool, sim, http, tmp_path) as s:
+        yield s
+
+
+async def start_call(conn: Conn, kind: str) -> uuid.UUID:
+    job = await create_job(conn, credits=10)
+    await append(conn, job, await load(conn, job), CallStarted(
+        at=datetime.now(UTC), actor="worker:test", kind=kind))
+    return job
+
+
+async def task_created(conn: Conn, job: uuid.UUID, task_id: str) -> None:
+    await append(conn, job, await load(conn, job), TaskCreated(
+        at=datetime.now(UTC), actor="worker:test", task_id=task_id))
+
+
+async def replicate_task(conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+                         service: Service, *, events: list[str] | None = None,
+                         webhook: dict[str, Any] | None = None,
+                         end: str = "succeeded") -> uuid.UUID:
+    """A prediction whose worker recorded its task id; it finishes once the test advances
+    the simulated clock by 60 s."""
+    job = await start_call(conn, "replicate-prediction")
+    script = {"steps": QUEUED, "end": end, "webhook": webhook or {}}
+    async with http.post(sim.url("replicate", "/v1/predictions"), headers=AUTH, json={
+            "version": "owner/model", "input": {"prompt": "x", "_sim": script},
+            "webhook": f"{service.url}/webhooks/replicate",
+            "webhook_events_filter": events or ["completed"]}) as resp:
+        assert resp.status == 201
+        await task_created(conn, job, (await resp.json())["id"])
+    return job
+
+
+async def terminal_delivery(sim: RunningSimulator, outcome: str = "delivered",
+                            count: int = 1) -> list[Delivery]:
+    sim.sim.clock.advance(60)
+    return await sim.sim.webhooks.wait_for(count, outcome=outcome)  # type: ignore[arg-type]
+
+
+async def post(http: aiohttp.ClientSession, d: Delivery, *, url: str | None = None,
+               body: bytes | None = None) -> int:
+    async with http.post(url or d.url, data=d.body if body is None else body,
+                         headers=d.headers) as resp:
+        return resp.status
+
+
+async def state(conn: Conn, job: uuid.UUID) -> tuple[str | None, str | None]:
+    row = await (await conn.execute(
+        "SELECT j.call_state, u.status FROM jobs j LEFT JOIN usage_logs u ON u.job_id = j.id "
+        "WHERE j.id = %s", (job,))).fetchone()
+    assert row is not None
+    return row["call_state"], row["status"]
+
+
+async def event_types(conn: Conn, job: uuid.UUID) -> list[str]:
+    return [type(e).__name__ for e in await load_events(conn, job)]
+
+
+# -- Replicate -------------------------------------------------------------------------------
+
+async def test_replicate_signed_delivery_completes_the_job_once(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await replicate_task(conn, sim, http, service, events=["start", "completed"])
+    deliveries = await terminal_delivery(sim, count=2)
+    await service.drain()
+    assert {d.status for d in deliveries} == {200}
+    assert await state(conn, job) == ("completed", "committed")
+    assert (await event_types(conn, job))[-3:] == [
+        "UpstreamSucceeded", "FinalizeClaimed", "Completed"]
+    assert await verify_job(conn, job) == []
+
+
+async def test_replicate_tampered_stale_and_replayed_deliveries_change_nothing(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await replicate_task(conn, sim, http, service, webhook={"drop": True})
+    [d] = await terminal_delivery(sim, outcome="dropped")
+    assert await post(http, d, body=d.body.replace(b'"succeeded"', b'"failed"')) == 401
+    unsigned = msgspec.structs.replace(d, headers={"Content-Type": "application/json"})
+    assert await post(http, unsigned) == 401
+    service.offset[0] = 400.0  # the delivery is now older than the 300 s tolerance
+    assert await post(http, d) == 401
+    assert await state(conn, job) == ("polling", "reserved")
+    service.offset[0] = 0.0
+    assert await post(http, d) == 200
+    assert await post(http, d) == 409  # same webhook-id: a replay
+    await service.drain()
+    assert await state(conn, job) == ("completed", "committed")
+    assert (await event_types(conn, job)).count("UpstreamSucceeded") == 1
+
+
+async def test_replicate_duplicated_delivery_is_refused_as_a_replay(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await replicate_task(conn, sim, http, service, webhook={"duplicates": 2})
+    await terminal_delivery(sim)
+    await sim.sim.webhooks.drain()
+    await service.drain()
+    assert sorted(d.status or 0 for d in sim.sim.webhooks.deliveries) == [200, 409, 409]
+    assert await state(conn, job) == ("completed", "committed")
+    assert (await event_types(conn, job)).count("Completed") == 1
+
+
+async def test_replicate_out_of_order_start_after_completion_is_acknowledged_only(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await replicate_task(conn, sim, http, service, events=["start", "completed"],
+                               webhook={"drop": True})
+    start, completed = await terminal_delivery(sim, outcome="dropped", count=2)
+    assert await post(http, completed) == 200
+    await service.drain()
+    before = await event_types(conn, job)
+    assert await post(http, start) == 200  # intermediate: no transition
+    assert await event_types(conn, job) == before
+    assert await state(conn, job) == ("completed", "committed")
+
+
+async def test_replicate_failure_after_cancel_is_a_noop(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await replicate_task(conn, sim, http, service, webhook={"drop": True})
+    [d] = await terminal_delivery(sim, outcome="dropped")
+    await cancel(conn, job, by="user:1", now=datetime.now(UTC))
+    assert await post(http, d) == 200
+    await service.drain()
+    assert await state(conn, job) == ("cancelled", "refunded")
+    assert "UpstreamSucceeded" not in await event_types(conn, job)
+
+
+async def test_unknown_task_is_refused_so_the_provider_retries(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await start_call(conn, "replicate-prediction")  # task id not recorded yet
+    async with http.post(sim.url("replicate", "/v1/predictions"), headers=AUTH, json={
+            "version": "owner/model",
+            "input": {"_sim": {"steps": QUEUED, "webhook": {"drop": True}}},
+            "webhook": f"{service.url}/webhooks/replicate"}) as resp:
+        task_id = (await resp.json())["id"]
+    [d] = await terminal_delivery(sim, outcome="dropped")
+    assert await post(http, d) == 404
+    await task_created(conn, job, task_id)
+    assert await post(http, d) == 200  # the refused attempt was not recorded as seen
+    await service.drain()
+    assert await state(conn, job) == ("completed", "committed")
+
+
+async def test_oversized_and_malformed_bodies_are_refused(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    url = f"{service.url}/webhooks/replicate"
+    async with http.post(url, data=b"x" * (2**20 + 1)) as resp:
+        assert resp.status == 413
+    secret = sim.sim.webhook_secrets["replicate"]
+    ts = int(sim.sim.clock.now())
+    body = b"not json"
+    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(ts),
+               "webhook-signature": replicate_sign(secret, "msg_1", ts, body)}
+    async with http.post(url, data=body, headers=headers) as resp:
+        assert resp.status == 400
+    count = await (await conn.execute("SELECT count(*) AS n FROM webhook_deliveries")).fetchone()
+    assert count == {"n": 0}
+
+
+# -- KIE -------------------------------------------------------------------------------------
+
+KIE_FAMILIES: list[tuple[str, str, dict[str, Any]]] = [
+    ("kie-standard", "/api/v1/jobs/createTask", {"model": "nano-banana-pro",
+                                                 "input": {"prompt": "a cat"}}),
+    ("kie-veo", "/api/v1/veo/generate", {"prompt": "a dog"}),
+    ("kie-suno", "/api/v1/generate", {"prompt": "a song", "customMode": False,
+                                      "instrumental": True, "model": "V4_5"}),
+    ("kie-kontext", "/api/v1/flux/kontext/generate", {"prompt": "edit"}),
+    ("kie-luma", "/api/v1/modify/generate", {"prompt": "x", "videoUrl": "https://v/x.mp4"}),
+    ("kie-runway", "/api/v1/runway/generate", {"prompt": "x", "duration": 5,
+                                               "quality": "720p"}),
+]
+
+
+async def kie_task(conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+                   service: Service, kind: str, path: str, request: dict[str, Any], *,
+                   end: str = "succeeded", webhook: dict[str, Any] | None = None
+                   ) -> uuid.UUID:
+    job = await start_call(conn, kind)
+    token = await ensure_callback_token(conn, job)
+    script = {"steps": QUEUED, "end": end, "webhook": webhook or {}}
+    body = {**request, "callBackUrl": callback_url_for(service.url, job, kind, token),
+            "_sim": script}
+    async with http.post(sim.url("kie", path), headers=AUTH, json=body) as resp:
+        await task_created(conn, job, (await resp.json())["data"]["taskId"])
+    return job
+
+
+@pytest.mark.parametrize(("kind", "path", "request_body"), KIE_FAMILIES,
+                         ids=[k for k, _, _ in KIE_FAMILIES])
+async def test_kie_callback_of_every_family_completes_the_job(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession, service: Service,
+        kind: str, path: str, request_body: dict[str, Any]) -> None:
+    job = await kie_task(conn, sim, http, service, kind, path, request_body)
+    if kind == "kie-suno":  # the "text" stage first: acknowledged, no transition
+        sim.sim.clock.advance(31)
+        [text] = await sim.sim.webhooks.wait_for(1, outcome="delivered")
+        assert b'"callbackType":"text"' in text.body
+        assert await state(conn, job) == ("polling", "reserved")
+    await terminal_delivery(sim, count=2 if kind == "kie-suno" else 1)
+    await service.drain()
+    assert await state(conn, job) == ("completed", "committed")
+    assert await verify_job(conn, job) == []
+
+
+@pytest.mark.parametrize("kind", ["kie-standard", "kie-veo", "kie-suno", "kie-runway"])
+async def test_kie_failure_callback_fails_and_refunds(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession, service: Service,
+        kind: str) -> None:
+    _, path, request_body = next(f for f in KIE_FAMILIES if f[0] == kind)
+    job = await kie_task(conn, sim, http, service, kind, path, request_body, end="failed")
+    await terminal_delivery(sim)
+    assert await state(conn, job) == ("failed", "refunded")
+
+
+async def test_kie_wrong_token_is_refused(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    kind, path, request_body = KIE_FAMILIES[0]
+    job = await kie_task(conn, sim, http, service, kind, path, request_body,
+                         webhook={"drop": True})
+    [d] = await terminal_delivery(sim, outcome="dropped")
+    forged = d.url.rsplit("/", 1)[0] + "/not-the-token"
+    assert await post(http, d, url=forged) == 401
+    assert await state(conn, job) == ("polling", "reserved")
+    assert await post(http, d) == 200
+    assert await post(http, d) == 200  # token mode has no timestamp: a duplicate no-op
+    await service.drain()
+    assert (await event_types(conn, job)).count("UpstreamSucceeded") == 1
+
+
+async def test_kie_hmac_mode_rejects_bad_stale_and_replayed_callbacks(
+        pool: Pool, conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path) -> None:
+    async with serving(pool, sim, http, tmp_path,
+                       kie_hmac_key=sim.sim.webhook_secrets["kie"]) as hmac_service:
+        kind, path, request_body = KIE_FAMILIES[0]
+        job = await kie_task(conn, sim, http, hmac_service, kind, path, request_body,
+                             webhook={"drop": True})
+        [d] = await terminal_delivery(sim, outcome="dropped")
+        bad = {**d.headers, "X-Webhook-Signature": "AAAA" + d.headers["X-Webhook-Signature"]}
+        async with http.post(d.url, data=d.body, headers=bad) as resp:
+            assert resp.status == 401
+        hmac_service.offset[0] = 400.0
+        assert await post(http, d) == 401
+        hmac_service.offset[0] = 0.0
+        assert await post(http, d) == 200
+        assert await post(http, d) == 409
+        await hmac_service.drain()
+        assert await state(conn, job) == ("completed", "committed")
+
+
+# -- ElevenLabs ------------------------------------------------------------------------------
+
+async def dubbed_body(sim: RunningSimulator, http: aiohttp.ClientSession, dub: str) -> bytes:
+    for _ in range(20):  # each GET is one observation: the dub moves on by polls
+        async with http.get(sim.url("elevenlabs", f"/v1/dubbing/{dub}"),
+                            headers={"xi-api-key": "sim-key"}) as resp:
+            data = await resp.json()
+        if data["status"] == "dubbed":
+            return msgspec.json.encode({"type": "dubbing", "data": data})
+    raise AssertionError("the dub never finished")
+
+
+async def test_elevenlabs_signed_dubbing_webhook_completes_the_job(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await start_call(conn, "elevenlabs-async")
+    client = client_for("elevenlabs-async", http, sim.settings)
+    dub = await client.create({"source_url": "https://x/v.mp4", "target_lang": "es"})  # type: ignore[union-attr]
+    await task_created(conn, job, dub)
+    body = await dubbed_body(sim, http, dub)
+    secret, ts = sim.sim.webhook_secrets["elevenlabs"], int(sim.sim.clock.now())
+    url = f"{service.url}/webhooks/elevenlabs"
+
+    def sign(b: bytes) -> dict[str, str]:
+        return {"ElevenLabs-Signature": elevenlabs_sign(secret, ts, b)}
+
+    async with http.post(url, data=body, headers=sign(body + b" ")) as resp:
+        assert resp.status == 401
+    other = b'{"type": "voice_removal_notice", "data": {}}'
+    async with http.post(url, data=other, headers=sign(other)) as resp:
+        assert (resp.status, (await resp.json())["result"]) == (200, "ignored")
+    async with http.post(url, data=body, headers=sign(body)) as resp:
+        assert resp.status == 200
+    async with http.post(url, data=body, headers=sign(body)) as resp:
+        assert resp.status == 409
+    await service.drain()
+    assert await state(conn, job) == ("completed", "committed")
+
+
+# -- races -----------------------------------------------------------------------------------
+
+async def no_sleep(_: float) -> None:
+    await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_webhook_racing_worker_and_finalizer_settles_once(
+        pool: Pool, conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service, tmp_path: Path, round_: int) -> None:
+    job = await create_job(conn, credits=10)
+    urls = CallbackUrls(service.url)
+    await urls.prepare(conn, job)
+    store = LocalFolderStore(tmp_path / "media")
+    runner = CallRunner(pool, http, sim.settings, store, sleep=no_sleep, callback_url=urls)
+    other = Finalizer(pool, store, http, sim.settings, owner="reconciler:test",
+                      clock=lambda: datetime.now(UTC))
+    request = {"model": "nano-banana-pro", "input": {"prompt": "race", "_sim": {
+        "steps": [{"phase": "queued", "seconds": 0.05 * round_}]}}}
+
+    async def reconciler() -> None:
+        await sim.sim.webhooks.wait_for(1, timeout=10)
+        await other.finalize(job)
+
+    outcome, _ = await asyncio.gather(runner.run(job, "kie-standard", request), reconciler())
+    await service.drain()
+    assert outcome.result in ("completed", "still_running", "left_for_reconciler")
+    assert await state(conn, job) == ("completed", "committed")
+    types = await event_types(conn, job)
+    assert (types.count("UpstreamSucceeded"), types.count("Completed")) == (1, 1)
+    assert await verify_job(conn, job) == []
