@@ -33,7 +33,8 @@ from projections.columns import from_row, to_columns
 from projections.fold import CallProjection, apply
 
 __all__ = [
-    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "load", "transition",
+    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "load", "observe",
+    "transition",
 ]
 
 Conn = AsyncConnection[DictRow]
@@ -50,6 +51,15 @@ class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
     projection: CallProjection
     event: Event | None = None
     settlement: Settled | None = None
+
+
+_observers: list[Callable[[AppendResult], None]] = []
+
+
+def observe(fn: Callable[[AppendResult], None]) -> None:
+    """Call ``fn`` with every successful append of this process (metrics hook it here)."""
+    if fn not in _observers:
+        _observers.append(fn)
 
 
 def _translate(exc: psycopg.Error) -> Exception:
@@ -116,8 +126,11 @@ async def append(
     rows = await execute(conn, "append_event", params)
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))
-    return AppendResult(ok=True, projection=new, event=event,
-                        settlement=_settled(params["settle_to"], rows[0]))
+    result = AppendResult(ok=True, projection=new, event=event,
+                          settlement=_settled(params["settle_to"], rows[0]))
+    for fn in _observers:
+        fn(result)
+    return result
 
 
 async def transition(

@@ -35,7 +35,7 @@ from engine.calls import utcnow
 from engine.dashboard import Dashboard
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.finalize import Finalizer, Pool
-from engine.metrics import CallGauges, exposition, record_append
+from engine.metrics import CallGauges, exposition
 from engine.migrate import pending
 from engine.store import AppendResult, cancel, execute, transition
 from engine.webhooks import Receiver, WebhookConfig
@@ -103,7 +103,6 @@ class _Admin:
 
 
 def _answer(job_id: uuid.UUID, result: AppendResult) -> web.Response:
-    record_append(result)
     p = result.projection
     body = {"job_id": str(job_id), "ok": result.ok,
             "call_state": p.state.value if p.state else None,

@@ -31,7 +31,7 @@ from aiohttp import web
 from engine.calls import ACTIVE, upstream_event, utcnow
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.finalize import Finalizer, Pool
-from engine.metrics import record_append, record_webhook
+from engine.metrics import record_webhook
 from engine.store import Conn, execute, transition
 from engine.webhook_parse import (
     ELEVENLABS_KINDS,
@@ -296,7 +296,6 @@ class Receiver:
         event = upstream_event(parsed.outcome, f"webhook:{provider}", self.now())
         result = await transition(
             conn, job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
-        record_append(result)
         state = result.projection.state
         if state is CallState.UPSTREAM_SUCCEEDED:
             self._finalize_later(job_id)
