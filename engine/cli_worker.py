@@ -122,7 +122,8 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
     return await run_worker(url, ProviderSettings.from_env(), store,
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,
-                            grace_s=args.grace, max_deliveries=args.max_deliveries)
+                            grace_s=args.grace, max_deliveries=args.max_deliveries,
+                            callback_base_url=os.environ.get("CALLWARDEN_CALLBACK_BASE_URL"))
 
 
 async def _enqueue(args: argparse.Namespace, url: str) -> int:

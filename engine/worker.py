@@ -36,6 +36,7 @@ from engine.errors import CallwardenError
 from engine.finalize import Pool
 from engine.queue import Claimed, JobSpec, ack, claim, extend, parse_job, reject
 from engine.store import load
+from engine.webhooks import CallbackUrls
 from providers.base import ProviderSettings
 from providers.storage import MediaStore
 
@@ -48,14 +49,19 @@ DB_ERRORS = (CallwardenError, psycopg.Error)  # psycopg.Error: the pool's own (P
 async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
                      concurrency: int, visibility_s: float, poll_empty_s: float,
                      stop: asyncio.Event, config: CallConfig | None = None,
-                     grace_s: float = 30.0, max_deliveries: int = 5) -> int:
-    """Run the worker until ``stop`` is set; 0 once in-flight calls are done."""
+                     grace_s: float = 30.0, max_deliveries: int = 5,
+                     callback_base_url: str | None = None) -> int:
+    """Run the worker until ``stop`` is set; 0 once in-flight calls are done.
+    ``callback_base_url``: where ``callwarden serve`` receives webhooks (then each call
+    gets a per-job callback URL with a secret token); unset, calls are only polled."""
+    callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
     async with open_pool(url, max_size=concurrency + 2) as pool, \
             aiohttp.ClientSession() as session:
-        runner = CallRunner(pool, session, settings, store, config=config)
+        runner = CallRunner(pool, session, settings, store, config=config,
+                            callback_url=callbacks)
         worker = Worker(pool, runner, concurrency=concurrency, visibility_s=visibility_s,
                         poll_empty_s=poll_empty_s, grace_s=grace_s,
-                        max_deliveries=max_deliveries)
+                        max_deliveries=max_deliveries, callbacks=callbacks)
         log.info("worker %s started: concurrency=%d visibility=%ss", runner.owner,
                  concurrency, visibility_s)
         await worker.run(stop)
@@ -68,14 +74,14 @@ class Worker:
 
     def __init__(self, pool: Pool, runner: CallRunner, *, concurrency: int,
                  visibility_s: float, poll_empty_s: float, grace_s: float = 30.0,
-                 max_deliveries: int = 5) -> None:
+                 max_deliveries: int = 5, callbacks: CallbackUrls | None = None) -> None:
         if concurrency < 1 or visibility_s <= 0 or poll_empty_s <= 0 or grace_s < 0:
             raise ValueError("concurrency >= 1, visibility_s > 0, poll_empty_s > 0, "
                              "grace_s >= 0")
         self.pool, self.runner, self.owner = pool, runner, runner.owner
         self.concurrency, self.visibility_s = concurrency, visibility_s
         self.poll_empty_s, self.grace_s = poll_empty_s, grace_s
-        self.max_deliveries = max_deliveries
+        self.max_deliveries, self.callbacks = max_deliveries, callbacks
 
     async def run(self, stop: asyncio.Event) -> None:
         inflight: set[asyncio.Task[None]] = set()
@@ -133,6 +139,9 @@ class Worker:
     async def _run(self, job: Claimed, spec: JobSpec) -> None:
         keeper = asyncio.create_task(self._keep_leased(job.job_id))
         try:
+            if self.callbacks is not None:
+                async with self.pool.connection() as conn:
+                    await self.callbacks.prepare(conn, job.job_id)
             outcome = await self.runner.run(job.job_id, spec.kind, spec.request,
                                             operation=spec.operation)
         except Exception:  # leased still: delivered again after the visibility timeout
@@ -141,6 +150,8 @@ class Worker:
             return
         finally:
             keeper.cancel()
+            if self.callbacks is not None:
+                self.callbacks.forget(job.job_id)
         acked = await self._ack(job.job_id)
         _log_outcome(job, spec, outcome, acked)
 
