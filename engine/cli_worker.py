@@ -60,6 +60,9 @@ def _register_worker(sub: Any) -> None:
                    metavar="KIND=POLICY", help="per-kind policy (repeatable)")
     w.add_argument("--poll-interval", type=float, default=None, metavar="S",
                    help="poll every S seconds, every kind (default: the kind's)")
+    w.add_argument("--poll-budget", type=float, default=None, metavar="S",
+                   help="give up polling after S seconds, every kind (the reconciler "
+                        "takes over; default: the kind's)")
     w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S")
     w.add_argument("--heartbeat-every", type=float, default=10.0, metavar="S")
     w.set_defaults(handler=_worker)
@@ -90,12 +93,13 @@ def call_config(args: argparse.Namespace) -> CallConfig:
     """The worker's :class:`CallConfig` from its flags (validated)."""
     intervals = ({k: args.poll_interval for k in KINDS}
                  if args.poll_interval is not None else {})
+    budgets = ({k: args.poll_budget for k in KINDS} if args.poll_budget is not None else {})
     try:
         return CallConfig(
             finalize_lease_s=args.finalize_lease, heartbeat_every_s=args.heartbeat_every,
             ambiguous_create=args.ambiguous_create,
             ambiguous_create_by_kind=_policy_pairs(args.ambiguous_create_for),
-            poll_interval_s=intervals)
+            poll_interval_s=intervals, poll_budget_s=budgets)
     except msgspec.ValidationError as exc:
         raise ConfigError(str(exc)) from exc
 
