@@ -1,0 +1,100 @@
+"""``callwarden reconcile [--once] [--json] [--config FILE]``: run the reconciler.
+
+Without ``--once`` it runs a pass every (jittered) scan interval until SIGTERM or SIGINT,
+finishing the batch in hand. ``--once`` runs one pass and prints its counts (``--json``:
+one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RECONCILE_*``
+(see :mod:`engine.reconcile_config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
+API keys; media storage from ``CALLWARDEN_MEDIA_*``. Exit codes: 0 done; 1 the pass
+counted errors (``--once``); 2 bad configuration or database failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+from rich.console import Console
+from rich.table import Table
+
+from engine.db import default_data_dir
+from engine.reconcile_config import load_config
+from engine.reconciler import Counts, Reconciler
+from providers.base import ProviderSettings
+from providers.storage import store_from_env
+
+__all__ = ["open_checked_pool", "register"]
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("reconcile", help="find stuck calls and settle them")
+    p.add_argument("--once", action="store_true", help="run one pass, print its counts")
+    p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
+    p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    p.set_defaults(handler=handler)
+
+
+def open_checked_pool(url: str, size: int) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+    """A pool that checks a connection before lending it: one the server dropped is
+    replaced instead of failing the next statement."""
+    return AsyncConnectionPool(
+        url, min_size=1, max_size=size, open=False,
+        kwargs={"autocommit": True, "row_factory": dict_row},
+        connection_class=AsyncConnection[DictRow],
+        check=AsyncConnectionPool.check_connection)
+
+
+def _log_to_stderr() -> None:
+    """The reconciler's per-call log lines on stderr (our loggers only)."""
+    logger = logging.getLogger("callwarden")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def _print(counts: Counts, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.buffer.write(msgspec.json.encode(counts) + b"\n")
+        sys.stdout.buffer.flush()
+        return
+    table = Table("outcome", "calls", title="reconcile pass")
+    for name, value in msgspec.structs.asdict(counts).items():
+        table.add_row(name, str(value))
+    Console().print(table)
+
+
+async def handler(args: argparse.Namespace, url: str) -> int:
+    config = load_config(args.config, os.environ)
+    _log_to_stderr()
+    store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
+    async with open_checked_pool(url, config.concurrency + 2) as pool, \
+            aiohttp.ClientSession() as session:
+        reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
+                                config=config)
+        if args.once:
+            counts = await reconciler.reconcile_once()
+            _print(counts, args.json)
+            return 1 if counts.errors else 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("callwarden.reconcile").info(
+            "reconciler %s: scan every ~%gs", reconciler.owner, config.scan_interval_s)
+        await reconciler.run(stop)
+    return 0

@@ -1,0 +1,148 @@
+"""The reconciler's settings: defaults from the seed, read from a file and the environment,
+validated at start (River's job rescuer: a config with validated defaults).
+
+Precedence: defaults < file (TOML or JSON; top level or a ``[reconcile]`` table) <
+environment (``CALLWARDEN_RECONCILE_<FIELD>``, e.g. ``CALLWARDEN_RECONCILE_SCAN_INTERVAL_S``;
+a kind's threshold as ``CALLWARDEN_RECONCILE_THRESHOLD_<KIND>`` with ``-`` spelled ``_``,
+e.g. ``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``). Every problem is a
+:class:`~engine.errors.ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine.errors import ConfigError
+from providers.kinds import KINDS
+
+__all__ = ["ENV_PREFIX", "ReconcileConfig", "load_config"]
+
+ENV_PREFIX = "CALLWARDEN_RECONCILE_"
+_THRESHOLD_PREFIX = ENV_PREFIX + "THRESHOLD_"
+_ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
+
+
+class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``thresholds_s`` overrides the seed's per-kind stale thresholds
+    (:data:`providers.kinds.KINDS`); kinds not named keep their default."""
+
+    thresholds_s: Mapping[str, float] = msgspec.field(default_factory=dict)
+    scan_interval_s: float = 30.0
+    scan_jitter: float = 0.2
+    repoll_interval_s: float = 300.0
+    attempt_cap: int = 18
+    batch_size: int = 50
+    concurrency: int = 8
+    heartbeat_timeout_s: float = 60.0
+    legacy_threshold_s: float = 3600.0
+    claim_lease_s: float = 120.0
+    url_buffer_s: float = 600.0
+    headroom_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+        _check_kinds(self)
+        _check_horizon(self)
+
+    def threshold_for(self, kind: str) -> float:
+        """The stale threshold of a known ``kind`` (seconds)."""
+        return self.thresholds_s.get(kind, KINDS[kind].stale_threshold_s)
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """Every known kind's effective threshold."""
+        return {kind: self.threshold_for(kind) for kind in KINDS}
+
+    @property
+    def min_threshold_s(self) -> float:
+        return min(self.thresholds.values())
+
+
+_POSITIVE = ("scan_interval_s", "repoll_interval_s", "attempt_cap", "batch_size",
+             "concurrency", "heartbeat_timeout_s", "legacy_threshold_s", "claim_lease_s")
+
+
+def _check_positive(c: ReconcileConfig) -> None:
+    for name in _POSITIVE:
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"reconcile {name} must be positive, got {getattr(c, name)}")
+    for name in ("url_buffer_s", "headroom_s"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"reconcile {name} must not be negative")
+    if not 0 <= c.scan_jitter < 1:
+        raise ConfigError(f"reconcile scan_jitter must be in [0, 1), got {c.scan_jitter}")
+
+
+def _check_kinds(c: ReconcileConfig) -> None:
+    for kind, value in c.thresholds_s.items():
+        if kind not in KINDS:
+            raise ConfigError(f"reconcile threshold for unknown provider_kind {kind!r} "
+                              f"(known: {', '.join(sorted(KINDS))})")
+        if value <= 0:
+            raise ConfigError(f"reconcile threshold for {kind} must be positive, got {value}")
+    for kind, spec in KINDS.items():
+        lifetime = spec.result_url_lifetime_s
+        if lifetime is not None and c.threshold_for(kind) >= lifetime - c.url_buffer_s:
+            raise ConfigError(
+                f"reconcile threshold for {kind} ({c.threshold_for(kind):g} s) must be below "
+                f"its result-URL lifetime ({lifetime:g} s) minus the buffer "
+                f"({c.url_buffer_s:g} s): a later recovery would find the result gone")
+
+
+def _check_horizon(c: ReconcileConfig) -> None:
+    longest = max(c.thresholds.values())
+    budget = c.attempt_cap * c.repoll_interval_s
+    if budget < longest + c.headroom_s:
+        raise ConfigError(
+            f"reconcile attempt_cap x repoll_interval_s ({c.attempt_cap} x "
+            f"{c.repoll_interval_s:g} s = {budget:g} s) must leave {c.headroom_s:g} s of "
+            f"headroom over the longest threshold ({longest:g} s)")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"cannot read reconcile config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"reconcile config {path} must hold a table/object")
+    section = data.get("reconcile", data)
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    thresholds: dict[str, str] = {}
+    for name, value in env.items():
+        if name.startswith(_THRESHOLD_PREFIX):
+            key = name[len(_THRESHOLD_PREFIX):].removesuffix("_S")
+            if key not in _ENV_KIND:
+                raise ConfigError(f"{name}: unknown provider_kind")
+            thresholds[_ENV_KIND[key]] = value
+        elif name.startswith(ENV_PREFIX):
+            out[name[len(ENV_PREFIX):].lower()] = value
+    if thresholds:
+        out["thresholds_s"] = thresholds
+    return out
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None
+                ) -> ReconcileConfig:
+    """Defaults, then ``path``, then ``env`` (pass ``os.environ``); validated."""
+    merged: dict[str, Any] = _read_file(path) if path is not None else {}
+    from_env = _from_env(env or {})
+    thresholds = {**merged.get("thresholds_s", {}), **from_env.pop("thresholds_s", {})}
+    merged.update(from_env)
+    if thresholds:
+        merged["thresholds_s"] = thresholds
+    try:
+        return msgspec.convert(merged, ReconcileConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid reconcile configuration: {exc}") from exc

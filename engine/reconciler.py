@@ -1,0 +1,327 @@
+"""The reconciler: find stuck calls and settle them, from one process or many.
+
+River's job rescuer in our terms: a thin loop (:meth:`Reconciler.run`) around
+:meth:`Reconciler.reconcile_once`, which returns :class:`Counts`. One pass:
+
+1. claim a batch in one statement (``FOR UPDATE SKIP LOCKED`` over partial indexes, with a
+   lease owned by this process incarnation), so replicas never hold the same call;
+2. per call: renew the claim (skip it if it is no longer ours), decide with the pure
+   :func:`engine.reconcile_decide.decide`, act through the engine's write path — every
+   event is appended fenced on the ``call_version`` that was read, so a call that a worker
+   settled meanwhile is never overwritten — then release the claim.
+
+A call's outcome is logged; a provider error is stored on the call (attempt + 1, the error
+kept, next attempt after the re-poll interval), never dropped; a database error is counted
+and the call's claim simply expires if it cannot be released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+import aiohttp
+import msgspec
+from psycopg_pool import AsyncConnectionPool
+
+from engine.calls import upstream_event, utcnow
+from engine.config import CallConfig
+from engine.errors import CallwardenError, DatabaseError
+from engine.finalize import Finalizer
+from engine.identity import incarnation
+from engine.reconcile_config import ReconcileConfig
+from engine.reconcile_decide import (
+    Action,
+    Adopt,
+    Cancel,
+    Candidate,
+    Exhaust,
+    Finalize,
+    PollUpstream,
+    Skip,
+    Sweep,
+    decide,
+    next_scan_delay,
+)
+from engine.store import AppendResult, Conn, append, execute
+from events.states import InvalidTransition
+from events.types import Adopted, Cancelled, Event, Exhausted, ReconcileAttempted, Swept
+from projections.columns import from_row
+from projections.fold import CallProjection
+from providers.base import AsyncKindClient, ProviderSettings
+from providers.errors import MediaExpired, ProviderError, TaskNotFound
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.registry import client_for
+from providers.storage import MediaStore
+
+__all__ = ["Claimed", "Counts", "Reconciler", "Signal"]
+
+log = logging.getLogger("callwarden.reconcile")
+
+Pool = AsyncConnectionPool[Conn]
+Clock = Callable[[], datetime]
+Signal = Callable[[str, uuid.UUID], Awaitable[None]]
+"""Test signal (River's ``testsignal``): awaited at named points of a call's handling
+(``claimed``, ``decided``, ``write``, ``released``); never a sleep."""
+
+_FINALIZE_COUNT = {"completed": "completed", "result_gone": "failed",
+                   "not_claimable": "lost_race",
+                   "lost_race": "lost_race", "cancelled": "cancelled"}
+
+
+class Counts(msgspec.Struct, kw_only=True):
+    """What one pass did. ``recovered``: upstream results this pass captured (then
+    finalized: ``completed``); ``lost_race``: calls someone else moved first."""
+
+    claimed: int = 0
+    recovered: int = 0
+    completed: int = 0
+    failed: int = 0
+    swept: int = 0
+    exhausted: int = 0
+    still_running: int = 0
+    adopted: int = 0
+    cancelled: int = 0
+    skipped: int = 0
+    lost_race: int = 0
+    errors: int = 0
+
+    def bump(self, name: str) -> None:
+        setattr(self, name, getattr(self, name) + 1)
+
+
+class Claimed(msgspec.Struct, frozen=True, kw_only=True):
+    candidate: Candidate
+    projection: CallProjection
+
+
+class Reconciler:
+    """Reconciles for one process incarnation (``owner``)."""
+
+    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
+                 store: MediaStore, *, config: ReconcileConfig | None = None,
+                 owner: str | None = None, clock: Clock | None = None,
+                 call_config: CallConfig | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 signal: Signal | None = None) -> None:
+        self.pool, self.session, self.settings = pool, session, settings
+        self.config = config or ReconcileConfig()
+        self.owner = owner or incarnation("reconciler")
+        self.clock = clock or utcnow
+        self.sleep, self.signal = sleep, signal
+        self._pass_start = (self.clock(), time.monotonic())
+        self.finalizer = Finalizer(pool, store, session, settings, owner=self.owner,
+                                   clock=self._event_clock, config=call_config)
+
+    def _event_clock(self) -> datetime:
+        """The pass's ``now`` advanced by the real time elapsed since it began."""
+        start, mono = self._pass_start
+        return start + timedelta(seconds=time.monotonic() - mono)
+
+    async def _signal(self, point: str, job_id: uuid.UUID) -> None:
+        if self.signal is not None:
+            await self.signal(point, job_id)
+
+    # -- one pass ---------------------------------------------------------------------
+
+    async def reconcile_once(self, now: datetime | None = None) -> Counts:
+        """Claim a batch of stale calls and settle or advance each; see the module doc."""
+        now = now or self.clock()
+        self._pass_start = (now, time.monotonic())
+        counts = Counts()
+        try:
+            batch = await self.claim(now)
+        except DatabaseError as exc:
+            log.warning("claim failed: %s", exc)
+            counts.errors += 1
+            return counts
+        counts.claimed = len(batch)
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(item: Claimed) -> None:
+            async with gate:
+                await self._handle(item, now, counts)
+
+        async with asyncio.TaskGroup() as group:
+            for item in batch:
+                group.create_task(one(item))
+        return counts
+
+    def claim_params(self, now: datetime) -> dict[str, Any]:
+        """The parameters of the ``reconcile_claim`` statement at ``now``."""
+        c = self.config
+        cutoff = now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s))
+        return {
+            "now": now, "cutoff": cutoff, "owner": self.owner,
+            "lease_until": now + timedelta(seconds=c.claim_lease_s),
+            "thresholds": msgspec.json.encode(c.thresholds).decode(),
+            "unknown_threshold_s": c.legacy_threshold_s,
+            "legacy_threshold_s": c.legacy_threshold_s,
+            "heartbeat_timeout_s": c.heartbeat_timeout_s, "batch_size": c.batch_size,
+        }
+
+    async def claim(self, now: datetime) -> list[Claimed]:
+        """Claim up to ``batch_size`` stale calls for this owner (one statement)."""
+        async with self.pool.connection() as conn:
+            rows = await execute(conn, "reconcile_claim", self.claim_params(now))
+        return [Claimed(candidate=Candidate.from_row(r), projection=from_row(r)) for r in rows]
+
+    async def _handle(self, item: Claimed, now: datetime, counts: Counts) -> None:
+        job = item.candidate.id
+        try:
+            await self._signal("claimed", job)
+            if not await self._renew(job, now):
+                log.info("job %s: claim lost to another reconciler", job)
+                counts.lost_race += 1
+                return
+            action = decide(item.candidate, now, self.config)
+            await self._signal("decided", job)
+            await self._act(job, item.projection, action, now, counts)
+        except (CallwardenError, InvalidTransition) as exc:
+            log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
+            counts.errors += 1
+        finally:
+            await self._release(job)
+
+    async def _renew(self, job: uuid.UUID, now: datetime) -> bool:
+        lease = now + timedelta(seconds=self.config.claim_lease_s)
+        async with self.pool.connection() as conn:
+            rows = await execute(conn, "reconcile_renew",
+                                 {"job_id": job, "owner": self.owner, "lease_until": lease})
+        return bool(rows)
+
+    async def _release(self, job: uuid.UUID) -> None:
+        with contextlib.suppress(DatabaseError):  # the claim lease expires on its own
+            async with self.pool.connection() as conn:
+                await execute(conn, "reconcile_release", {"job_id": job, "owner": self.owner})
+        await self._signal("released", job)
+
+    # -- acting on a decision -----------------------------------------------------------
+
+    async def _act(self, job: uuid.UUID, p: CallProjection, action: Action, now: datetime,
+                   counts: Counts) -> None:
+        if isinstance(action, Skip):
+            log.debug("job %s: left alone (%s)", job, action.reason)
+            counts.skipped += 1
+        elif isinstance(action, Adopt):
+            await self._adopt(job, p, action, now, counts)
+        elif isinstance(action, Sweep):
+            why = f" ({action.why})" if action.why else ""
+            await self._write(job, p, Swept(at=now, actor=self.owner, reason=action.reason),
+                              counts, "swept", f"swept: {action.reason}{why}")
+        elif isinstance(action, Exhaust):
+            await self._write(job, p, Exhausted(
+                at=now, actor=self.owner, attempts=action.attempts,
+                last_error=action.last_error), counts, "exhausted",
+                f"exhausted after {action.attempts} attempts")
+        elif isinstance(action, Finalize):
+            await self._finalize(job, counts)
+        elif isinstance(action, Cancel):
+            await self._write(job, p, Cancelled(at=now, actor=self.owner, by="host"), counts,
+                              "cancelled", "cancelled by the host: refunded")
+        else:
+            await self._poll(job, p, action, now, counts)
+
+    async def _adopt(self, job: uuid.UUID, p: CallProjection, action: Adopt, now: datetime,
+                     counts: Counts) -> None:
+        event = Adopted(at=now, actor=self.owner, kind=action.kind, task_id=action.task_id,
+                        call_started_at=action.call_started_at,
+                        observed_status=action.observed_status, sync=action.sync)
+        r = await self._write(job, p, event, counts, "adopted",
+                              f"adopted ({action.kind}, task {action.task_id})")
+        if r is not None:
+            await self._act(job, r.projection, action.then, now, counts)
+
+    async def _write(self, job: uuid.UUID, p: CallProjection, event: Event, counts: Counts,
+                     count: str, what: str) -> AppendResult | None:
+        """Append ``event`` fenced on the version read (``p``); ``None`` if the call
+        moved meanwhile (the write is dropped, never retried blindly)."""
+        async with self.pool.connection() as conn:
+            await self._signal("write", job)
+            r = await append(conn, job, p, event)
+        if not r.ok:
+            state = r.projection.state.value if r.projection.state else "none"
+            log.info("job %s: %s skipped: the call moved to %s meanwhile", job,
+                     type(event).__name__, state)
+            counts.lost_race += 1
+            return None
+        log.info("job %s: %s", job, what)
+        counts.bump(count)
+        return r
+
+    async def _finalize(self, job: uuid.UUID, counts: Counts) -> None:
+        done = await self.finalizer.finalize(job)
+        log.info("job %s: finalize -> %s%s", job, done.outcome,
+                 f" ({done.error})" if done.error else "")
+        if done.outcome == "retry_later":  # FinalizeFailed recorded: retry after re-poll
+            await self._attempted(job, done.projection, "finalize_failed", done.error,
+                                  self._event_clock(), counts, count="errors")
+        else:
+            counts.bump(_FINALIZE_COUNT[done.outcome])
+
+    async def _poll(self, job: uuid.UUID, p: CallProjection, action: PollUpstream,
+                    now: datetime, counts: Counts) -> None:
+        outcome, error = await self._poll_once(action)
+        if outcome is None or isinstance(outcome, Running):
+            kind = "error" if outcome is None else "still_running"
+            await self._attempted(job, p, kind, error, now, counts,
+                                  count="errors" if outcome is None else kind)
+            return
+        event = upstream_event(outcome, self.owner, now)
+        assert event is not None
+        count = {Succeeded: "recovered", Failed: "failed", NotFound: "swept"}[type(outcome)]
+        r = await self._write(job, p, event, counts, count,
+                              f"upstream {type(outcome).__name__.lower()}")
+        if r is not None and isinstance(outcome, Succeeded):
+            await self._finalize(job, counts)
+
+    async def _poll_once(self, action: PollUpstream) -> tuple[PollOutcome | None, str | None]:
+        """ONE poll (no loop): the outcome, or ``None`` and the provider error."""
+        client = cast(AsyncKindClient, client_for(action.kind, self.session, self.settings,
+                                                  sleep=self.sleep))
+        remember = getattr(client, "remember", None)  # KIE: the not-found grace window
+        if remember is not None and action.call_started_at is not None:
+            remember(action.task_id, action.call_started_at.timestamp())
+        try:
+            return await client.poll(action.task_id), None
+        except MediaExpired as exc:  # Replicate data_removed / an expired output URL
+            return Failed(error=f"result expired: {exc}", code="result_gone"), None
+        except TaskNotFound as exc:
+            return NotFound(message=str(exc)), None
+        except ProviderError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    async def _attempted(self, job: uuid.UUID, p: CallProjection, outcome: str,
+                         error: str | None, now: datetime, counts: Counts,
+                         count: str) -> None:
+        """Attempt + 1 with the outcome (and error) kept; next poll after the re-poll
+        interval, so a frequent scan never burns attempts faster."""
+        due = now + timedelta(seconds=self.config.repoll_interval_s)
+        event = ReconcileAttempted(at=now, actor=self.owner, outcome=outcome, error=error,
+                                   next_attempt_at=due)
+        what = f"{outcome}{f' ({error})' if error else ''}; next attempt {due.isoformat()}"
+        await self._write(job, p, event, counts, count, what)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:
+        """``reconcile_once`` every jittered scan interval until ``stop`` is set; a pass
+        in hand is always finished."""
+        rng = rng or random.Random()
+        while not stop.is_set():
+            try:
+                counts = await self.reconcile_once()
+                if counts.claimed:
+                    log.info("pass: %s", msgspec.json.encode(counts).decode())
+            except CallwardenError as exc:
+                log.warning("pass failed: %s", exc)
+            delay = next_scan_delay(self.config, rng.random())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)

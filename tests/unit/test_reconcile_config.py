@@ -1,0 +1,79 @@
+"""Reconciler configuration: seed defaults, file and environment layers, start-up checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ConfigError
+from engine.reconcile_config import ReconcileConfig, load_config
+from providers.kinds import KINDS
+
+
+def test_defaults_are_the_seeds() -> None:
+    c = load_config()
+    assert (c.scan_interval_s, c.repoll_interval_s, c.attempt_cap, c.batch_size) == (
+        30, 300, 18, 50)
+    assert (c.heartbeat_timeout_s, c.legacy_threshold_s, c.claim_lease_s) == (60, 3600, 120)
+    assert c.thresholds == {k: s.stale_threshold_s for k, s in KINDS.items()}
+    assert c.threshold_for("kie-lip-sync") == 75 * 60
+
+
+def test_toml_file_then_environment_override(tmp_path: Path) -> None:
+    path = tmp_path / "reconcile.toml"
+    path.write_text('[reconcile]\nscan_interval_s = 10\nbatch_size = 5\n'
+                    '[reconcile.thresholds_s]\n"kie-standard" = 300\n"kie-veo" = 900\n')
+    c = load_config(path, {"CALLWARDEN_RECONCILE_BATCH_SIZE": "7",
+                           "CALLWARDEN_RECONCILE_THRESHOLD_KIE_VEO": "1200"})
+    assert (c.scan_interval_s, c.batch_size) == (10, 7)
+    assert (c.threshold_for("kie-standard"), c.threshold_for("kie-veo")) == (300, 1200)
+    assert c.threshold_for("kie-suno") == KINDS["kie-suno"].stale_threshold_s
+
+
+def test_json_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"attempt_cap": 20, "thresholds_s": {"replicate-prediction": 600}}')
+    c = load_config(path)
+    assert (c.attempt_cap, c.threshold_for("replicate-prediction")) == (20, 600)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"thresholds_s": {"midjourney": 60}}, "unknown provider_kind 'midjourney'"),
+    ({"thresholds_s": {"replicate-prediction": 3000}}, "result-URL lifetime"),
+    ({"thresholds_s": {"kie-standard": -1}}, "must be positive"),
+    ({"attempt_cap": 10}, "headroom"),
+    ({"repoll_interval_s": 0}, "repoll_interval_s must be positive"),
+    ({"batch_size": 0}, "batch_size must be positive"),
+    ({"scan_jitter": 1.5}, "scan_jitter"),
+])
+def test_invalid_settings_are_refused_with_a_clear_error(
+        settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ReconcileConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_a_threshold_just_under_the_url_lifetime_minus_buffer_is_accepted() -> None:
+    ok = ReconcileConfig(thresholds_s={"replicate-prediction": 2999})
+    assert ok.threshold_for("replicate-prediction") == 2999
+    with pytest.raises(ConfigError, match="replicate-prediction"):
+        ReconcileConfig(thresholds_s={"replicate-prediction": 3000})
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"CALLWARDEN_RECONCILE_THRESHOLD_MIDJOURNEY": "60"}, "unknown provider_kind"),
+    ({"CALLWARDEN_RECONCILE_SCAN_INTERVAL_S": "soon"}, "invalid reconcile configuration"),
+    ({"CALLWARDEN_RECONCILE_SCAN_INTERVL_S": "5"}, "invalid reconcile configuration"),
+])
+def test_bad_environment_is_a_config_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, env)
+
+
+def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("scan_interval_s = = 3")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
