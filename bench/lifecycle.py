@@ -1,0 +1,416 @@
+"""Full async call lifecycles per second: callwarden's CallRunner vs a DBOS workflow.
+
+Run: ``python bench/lifecycle.py [--jobs 300] [--rounds 6] [--warmup 48]``
+
+One run, one Postgres (``DATABASE_URL`` or a throwaway embedded server), the provider
+simulator in process on 127.0.0.1 (``kie-standard``, one ``running`` poll then success,
+256-byte media), media stored in a ``LocalFolderStore`` under a temp dir:
+
+- ``callwarden``: ``CallRunner.run`` on jobs made beforehand with ``create_job`` (create ->
+  poll -> finalize -> completed, the asset row and the committed reservation), poll interval
+  0 and a no-op sleep, N jobs shared by 1 or 8 asyncio tasks over one runner and one pool of
+  8 connections.
+- ``dbos``: the same lifecycle as a DBOS workflow of three async steps (create, poll,
+  finalize) with the same provider client, the same download and storage write, and in
+  ``finalize`` one application transaction (job completed, reservation committed, asset
+  row); DBOS's system database lives on the same server.
+
+The two systems run in alternating rounds (``--rounds``) at each concurrency, so that the
+noise of a shared machine falls on both alike; rates are jobs / summed round time.
+
+Per callwarden call it also reports the transactions, twice: on the server
+(``xact_commit + xact_rollback`` of the bench database in ``pg_stat_database`` around each
+callwarden round, once every pooled backend has flushed its stats with
+``pg_stat_force_next_flush()``, the flushing statements subtracted; autovacuum visiting the
+database in that window adds a few) and on the client (autocommit statements + outermost
+transaction blocks); the round trips (``AsyncConnection.wait`` calls that send something:
+one per statement, one per ``BEGIN``/``COMMIT``); and the statements by query name. The
+warm-up runs on the same pool, so psycopg has already prepared its statements (preparing is
+one more round trip and, outside a transaction block, one more transaction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, cast
+
+import aiohttp
+import psycopg
+from _common import conninfo_parts, fresh_database
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from psycopg import AsyncTransaction
+from psycopg.abc import PQGen
+from psycopg.conninfo import make_conninfo
+from psycopg.pq import TransactionStatus
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import URL
+
+from engine.calls import CallRunner
+from engine.config import CallConfig
+from engine.db import connect, open_pool
+from engine.jobs import create_job
+from engine.queries import QUERIES
+from engine.store import execute, load
+from providers.base import AsyncKindClient, ProviderSettings
+from providers.media import download
+from providers.outcomes import Running, Succeeded
+from providers.registry import client_for
+from providers.simulator.core import running_simulator
+from providers.storage import LocalFolderStore, media_key
+
+KIND = "kie-standard"
+SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}
+REQUEST: dict[str, Any] = {"model": "nano-banana-pro",
+                           "input": {"prompt": "bench", "_sim": SCRIPT}}
+POOL_SIZE = 8
+_NAMES = {sql: name for name, sql in QUERIES.items()}
+RV = TypeVar("RV")
+# A backend with no pending table stats skips even a forced flush and keeps its transaction
+# counts; reading a catalog row gives it some, so every call flushes (its own count too).
+FLUSH = "SELECT pg_stat_force_next_flush() FROM pg_class LIMIT 1"
+
+
+class CountingConnection(psycopg.AsyncConnection[DictRow]):
+    """Counts, per class: round trips (``wait`` calls that send something: a statement,
+    ``BEGIN``, ``COMMIT``), statements (``execute`` calls, by query name) and transactions
+    as the client sees them (autocommit statements + outermost transaction blocks)."""
+
+    round_trips: ClassVar[int] = 0
+    transactions: ClassVar[int] = 0
+    statements: ClassVar[Counter[str]] = Counter()
+
+    async def wait(self, gen: PQGen[RV], interval: float = 0.1,
+                   timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
+        if not self._no_op(gen):
+            type(self).round_trips += 1
+        return await super().wait(gen, interval, timeout)
+
+    def _no_op(self, gen: PQGen[Any]) -> bool:
+        """The pool's commit on returning an idle autocommit connection sends nothing."""
+        ending = getattr(gen, "__qualname__", "").endswith(("._commit_gen", "._rollback_gen"))
+        return ending and self.info.transaction_status == TransactionStatus.IDLE
+
+    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                      binary: bool = False) -> Any:
+        type(self).statements[_NAMES.get(str(query), str(query)[:40])] += 1
+        self._count_if_idle()  # an autocommit statement is a transaction of its own
+        return await super().execute(query, params, prepare=prepare, binary=binary)
+
+    @asynccontextmanager
+    async def transaction(self, savepoint_name: str | None = None,
+                          force_rollback: bool = False) -> AsyncIterator[AsyncTransaction]:
+        self._count_if_idle()  # an outermost transaction block
+        async with super().transaction(savepoint_name, force_rollback) as tx:
+            yield tx
+
+    def _count_if_idle(self) -> None:
+        if self.info.transaction_status == TransactionStatus.IDLE:
+            type(self).transactions += 1
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.round_trips, cls.transactions, cls.statements = 0, 0, Counter()
+
+
+Pool = AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]
+
+
+@asynccontextmanager
+async def counting_pool(url: str) -> AsyncIterator[Pool]:
+    """A ready pool of ``POOL_SIZE`` autocommit dict-row counting connections."""
+    pool: Pool = AsyncConnectionPool(
+        url, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
+        kwargs={"autocommit": True, "row_factory": dict_row},
+        connection_class=CountingConnection)
+    async with pool:
+        await pool.wait(timeout=30)
+        yield pool
+
+
+# -- pg_stat_database ------------------------------------------------------------------
+
+
+@dataclass
+class Db:
+    url: str
+    admin: str  # the same server's "postgres" database: reading stats adds nothing here
+    name: str
+
+    async def xacts(self) -> int:
+        async with await connect(self.admin) as conn:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            rows = await (await conn.execute(
+                "SELECT xact_commit + xact_rollback AS n FROM pg_stat_database "
+                "WHERE datname = %s", (self.name,))).fetchall()
+        return int(rows[0]["n"])
+
+    async def flushed_xacts(self, *pools: Pool) -> int:
+        """The database's transactions once every connection of ``pools`` has flushed its
+        pending stats: ``pg_stat_force_next_flush()`` takes effect when the backend goes
+        idle, before it answers; each call is one transaction of its own."""
+        for pool in pools:
+            async with AsyncExitStack() as stack:
+                conns = [await stack.enter_async_context(pool.connection())
+                         for _ in range(POOL_SIZE)]
+                for conn in conns:
+                    await conn.execute(FLUSH)
+        return await self.xacts()
+
+
+# -- shared work -----------------------------------------------------------------------
+
+
+# Made and checked through a long-lived pool: a closed connection's backend flushes its
+# stats when it exits, which could land inside a measured window.
+async def make_jobs(pool: Pool, n: int) -> list[uuid.UUID]:
+    async with pool.connection() as conn:
+        return [await create_job(conn, credits=5) for _ in range(n)]
+
+
+async def all_completed(pool: Pool, jobs: list[uuid.UUID]) -> bool:
+    async with pool.connection() as conn:
+        return [(await load(conn, j)).status for j in jobs] == ["completed"] * len(jobs)
+
+
+async def timed(run: Callable[[uuid.UUID], Awaitable[object]], jobs: list[uuid.UUID],
+                concurrency: int) -> float:
+    """Seconds to run ``jobs`` shared by ``concurrency`` tasks."""
+    queue = iter(jobs)
+
+    async def worker() -> None:
+        for job in queue:
+            await run(job)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+async def no_sleep(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+# -- callwarden --------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    seconds: float = 0.0
+    jobs: int = 0
+    xacts: int = 0  # pg_stat_database
+    client_xacts: int = 0
+    round_trips: int = 0
+    statements: Counter[str] = field(default_factory=Counter)
+
+    def per_call(self, value: float) -> float:
+        return value / self.jobs
+
+
+def make_runner(pool: Pool, http: aiohttp.ClientSession, settings: ProviderSettings,
+                media: Path) -> CallRunner:
+    return CallRunner(pool, http, settings, LocalFolderStore(media), sleep=no_sleep,
+                      config=CallConfig(poll_interval_s={KIND: 0.0}))
+
+
+async def run_callwarden(runner: CallRunner, job: uuid.UUID) -> None:
+    out = await runner.run(job, KIND, REQUEST)
+    if out.result != "completed":
+        raise RuntimeError(f"callwarden job {job} ended {out.result}: {out.detail}")
+
+
+async def callwarden_round(db: Db, runner: CallRunner, peer_pool: Pool, jobs: list[uuid.UUID],
+                           concurrency: int, into: Measured) -> None:
+    """One timed round, with its transactions (the peer's pool is idle meanwhile, and
+    flushed before, so nothing of it is counted) and round trips."""
+    before = await db.flushed_xacts(peer_pool, runner.pool)
+    CountingConnection.reset()
+    into.seconds += await timed(lambda j: run_callwarden(runner, j), jobs, concurrency)
+    into.jobs += len(jobs)
+    into.round_trips += CountingConnection.round_trips
+    into.client_xacts += CountingConnection.transactions
+    into.statements.update(CountingConnection.statements)
+    into.xacts += await db.flushed_xacts(runner.pool) - before - POOL_SIZE
+
+
+# -- DBOS: create, poll, finalize as three steps of one workflow -------------------------
+
+# What the host's own code would write when a call completes (the DBOS peer has no engine).
+COMPLETE_SQL = """
+WITH j AS (
+    UPDATE jobs SET status = 'completed', progress = 100, updated_at = now()
+    WHERE id = %(job_id)s RETURNING id
+)
+UPDATE usage_logs SET status = 'committed', settled_at = now(),
+       credits_charged = LEAST(COALESCE(%(cost)s, credits_reserved), credits_reserved)
+WHERE job_id = (SELECT id FROM j) AND status = 'reserved'
+"""
+
+
+@dataclass
+class Peer:
+    http: aiohttp.ClientSession
+    settings: ProviderSettings
+    store: LocalFolderStore
+    pool: Pool
+
+
+_PEER: list[Peer] = []
+
+
+def kie() -> tuple[Peer, AsyncKindClient]:
+    peer = _PEER[0]
+    return peer, cast(AsyncKindClient, client_for(KIND, peer.http, peer.settings))
+
+
+@DBOS.step()
+async def create_step(request: dict[str, Any]) -> str:
+    return await kie()[1].create(request)
+
+
+@DBOS.step()
+async def poll_step(task_id: str) -> dict[str, Any]:
+    client = kie()[1]
+    while True:
+        outcome = await client.poll(task_id)
+        if isinstance(outcome, Succeeded):
+            return {"urls": list(outcome.media_urls), "cost": outcome.cost}
+        if not isinstance(outcome, Running):
+            raise RuntimeError(f"task {task_id}: {outcome!r}")
+        await no_sleep(0.0)
+
+
+@DBOS.step()
+async def finalize_step(job: str, result: dict[str, Any]) -> None:
+    peer = kie()[0]
+    stored = []
+    for index, url in enumerate(result["urls"]):
+        got = await download(peer.http, url)
+        stored.append(await peer.store.put(media_key(job, index, got.content_type), got.data,
+                                           got.content_type))
+    async with peer.pool.connection() as conn, conn.transaction():
+        await conn.execute(COMPLETE_SQL, {"job_id": job, "cost": result["cost"]})
+        await execute(conn, "insert_assets", {
+            "job_id": job, "keys": [o.key for o in stored], "urls": [o.uri for o in stored],
+            "types": [o.content_type for o in stored], "sizes": [o.size for o in stored]})
+
+
+@DBOS.workflow()
+async def dbos_lifecycle(job: str) -> None:
+    task_id = await create_step(REQUEST)
+    result = await poll_step(task_id)
+    await finalize_step(job, result)
+
+
+async def run_dbos(job: uuid.UUID) -> None:
+    with SetWorkflowID(str(job)):
+        await dbos_lifecycle(str(job))
+
+
+def sqlalchemy_url(url: str, dbname: str) -> str:
+    parts = conninfo_parts(url)
+    host = parts.get("host", "127.0.0.1")
+    socket = host.startswith("/")
+    return URL.create(
+        "postgresql", username=parts.get("user"), password=parts.get("password"),
+        host=None if socket else host, port=int(parts["port"]) if "port" in parts else None,
+        database=dbname, query={"host": host} if socket else {},
+    ).render_as_string(hide_password=False)
+
+
+@asynccontextmanager
+async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
+    config: DBOSConfig = {"name": "callwarden-bench", "log_level": "WARNING",
+                          "system_database_url": sqlalchemy_url(db.url, f"{db.name}_dbos")}
+    _PEER.append(peer)
+    try:
+        DBOS(config=config)
+        DBOS.launch()
+        yield
+    finally:
+        DBOS.destroy()
+        _PEER.clear()
+        with psycopg.connect(db.admin, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db.name}_dbos WITH (FORCE)".encode())
+
+
+async def cell(db: Db, runner: CallRunner, peer_pool: Pool, args: argparse.Namespace,
+               concurrency: int) -> tuple[Measured, Measured]:
+    """Both systems at one concurrency, in alternating rounds (same machine noise)."""
+    ours, theirs = Measured(), Measured()
+    warm = [await make_jobs(peer_pool, args.warmup) for _ in range(2)]
+    await timed(lambda j: run_callwarden(runner, j), warm[0], concurrency)
+    await timed(run_dbos, warm[1], concurrency)
+    size = max(concurrency, args.jobs // args.rounds)
+    for _ in range(max(1, args.jobs // size)):
+        jobs = [await make_jobs(peer_pool, size) for _ in range(2)]
+        await callwarden_round(db, runner, peer_pool, jobs[0], concurrency, ours)
+        theirs.seconds += await timed(run_dbos, jobs[1], concurrency)
+        theirs.jobs += size
+        if not all([await all_completed(peer_pool, j) for j in jobs]):
+            raise RuntimeError("a job was not completed")
+    return ours, theirs
+
+
+async def measure(url: str, args: argparse.Namespace) -> dict[int, tuple[Measured, Measured]]:
+    db = Db(url=url, admin=make_conninfo(url, dbname="postgres"),
+            name=conninfo_parts(url)["dbname"])
+    with tempfile.TemporaryDirectory(prefix="cw-bench-media-") as tmp:
+        async with (running_simulator() as sim, aiohttp.ClientSession() as http,
+                    counting_pool(db.url) as pool, open_pool(db.url, min_size=POOL_SIZE,
+                                                             max_size=POOL_SIZE) as peer_pool):
+            runner = make_runner(pool, http, sim.settings, Path(tmp, "cw"))
+            peer = Peer(http, sim.settings, LocalFolderStore(Path(tmp, "dbos")), peer_pool)
+            async with launched_dbos(db, peer):
+                return {c: await cell(db, runner, peer_pool, args, c) for c in (1, 8)}
+
+
+def report(console: Console, results: dict[int, tuple[Measured, Measured]]) -> None:
+    jobs = results[1][0].jobs
+    table = Table(title=f"async call lifecycles per second ({jobs} jobs per system and cell, "
+                        "alternating rounds)")
+    for col in ("", "c=1", "c=8"):
+        table.add_column(col, justify="right")
+    rate = {c: tuple(m.jobs / m.seconds for m in results[c]) for c in (1, 8)}
+    table.add_row("callwarden", *(f"{rate[c][0]:,.0f}" for c in (1, 8)))
+    table.add_row("DBOS (3 steps)", *(f"{rate[c][1]:,.0f}" for c in (1, 8)))
+    table.add_row("ratio (goal >= 3x)", *(f"{rate[c][0] / rate[c][1]:.2f}x" for c in (1, 8)))
+    ours = {c: results[c][0] for c in (1, 8)}
+    table.add_row("callwarden transactions/call (goal <= 5)",
+                  *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))
+    table.add_row("  the same, counted by the client",
+                  *(f"{ours[c].per_call(ours[c].client_xacts):.2f}" for c in (1, 8)))
+    table.add_row("callwarden round trips/call",
+                  *(f"{ours[c].per_call(ours[c].round_trips):.2f}" for c in (1, 8)))
+    for key in sorted(set(ours[1].statements) | set(ours[8].statements)):
+        table.add_row(f"  statement {key}",
+                      *(f"{ours[c].per_call(ours[c].statements[key]):.2f}" for c in (1, 8)))
+    console.print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", type=int, default=300, help="jobs per system and concurrency")
+    ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per cell")
+    ap.add_argument("--warmup", type=int, default=48,
+                    help="untimed jobs per system before each cell (>= 5 per pooled "
+                         "connection, so psycopg has prepared every statement)")
+    args = ap.parse_args()
+    with fresh_database("bench_lifecycle") as url:
+        results = asyncio.run(measure(url, args))
+    report(Console(), results)
+
+
+if __name__ == "__main__":
+    main()
