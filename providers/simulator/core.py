@@ -255,13 +255,14 @@ def _journal_and_faults(sim: Simulator, module: ProviderModule) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = _route_name(request)
+        fault = sim.faults.take(module.NAME, route) if route else None
         sim.journal.record(JournalEntry(
             provider=module.NAME, route=route, method=request.method, path=request.path,
             query=dict(request.query),
             headers={k.lower(): v for k, v in request.headers.items()},
             body=await request.read(), at=sim.clock.now(),
+            fault=fault.kind if fault else None,
         ))
-        fault = sim.faults.take(module.NAME, route) if route else None
         if fault is None:
             return await handler(request)
         return await _apply_fault(fault, module, request, handler)

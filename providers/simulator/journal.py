@@ -25,6 +25,12 @@ class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
     headers: dict[str, str]
     body: bytes
     at: float
+    fault: str | None = None  # the fault injected into this request, if any
+
+    @property
+    def processed(self) -> bool:
+        """Whether the provider's handler ran (a 429/5xx/reset fault answers without it)."""
+        return self.fault in (None, "hang", "malformed_json")
 
     def json(self) -> Any:
         """The body decoded as JSON (raises ``msgspec.DecodeError`` when it is not)."""

@@ -1,0 +1,51 @@
+-- Queries of `callwarden demo`: the invariants are checked with SQL over jobs, usage_logs,
+-- call_events and the settlement audit, never from the demo's own counters.
+
+-- name: demo_audit_trigger
+-- Demo databases only: every UPDATE of a usage_logs row is audited, so a second
+-- settlement (or a settlement that did not start from 'reserved') is visible.
+CREATE TABLE IF NOT EXISTS demo_usage_audit (
+    job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now());
+CREATE OR REPLACE FUNCTION demo_usage_audit_fn() RETURNS trigger AS $fn$
+BEGIN
+    INSERT INTO demo_usage_audit (job_id, old_status, new_status)
+    VALUES (NEW.job_id, OLD.status, NEW.status);
+    RETURN NEW;
+END $fn$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS demo_usage_audit_trg ON usage_logs;
+CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
+    FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
+
+-- name: demo_states
+SELECT coalesce(call_state, 'none') AS state, count(*) AS n FROM jobs GROUP BY 1;
+
+-- name: demo_recovered
+-- Calls whose terminal event was recorded by a reconciler.
+SELECT count(*) AS n
+FROM jobs j JOIN call_events e ON e.job_id = j.id AND e.seq = j.call_version
+WHERE j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
+  AND e.actor LIKE 'reconciler:%%';
+
+-- name: demo_settlements
+-- Per reservation: how many times it moved, and whether each move started at 'reserved'.
+SELECT u.job_id, j.call_state, u.status, u.credits_reserved, u.credits_charged,
+       (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = u.job_id) AS moves,
+       (SELECT count(*) FROM demo_usage_audit a
+         WHERE a.job_id = u.job_id AND a.old_status <> 'reserved') AS bad_moves
+FROM usage_logs u JOIN jobs j ON j.id = u.job_id;
+
+-- name: demo_latency
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY s) AS p95
+FROM (SELECT extract(epoch FROM call_finished_at - created_at)::float8 AS s
+      FROM jobs WHERE call_finished_at IS NOT NULL) t;
+
+-- name: demo_latencies
+SELECT extract(epoch FROM call_finished_at - created_at)::float8 AS s,
+       (SELECT e.actor LIKE 'reconciler:%%' FROM call_events e
+         WHERE e.job_id = j.id AND e.seq = j.call_version) AS by_reconciler
+FROM jobs j WHERE call_finished_at IS NOT NULL;
+
+-- name: demo_workflow
+INSERT INTO workflow_executions (id, status) VALUES (%(id)s, 'running');
