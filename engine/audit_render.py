@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -42,22 +42,46 @@ def _settlement(r: TimelineRow) -> str:
     return f"[bold]{r.settlement}{cost}[/bold] by {escape(r.settled_by or '?')}"
 
 
-def _cells(r: TimelineRow) -> list[str]:
-    return [str(r.seq), _t(r.at), _delta(r.since_previous_s), escape(r.actor), r.type,
-            f"{r.state_before or '∅'} → {r.state_after}", escape(r.task_id or ""),
-            str(r.attempts or ""), escape(r.error or ""), escape(r.detail or ""),
-            _settlement(r)]
+def _clock(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%S")
+
+
+def _changed(value: object, previous: object) -> str:
+    return "" if value == previous or value is None else escape(str(value))
+
+
+def _cells(r: TimelineRow, prev: TimelineRow | None) -> list[str]:
+    return [str(r.seq), _clock(r.at), _delta(r.since_previous_s), escape(r.actor), r.type,
+            r.state_after if r.state_after != r.state_before else f"({r.state_after})",
+            _changed(r.task_id, prev and prev.task_id),
+            _changed(r.attempts or None, prev and (prev.attempts or None)),
+            _detail(r)]
+
+
+def _detail(r: TimelineRow) -> str:
+    error = f"[red]{escape(r.error)}[/red]" if r.error else ""
+    return " · ".join(x for x in (_settlement(r), error, escape(r.detail or "")) if x)
+
+
+def _title(report: AuditReport) -> str:
+    day = report.timeline[0].at.astimezone(UTC).date().isoformat() if report.timeline else ""
+    return (f"job {report.job_id} · {report.provider_kind or '-'} · status {report.status}"
+            f" · call {report.call_state or '-'} (v{report.call_version}) · {day} UTC")
 
 
 def audit_table(report: AuditReport) -> Table:
-    kind = report.provider_kind or "-"
-    table = Table(title=f"job {report.job_id} · {kind} · status {report.status} · "
-                        f"call {report.call_state or '-'} (v{report.call_version})")
-    for col in ("seq", "at", "Δ", "actor", "event", "state", "task", "attempts", "error",
-                "detail", "settlement"):
-        table.add_column(col, overflow="fold")
+    """One row per event: the state it led to (in parentheses when unchanged), the task
+    id and attempts where they change, then errors, details and the settlement."""
+    table = Table(title=_title(report))
+    for col in ("seq", "at", "Δ", "actor", "event", "→ state"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("task")
+    table.add_column("tries", justify="right")
+    table.add_column("detail", ratio=1)
+    prev = None
     for r in report.timeline:
-        table.add_row(*_cells(r))
+        table.add_row(*_cells(r, prev))
+        prev = r
     return table
 
 

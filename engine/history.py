@@ -33,7 +33,10 @@ from projections.columns import from_row
 from projections.fold import CallProjection, fold
 from projections.timeline import IllegalHistory, steps
 
-__all__ = ["FIRST_ID", "History", "JobError", "next_ids", "read_histories", "snapshot"]
+__all__ = [
+    "FIRST_ID", "History", "JobError", "decode_fast", "fold_checked", "next_ids",
+    "read_histories", "signatures", "snapshot",
+]
 
 FIRST_ID = uuid.UUID(int=0)
 _list_decoder = msgspec.json.Decoder(list[Event])
@@ -78,7 +81,7 @@ async def next_ids(conn: Conn, after: uuid.UUID, batch: int,
     return [r["id"] for r in rows]
 
 
-def _signatures() -> dict[type, str]:
+def signatures() -> dict[type, str]:
     # Built per batch, not at import: VERSIONS is the registry an upgrade (or a test) sets.
     return {cls: f"{name}/{VERSIONS[name]}" for name, cls in EVENT_TYPES.items()}
 
@@ -139,5 +142,5 @@ async def _history(conn: Conn, row: DictRow, sigs: dict[type, str]) -> History:
 async def read_histories(conn: Conn, ids: Sequence[uuid.UUID]) -> list[History]:
     """The jobs ``ids`` read and folded; call inside :func:`snapshot` for consistency."""
     rows = await execute(conn, "audit_histories", {"ids": list(ids)})
-    sigs = _signatures()
+    sigs = signatures()
     return [await _history(conn, row, sigs) for row in rows]

@@ -26,7 +26,6 @@ from events.types import (
     FinalizeFailed,
     ReconcileAttempted,
     Swept,
-    TaskCreated,
     UpstreamFailed,
     UpstreamSucceeded,
 )
@@ -93,12 +92,10 @@ def detail(e: Event) -> str | None:
             return f"{e.kind} ({'sync' if e.sync else 'async'})"
         case Adopted():
             return f"{e.kind} adopted (status {e.observed_status})"
-        case TaskCreated():
-            return f"task {e.task_id}"
         case UpstreamSucceeded():
             return _result_detail(e)
         case FinalizeClaimed():
-            return f"claimed by {e.owner} until {e.lease_until.isoformat()}"
+            return f"lease {e.owner} until {e.lease_until.strftime('%H:%M:%S')}"
         case Completed():
             return f"{len(e.media)} media stored"
         case Cancelled():
