@@ -72,7 +72,8 @@ def precomputed(job: uuid.UUID) -> list[dict[str, Any]]:
         params = to_columns(new)
         params.update(job_id=job, expected_version=p.version, type=name,
                       event_version=version, payload=payload.decode(), actor=e.actor,
-                      is_cancel=False, settle_to=new.settlement if new.terminal else None,
+                      is_cancel=False, is_start=isinstance(e, CallStarted),
+                      settle_to=new.settlement if new.terminal else None,
                       cost=new.provider_cost)
         out.append(params)
         p = new

@@ -31,7 +31,7 @@ from engine.config import CallConfig
 from engine.failpoints import failpoint
 from engine.finalize import Clock, Finalizer
 from engine.identity import incarnation
-from engine.store import Conn, Decide, execute, load, transition
+from engine.store import Conn, Decide, append, execute, load, transition
 from events.states import CallState
 from events.types import (
     CallStarted,
@@ -42,7 +42,7 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import CallProjection
+from projections.fold import EMPTY, CallProjection
 from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
 from providers.errors import MediaExpired, ProviderError, RateLimited, TransientError
 from providers.kinds import get_kind, is_sync_call
@@ -121,18 +121,16 @@ class CallRunner:
         sync = is_sync_call(kind, operation)
         client = client_for(kind, self.session, self.settings, operation=operation,
                             callback_url=self._callback(job_id, kind))
-        p = await self._load(job_id)
+        failpoint("before_call_started")
+        p, started_here = await self._start(job_id, kind, sync)
         if p.terminal:
             return _outcome(job_id, p)
-        started_here = False
-        if p.state is None:
-            failpoint("before_call_started")
-            p, started_here = await self._start(job_id, kind, sync)
-        if p.terminal:
-            return _outcome(job_id, p)
+        if p.state is None:  # a host cancel, or another system's task on the row
+            return _outcome(job_id, p, "not started: the row is cancelled or holds a "
+                                       "task from other code (the reconciler adopts it)")
         if sync:
             if started_here:
-                return await self._run_sync(job_id, cast(SyncKindClient, client), request)
+                return await self._run_sync(job_id, cast(SyncKindClient, client), request, p)
             return await self._after_upstream(job_id, p, "sync call interrupted")
         return await self._run_async(job_id, kind, p, cast(AsyncKindClient, client), request,
                                      started_here)
@@ -162,17 +160,18 @@ class CallRunner:
                 job_id, client.kind))
         except RateLimited as exc:  # provably not created: fail now and refund
             return await self._record(job_id, self._if_active(UpstreamFailed(
-                at=self.clock(), actor=self.owner, error=str(exc), code="rate_limited"))), None
+                at=self.clock(), actor=self.owner, error=str(exc), code="rate_limited")),
+                p), None
         except TransientError as exc:  # ambiguous: the task may exist upstream
             return p, f"create failed ambiguously ({exc}): left for the reconciler"
         except ProviderError as exc:  # refused: nothing was created
             return await self._record(job_id, self._if_active(UpstreamFailed(
                 at=self.clock(), actor=self.owner, error=str(exc),
-                code=type(exc).__name__))), None
+                code=type(exc).__name__)), p), None
         failpoint("after_create")
         event = TaskCreated(at=self.clock(), actor=self.owner, task_id=task_id)
         return await self._record(job_id, lambda q: event if q.state is CallState.CREATED
-                                  else None), None
+                                  else None, p), None
 
     async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
                     client: AsyncKindClient) -> tuple[CallProjection, str | None]:
@@ -180,6 +179,7 @@ class CallRunner:
         deadline = time.monotonic() + self.config.budget_for(kind)
         interval = self.config.interval_for(kind)
         last_error: str | None = None
+        self._last_beat.setdefault(job_id, time.monotonic())  # TaskCreated just proved it
         while True:
             outcome: PollOutcome | None = None
             try:
@@ -191,7 +191,7 @@ class CallRunner:
             failpoint("mid_poll")
             event = upstream_event(outcome, self.owner, self.clock()) if outcome else None
             if event is not None:
-                return await self._record(job_id, self._if_active(event)), None
+                return await self._record(job_id, self._if_active(event), p), None
             await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
                                   else None)
             if time.monotonic() + interval > deadline:
@@ -201,7 +201,7 @@ class CallRunner:
     # -- sync kinds -------------------------------------------------------------------
 
     async def _run_sync(self, job_id: uuid.UUID, client: SyncKindClient,
-                        request: Mapping[str, Any]) -> CallOutcome:
+                        request: Mapping[str, Any], p: CallProjection) -> CallOutcome:
         try:
             outcome: PollOutcome = await client.call(request)
         except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
@@ -211,7 +211,7 @@ class CallRunner:
             outcome = await self._prestore(job_id, outcome)
         event = upstream_event(outcome, self.owner, self.clock())
         assert event is not None
-        p = await self._record(job_id, self._if_active(event))
+        p = await self._record(job_id, self._if_active(event), p)
         return await self._after_upstream(job_id, p, None)
 
     async def _prestore(self, job_id: uuid.UUID, outcome: Succeeded) -> Succeeded:
@@ -231,23 +231,28 @@ class CallRunner:
                               detail: str | None) -> CallOutcome:
         if p.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
             failpoint("after_upstream_result")
-            done = await self.finalizer.finalize(job_id)
+            done = await self.finalizer.finalize(job_id, current=p)
             return _outcome(job_id, done.projection, done.error or done.outcome)
         return _outcome(job_id, p, detail)
 
     async def _start(self, job_id: uuid.UUID, kind: str,
                      sync: bool) -> tuple[CallProjection, bool]:
+        """Optimistically start the call as if it were new (one statement, fenced on
+        version 0); otherwise the append re-reads and we continue from what is there."""
         event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
         async with self.pool.connection() as conn:
-            r = await transition(conn, job_id, lambda q: event if q.state is None else None)
+            r = await append(conn, job_id, EMPTY, event)
         return r.projection, r.ok
 
     def _if_active(self, event: Event) -> Decide:
         return lambda q: event if q.state in ACTIVE else None
 
-    async def _record(self, job_id: uuid.UUID, decide: Decide) -> CallProjection:
+    async def _record(self, job_id: uuid.UUID, decide: Decide,
+                      current: CallProjection | None = None) -> CallProjection:
+        """``transition`` from the projection we hold (``current``): no re-read unless
+        someone else wrote in between."""
         async with self.pool.connection() as conn:
-            return (await transition(conn, job_id, decide)).projection
+            return (await transition(conn, job_id, decide, current=current)).projection
 
     async def _load(self, job_id: uuid.UUID) -> CallProjection:
         async with self.pool.connection() as conn:

@@ -69,8 +69,11 @@ class Finalizer:
         self.pool, self.store, self.session, self.settings = pool, store, session, settings
         self.owner, self.clock, self.config = owner, clock, config or CallConfig()
 
-    async def finalize(self, job_id: uuid.UUID) -> FinalizeResult:
-        claim = await self._claim(job_id)
+    async def finalize(self, job_id: uuid.UUID,
+                       current: CallProjection | None = None) -> FinalizeResult:
+        """Finalize the job's call; ``current`` is the projection the caller holds (it
+        saves a read; a stale one only costs a re-read)."""
+        claim = await self._claim(job_id, current)
         p = claim.projection
         if not (p.state is CallState.FINALIZING and p.finalize_owner == self.owner):
             return FinalizeResult(outcome="not_claimable", projection=p)
@@ -97,9 +100,10 @@ class Finalizer:
             return FinalizeClaimed(at=now, actor=self.owner, owner=self.owner, lease_until=lease)
         return None
 
-    async def _claim(self, job_id: uuid.UUID) -> AppendResult:
+    async def _claim(self, job_id: uuid.UUID,
+                     current: CallProjection | None) -> AppendResult:
         async with self.pool.connection() as conn:
-            return await transition(conn, job_id, self._decide_claim)
+            return await transition(conn, job_id, self._decide_claim, current=current)
 
     async def _store_all(self, job_id: uuid.UUID,
                          p: CallProjection) -> tuple[StoredMedia, ...]:

@@ -28,7 +28,7 @@ from engine.errors import (
 )
 from engine.queries import QUERIES
 from events.codec import encode
-from events.types import Cancelled, Event
+from events.types import CallStarted, Cancelled, Event
 from projections.columns import from_row, to_columns
 from projections.fold import CallProjection, apply
 
@@ -98,7 +98,7 @@ def _params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
     params.update(
         job_id=job_id, expected_version=current.version, type=type_name,
         event_version=version, payload=payload.decode(), actor=event.actor,
-        is_cancel=isinstance(event, Cancelled),
+        is_cancel=isinstance(event, Cancelled), is_start=isinstance(event, CallStarted),
         settle_to=new.settlement if settling else None,
         cost=new.provider_cost,
     )

@@ -43,6 +43,9 @@ WITH upd AS (
     WHERE id = %(job_id)s::uuid
       AND call_version = %(expected_version)s::int
       AND (status <> 'cancelled' OR %(is_cancel)s::boolean)
+      -- A call is started only on a row no other code has put a task on (such a row is
+      -- adopted by the reconciler instead).
+      AND (NOT %(is_start)s::boolean OR provider_task_id IS NULL)
     RETURNING id
 ), ev AS (
     INSERT INTO call_events (job_id, seq, type, version, payload, actor)
