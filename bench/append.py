@@ -95,6 +95,25 @@ def cte_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
     return op
 
 
+# The same projection columns the engine's statement writes, with the same fences.
+FLOOR_UPDATE = """
+UPDATE jobs SET call_state = %(call_state)s, call_version = %(new_version)s,
+    status = COALESCE(%(status)s, status), provider_kind = %(provider_kind)s,
+    provider_task_id = %(provider_task_id)s,
+    provider_call_started_at = %(provider_call_started_at)s, call_sync = %(call_sync)s,
+    reconcile_attempts = %(reconcile_attempts)s,
+    reconcile_last_error = %(reconcile_last_error)s,
+    reconcile_next_at = %(reconcile_next_at)s,
+    error_message = COALESCE(%(error_message)s, error_message),
+    finalize_owner = %(finalize_owner)s, finalize_lease_until = %(finalize_lease_until)s,
+    upstream_result = %(upstream_result)s::jsonb,
+    output_data = COALESCE(%(output_data)s::jsonb, output_data),
+    provider_cost = %(provider_cost)s, call_finished_at = %(call_finished_at)s,
+    call_settlement = %(call_settlement)s, updated_at = now()
+WHERE id = %(job_id)s AND call_version = %(expected_version)s AND status <> 'cancelled'
+"""
+
+
 def three_statement_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
     async def op(conn: Conn, job: uuid.UUID) -> None:
         for params in pre[job]:
@@ -103,11 +122,7 @@ def three_statement_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
                     "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
                     "VALUES (%(job_id)s, %(new_version)s, %(type)s, %(event_version)s, "
                     "%(payload)s::jsonb, %(actor)s)", params)
-                await conn.execute(
-                    "UPDATE jobs SET call_state = %(call_state)s, "
-                    "call_version = %(new_version)s, status = COALESCE(%(status)s, status), "
-                    "provider_task_id = %(provider_task_id)s, updated_at = now() "
-                    "WHERE id = %(job_id)s AND call_version = %(expected_version)s", params)
+                await conn.execute(FLOOR_UPDATE, params)
                 if params["settle_to"]:
                     await conn.execute(
                         "UPDATE usage_logs SET status = %(settle_to)s, settled_at = now(), "
