@@ -38,9 +38,11 @@ from providers.storage import LocalFolderStore
 __all__ = ["DEMO_RECONCILE", "DemoOptions", "DemoRun", "run_demo"]
 
 # Thresholds scaled from minutes to seconds; still validated like a production config.
+# The legacy threshold is not scaled: every demo job is callwarden's, and one still waiting
+# in the queue must never be mistaken for a pre-callwarden row (it would be swept).
 DEMO_RECONCILE = ReconcileConfig(
     thresholds_s={k: 4.0 for k in KINDS}, scan_interval_s=0.5, repoll_interval_s=1.0,
-    attempt_cap=8, heartbeat_timeout_s=2.0, legacy_threshold_s=30.0, claim_lease_s=5.0,
+    attempt_cap=8, heartbeat_timeout_s=2.0, legacy_threshold_s=900.0, claim_lease_s=5.0,
     url_buffer_s=60.0, headroom_s=2.0)
 DEMO_CALLS = CallConfig(finalize_lease_s=5.0, heartbeat_every_s=0.5)
 PROVIDERS = ("kie", "replicate", "elevenlabs", "anthropic")
