@@ -77,6 +77,7 @@ def _summary_table(run: DemoRun) -> Table:
     rows = [("jobs", s.jobs), *((f"  {k}", v) for k, v in s.terminal.items()),
             ("not terminal", s.non_terminal), ("workers killed", run.kills),
             ("recovered by the reconciler", s.recovered_by_reconciler),
+            ("settled by a webhook", s.settled_by_webhook),
             ("upstream creates per job (max)", s.upstream_creates_max_per_job),
             ("reservations settled twice", s.duplicate_settlements),
             ("credits reserved", f"{s.credits.reserved:g}"),

@@ -9,27 +9,33 @@ about a minute. The verdict is computed with SQL (:mod:`engine.demo_summary`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
 import msgspec
+from aiohttp import web
 
+from engine.calls import utcnow
 from engine.config import CallConfig
 from engine.db import open_pool
 from engine.demo_fleet import WorkerFleet
 from engine.demo_report import Sample
 from engine.demo_summary import DemoSummary, install_audit, summarize
 from engine.demo_workload import PlannedJob, plan_jobs
-from engine.finalize import Pool
+from engine.finalize import Finalizer, Pool
+from engine.identity import incarnation
 from engine.jobs import create_job
 from engine.migrate import migrate
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Reconciler
 from engine.store import Conn, execute
+from engine.web_app import ServiceConfig, build_app
+from engine.webhooks import WebhookConfig
 from providers.kinds import KINDS
 from providers.simulator.core import RunningSimulator, Simulator, running_simulator
 from providers.simulator.model import Fault
@@ -75,8 +81,10 @@ def arm_faults(sim: Simulator) -> None:
     sim.faults.arm("anthropic", "call", Fault(kind="http_status", status=529, times=2))
 
 
-def worker_env(db_url: str, rs: RunningSimulator, media_dir: Path) -> dict[str, str]:
-    env = {"DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
+def worker_env(db_url: str, rs: RunningSimulator, media_dir: Path,
+               service_url: str) -> dict[str, str]:
+    env = {"DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media_dir),
+           "CALLWARDEN_CALLBACK_BASE_URL": service_url}
     for p in PROVIDERS:
         env[f"CALLWARDEN_{p.upper()}_URL"] = rs.url(p).rstrip("/")
     env.update(KIE_API_KEY=rs.sim.api_key, REPLICATE_API_TOKEN=rs.sim.api_key,
@@ -112,6 +120,25 @@ def creates_per_job(sim: Simulator, job_ids: list[uuid.UUID]) -> dict[str, int]:
     return counts
 
 
+@contextlib.asynccontextmanager
+async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator,
+                   media: Path) -> AsyncIterator[str]:
+    """``callwarden serve``'s app on 127.0.0.1 (webhooks: the happy path); yields its URL."""
+    finalizer = Finalizer(pool, LocalFolderStore(media), http, rs.settings,
+                          owner=incarnation("webhook"), clock=utcnow, config=DEMO_CALLS)
+    config = ServiceConfig(webhooks=WebhookConfig(
+        replicate_secret=rs.sim.webhook_secrets["replicate"],
+        elevenlabs_base_url=rs.settings.elevenlabs.base_url))
+    runner = web.AppRunner(build_app(pool, finalizer, config))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def _states(pool: Pool) -> tuple[dict[str, int], int]:
     async with pool.connection() as conn:
         states = {r["state"]: r["n"] for r in await execute(conn, "demo_states", {})}
@@ -141,12 +168,15 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
         async with pool.connection() as conn:
             await migrate(conn)
             await install_audit(conn)
-        async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http:
+        async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http, \
+                contextlib.AsyncExitStack() as stack:
             arm_faults(rs.sim)
             async with pool.connection() as conn:
                 job_ids = [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
             media = work_dir / "media"
-            fleet = WorkerFleet(opts.workers, worker_env(db_url, rs, media), work_dir)
+            service = await stack.enter_async_context(_service(pool, http, rs, media))
+            fleet = WorkerFleet(opts.workers, worker_env(db_url, rs, media, service),
+                                work_dir)
             reconciler = Reconciler(pool, http, rs.settings, LocalFolderStore(media),
                                     config=DEMO_RECONCILE, call_config=DEMO_CALLS)
             stop, samples = asyncio.Event(), list[Sample]()

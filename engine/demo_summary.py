@@ -31,6 +31,7 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     terminal: dict[str, int]
     non_terminal: int
     recovered_by_reconciler: int
+    settled_by_webhook: int
     upstream_creates_max_per_job: int
     duplicate_settlements: int
     credits: Credits
@@ -74,13 +75,14 @@ async def summarize(conn: Conn, creates_per_job: Mapping[str, int]) -> DemoSumma
     states = {r["state"]: r["n"] for r in await execute(conn, "demo_states", {})}
     credits, duplicates, unsettled = await _credits(conn)
     recovered = (await execute(conn, "demo_recovered", {}))[0]["n"]
+    by_webhook = (await execute(conn, "demo_by_webhook", {}))[0]["n"]
     lat = (await execute(conn, "demo_latency", {}))[0]
     check, _ = await verify(conn)
     s = DemoSummary(
         jobs=sum(states.values()),
         terminal={k: v for k, v in sorted(states.items()) if k in _TERMINAL},
         non_terminal=sum(v for k, v in states.items() if k not in _TERMINAL),
-        recovered_by_reconciler=recovered,
+        recovered_by_reconciler=recovered, settled_by_webhook=by_webhook,
         upstream_creates_max_per_job=max(creates_per_job.values(), default=0),
         duplicate_settlements=duplicates, credits=credits,
         verify_mismatches=check.mismatches + check.errors,

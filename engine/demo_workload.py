@@ -18,7 +18,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "kie-standard": {"model": "nano-banana-pro", "input": {"prompt": "a lighthouse"}},
     "kie-veo": {"prompt": "a dog in a park", "model": "veo3_fast"},
     "kie-suno": {"prompt": "a sea shanty", "customMode": False, "instrumental": True,
-                 "model": "V4_5", "callBackUrl": "http://127.0.0.1:9/unused"},
+                 "model": "V4_5"},
     "kie-kontext": {"prompt": "add a red hat", "aspectRatio": "1:1"},
     "kie-luma": {"prompt": "make it rain", "videoUrl": "https://example.com/in.mp4"},
     "kie-kling3": {"model": "kling-3.0/video", "input": {"prompt": "a comet",
@@ -66,7 +66,11 @@ def scenario_script(scenario: str, rng: random.Random, sync: bool) -> dict[str, 
               "progress": 50.0}]
     end = {"fail": "failed", "stuck": "stuck", "vanish": "vanished"}.get(scenario,
                                                                          "succeeded")
-    return {"steps": steps, "end": end, "error": "generation failed: content policy"}
+    # A third of the callbacks are dropped, some duplicated: polling and the reconciler
+    # must not depend on them, and duplicates must be harmless.
+    webhook = {"drop": rng.random() < 0.33, "duplicates": int(rng.random() < 0.2)}
+    return {"steps": steps, "end": end, "error": "generation failed: content policy",
+            "webhook": webhook}
 
 
 def _scenario(rng: random.Random, sync: bool) -> str:

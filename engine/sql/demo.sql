@@ -27,6 +27,13 @@ FROM jobs j JOIN call_events e ON e.job_id = j.id AND e.seq = j.call_version
 WHERE j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
   AND e.actor LIKE 'reconciler:%%';
 
+-- name: demo_by_webhook
+-- Calls whose terminal event was recorded by the webhook receiver's side.
+SELECT count(*) AS n
+FROM jobs j JOIN call_events e ON e.job_id = j.id AND e.seq = j.call_version
+WHERE j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
+  AND e.actor LIKE 'webhook%%';
+
 -- name: demo_settlements
 -- Per reservation: how many times it moved, and whether each move started at 'reserved'.
 SELECT u.job_id, j.call_state, u.status, u.credits_reserved, u.credits_charged,

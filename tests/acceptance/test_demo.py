@@ -31,6 +31,7 @@ def test_small_demo_with_killed_workers_keeps_every_invariant(tmp_path: Path) ->
     assert summary["credits"]["leaked"] == 0
     assert summary["verify_mismatches"] == 0
     assert summary["recovered_by_reconciler"] > 0  # workers were killed; someone recovered
+    assert summary["settled_by_webhook"] > 0  # the receiver took part (a third are dropped)
     credits = summary["credits"]
     assert abs(credits["committed"] + credits["released"] + credits["refunded"]
                - credits["reserved"]) < 1e-6
