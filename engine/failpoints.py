@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["POINTS", "arm", "failpoint"]
+__all__ = ["POINTS", "RECONCILER_POINTS", "arm", "failpoint"]
 
 POINTS = (
     "before_call_started",   # nothing recorded yet
@@ -24,6 +24,9 @@ POINTS = (
     "after_sync_call",       # sync call answered, outcome not recorded
 )
 
+# The reconciler's: its claim is written (owner + lease), nothing handled yet.
+RECONCILER_POINTS = ("reconciler_after_claim",)
+
 _armed: dict[str, int] = {}
 _passes: dict[str, int] = {}
 
@@ -34,8 +37,9 @@ def arm(spec: str | None) -> None:
     _passes.clear()
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
         name, _, nth = part.partition("@")
-        if name not in POINTS:
-            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        if name not in POINTS + RECONCILER_POINTS:
+            known = ", ".join(POINTS + RECONCILER_POINTS)
+            raise ValueError(f"unknown failpoint {name!r}; known: {known}")
         _armed[name] = int(nth) if nth else 1
 
 

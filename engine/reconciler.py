@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from engine.calls import upstream_event, utcnow
 from engine.config import CallConfig
 from engine.errors import CallwardenError, DatabaseError
+from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.identity import incarnation
 from engine.reconcile_config import ReconcileConfig
@@ -143,6 +144,8 @@ class Reconciler:
             counts.errors += 1
             return counts
         counts.claimed = len(batch)
+        if batch:
+            failpoint("reconciler_after_claim")
         gate = asyncio.Semaphore(self.config.concurrency)
 
         async def one(item: Claimed) -> None:

@@ -11,7 +11,8 @@ has redelivered its job to a healthy worker and that worker has acked it,
   if not;
 - the call ends where the design says: ``completed``, except a crash between
   ``CallStarted`` and ``TaskCreated`` under the default policy, or after a sync call, which
-  leaves a ``created`` call for the reconciler to sweep and refund;
+  leaves a ``created`` call — which the reconciler then sweeps and refunds, exactly once,
+  without creating anything;
 - the projection columns equal the fold of the log (``verify_job == []``).
 
 Each case: the simulator runs in this process; worker 1 (``CALLWARDEN_FAILPOINTS=<point>``)
@@ -26,17 +27,22 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 
+from engine.db import open_pool
 from engine.failpoints import POINTS
 from engine.jobs import create_job
 from engine.queue import input_data
+from engine.reconciler import Reconciler
 from engine.replay import verify_job
 from engine.store import Conn
 from providers.simulator.core import RunningSimulator
+from providers.storage import LocalFolderStore
 from tests.acceptance.conftest import Workers
 
 VISIBILITY_S = 1.0
@@ -135,7 +141,7 @@ async def _facts(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
 @pytest.mark.parametrize(("kind", "point", "policy"), CASES,
                          ids=[f"{k}-{p}-{pol}" for k, p, pol in CASES])
 async def test_worker_killed_at_failpoint_recovers_on_redelivery(
-        conn: Conn, workers: Workers, sim: RunningSimulator, tmp_path: Any, kind: str,
+        db_url: str, conn: Conn, workers: Workers, sim: RunningSimulator, tmp_path: Any, kind: str,
         point: str, policy: str) -> None:
     job = await create_job(conn, input_data=input_data(kind, REQUESTS[kind]), credits=10)
     args = _args(kind, policy, tmp_path)
@@ -158,6 +164,22 @@ async def test_worker_killed_at_failpoint_recovers_on_redelivery(
     assert facts["queue_deliveries"] == 2
     media = want.state == "completed" and kind != "anthropic-sync"
     assert facts["assets"] == (1 if media else 0)
+    assert await verify_job(conn, job) == []
+    if want.state == "created":  # left for the reconciler: it sweeps and refunds, once
+        await _reconciler_sweeps(db_url, sim, tmp_path, conn, job, want.creates, kind)
+
+
+async def _reconciler_sweeps(db_url: str, sim: RunningSimulator, tmp: Any, conn: Conn,
+                             job: uuid.UUID, creates: int, kind: str) -> None:
+    async with open_pool(db_url, max_size=2) as pool, aiohttp.ClientSession() as http:
+        reconciler = Reconciler(pool, http, sim.settings, LocalFolderStore(tmp / "rec"))
+        counts = await reconciler.reconcile_once(datetime.now(UTC) + timedelta(hours=2))
+    assert counts.swept == 1
+    facts = await _facts(conn, job)
+    assert (facts["call_state"], facts["credits"], facts["settlements"]) == (
+        "swept", ["refunded"], 1)
+    provider, route = CREATE_ROUTE[kind]
+    assert sim.sim.journal.count(provider, route) == creates  # sweeping never creates
     assert await verify_job(conn, job) == []
 
 
