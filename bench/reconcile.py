@@ -40,9 +40,8 @@ from psycopg.rows import dict_row
 from rich.console import Console
 
 from engine.calls import CallRunner, utcnow
-from engine.cli_reconcile import open_checked_pool
 from engine.config import CallConfig
-from engine.db import connect
+from engine.db import connect, open_pool
 from engine.queries import QUERIES
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Counts, Reconciler
@@ -79,7 +78,7 @@ async def load_rows(url: str, rows: int) -> None:
 
 async def make_stale(url: str, settings: ProviderSettings, n: int) -> list[uuid.UUID]:
     """``n`` calls whose worker recorded CallStarted + TaskCreated 30 min ago and died."""
-    async with aiohttp.ClientSession() as http, open_checked_pool(url, 8) as pool:
+    async with aiohttp.ClientSession() as http, open_pool(url, max_size=8, check=True) as pool:
         client = cast(AsyncKindClient, client_for("kie-standard", http, settings))
         async with pool.connection() as conn:
             rows = await (await conn.execute(STALE_JOBS_SQL, {"n": n})).fetchall()
@@ -112,7 +111,7 @@ def _seq_scans(plan: dict[str, Any]) -> int:
 
 async def claim_cost(url: str, repeats: int = 30) -> dict[str, Any]:
     """Claim statement timings, each claim rolled back so every repeat sees the same rows."""
-    async with open_checked_pool(url, 1) as pool, aiohttp.ClientSession() as http:
+    async with open_pool(url, max_size=1, check=True) as pool, aiohttp.ClientSession() as http:
         r = Reconciler(pool, http, ProviderSettings(), LocalFolderStore(Path("/tmp")))
         params = r.claim_params(utcnow())
     conn = await AsyncConnection.connect(url, row_factory=dict_row)
@@ -141,7 +140,7 @@ async def reconciler_role(url: str, sim_url: str, media: str) -> None:
     """One reconciler process: passes until a pass claims nothing; JSON totals out."""
     settings = ProviderSettings.for_simulator(sim_url)
     total, start, end = Counts(), time.time(), time.time()
-    async with open_checked_pool(url, 10) as pool, aiohttp.ClientSession() as http:
+    async with open_pool(url, max_size=10, check=True) as pool, aiohttp.ClientSession() as http:
         r = Reconciler(pool, http, settings, LocalFolderStore(Path(media)))
         while True:
             c = await r.reconcile_once()
@@ -177,7 +176,7 @@ async def throughput(url: str, sim_url: str, jobs: list[uuid.UUID], processes: i
 
 async def worker_role(url: str, sim_url: str, media: str, job: str, beat_s: float) -> None:
     config = CallConfig(heartbeat_every_s=beat_s, poll_interval_s={"kie-standard": beat_s})
-    async with open_checked_pool(url, 2) as pool, aiohttp.ClientSession() as http:
+    async with open_pool(url, max_size=2, check=True) as pool, aiohttp.ClientSession() as http:
         runner = CallRunner(pool, http, ProviderSettings.for_simulator(sim_url),
                             LocalFolderStore(Path(media)), config=config)
         await runner.run(uuid.UUID(job), "kie-standard", {
@@ -213,7 +212,7 @@ async def recovery_latency(url: str, sim: Any, scale: float, media: str) -> floa
     sim.sim.clock.advance(3600)  # upstream finishes while the worker is dead
     config = ReconcileConfig(heartbeat_timeout_s=60 * scale, scan_interval_s=30 * scale)
     stop = asyncio.Event()
-    async with open_checked_pool(url, 4) as pool, aiohttp.ClientSession() as http:
+    async with open_pool(url, max_size=4, check=True) as pool, aiohttp.ClientSession() as http:
         r = Reconciler(pool, http, sim.settings, LocalFolderStore(Path(media)), config=config)
         loop = asyncio.create_task(r.run(stop))
         done = await _wait_for(url, "SELECT 1 FROM jobs WHERE id = %s "

@@ -21,19 +21,16 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
-from psycopg import AsyncConnection
-from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool
 from rich.console import Console
 from rich.table import Table
 
-from engine.db import default_data_dir
+from engine.db import default_data_dir, open_pool
 from engine.reconcile_config import load_config
 from engine.reconciler import Counts, Reconciler
 from providers.base import ProviderSettings
 from providers.storage import store_from_env
 
-__all__ = ["open_checked_pool", "register"]
+__all__ = ["register"]
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -45,16 +42,6 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
     p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
     p.set_defaults(handler=handler)
-
-
-def open_checked_pool(url: str, size: int) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
-    """A pool that checks a connection before lending it: one the server dropped is
-    replaced instead of failing the next statement."""
-    return AsyncConnectionPool(
-        url, min_size=1, max_size=size, open=False,
-        kwargs={"autocommit": True, "row_factory": dict_row},
-        connection_class=AsyncConnection[DictRow],
-        check=AsyncConnectionPool.check_connection)
 
 
 def _log_to_stderr() -> None:
@@ -82,7 +69,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     _log_to_stderr()
     store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
-    async with open_checked_pool(url, config.concurrency + 2) as pool, \
+    async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
                                 config=config)

@@ -63,11 +63,14 @@ async def connect(url: str) -> AsyncConnection[DictRow]:
     return await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
 
 
-def open_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> AsyncConnectionPool[
-        AsyncConnection[DictRow]]:
-    """An (unopened) pool of autocommit dict-row connections; use ``async with``."""
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
+              check: bool = False) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+    """An (unopened) pool of autocommit dict-row connections; use ``async with``.
+    ``check``: test each connection before lending it (one round trip), so one the server
+    dropped is replaced instead of failing the next statement — for long-lived loops."""
     return AsyncConnectionPool(
         url, min_size=min_size, max_size=max_size, open=False,
         kwargs={"autocommit": True, "row_factory": dict_row},
         connection_class=AsyncConnection[DictRow],
+        check=AsyncConnectionPool.check_connection if check else None,
     )

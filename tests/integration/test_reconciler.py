@@ -16,7 +16,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from engine.calls import upstream_event, utcnow
-from engine.cli_reconcile import open_checked_pool
+from engine.db import open_pool
 from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.queries import QUERIES
@@ -55,7 +55,7 @@ NOW_SCRIPT: dict[str, Any] = {"steps": [], "end": "succeeded"}
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[Pool]:
     url = make_conninfo(db_url, application_name="cw-reconciler-test")
-    async with open_checked_pool(url, 6) as p:
+    async with open_pool(url, max_size=6, check=True) as p:
         yield p
 
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from engine.calls import CallRunner, utcnow
-from engine.cli_reconcile import open_checked_pool
+from engine.db import open_pool
 from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.reconcile_config import ReconcileConfig
@@ -42,8 +42,9 @@ async def no_sleep(_: float) -> None:
 @pytest.fixture
 async def pools(db_url: str) -> AsyncIterator[tuple[Pool, Pool, Pool]]:
     """One pool per actor: two reconcilers and a worker, as separate processes would be."""
-    async with open_checked_pool(db_url, 4) as a, open_checked_pool(db_url, 4) as b, \
-            open_checked_pool(db_url, 4) as w:
+    async with open_pool(db_url, max_size=4, check=True) as a, \
+            open_pool(db_url, max_size=4, check=True) as b, \
+            open_pool(db_url, max_size=4, check=True) as w:
         yield a, b, w
 
 
