@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.db import default_data_dir, open_pool
+from engine.metrics import start_metrics_server
 from engine.reconcile_config import load_config
 from engine.reconciler import Counts, Reconciler
 from providers.base import ProviderSettings
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("reconcile", help="find stuck calls and settle them")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="expose this process's Prometheus /metrics on 127.0.0.1:N")
     p.add_argument("--once", action="store_true", help="run one pass, print its counts")
     p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
     p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
@@ -68,6 +71,8 @@ def _print(counts: Counts, as_json: bool) -> None:
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     _log_to_stderr()
+    if args.metrics_port is not None:
+        start_metrics_server(args.metrics_port)
     store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
     async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:

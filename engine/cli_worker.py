@@ -23,6 +23,7 @@ from engine.config import AmbiguousCreate, CallConfig
 from engine.db import connect, default_data_dir
 from engine.errors import ConfigError
 from engine.jobs import create_job
+from engine.metrics import start_metrics_server
 from engine.queue import input_data
 from engine.worker import run_worker
 from providers.base import ProviderSettings
@@ -63,6 +64,8 @@ def _register_worker(sub: Any) -> None:
     w.add_argument("--poll-budget", type=float, default=None, metavar="S",
                    help="give up polling after S seconds, every kind (the reconciler "
                         "takes over; default: the kind's)")
+    w.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="expose this process's Prometheus /metrics on 127.0.0.1:N")
     w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S")
     w.add_argument("--heartbeat-every", type=float, default=10.0, metavar="S")
     w.set_defaults(handler=_worker)
@@ -117,6 +120,9 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
     if args.concurrency < 1 or args.visibility <= 0 or args.poll_empty <= 0:
         raise ConfigError("--concurrency must be >= 1, --visibility and --poll-empty > 0")
     config = call_config(args)
+    if args.metrics_port is not None:
+        _, port = start_metrics_server(args.metrics_port)
+        logging.getLogger("callwarden.worker").info("metrics on 127.0.0.1:%d/metrics", port)
     data_dir = args.data_dir or default_data_dir()
     store = store_from_env(_media_env(args), default_dir=data_dir / "media")
     stop = asyncio.Event()

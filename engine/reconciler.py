@@ -37,6 +37,7 @@ from engine.errors import CallwardenError, DatabaseError
 from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.identity import incarnation
+from engine.metrics import record_reconcile
 from engine.reconcile_config import ReconcileConfig
 from engine.reconcile_decide import (
     Action,
@@ -254,9 +255,11 @@ class Reconciler:
             log.info("job %s: %s skipped: the call moved to %s meanwhile", job,
                      type(event).__name__, state)
             counts.lost_race += 1
+            record_reconcile(p.provider_kind, "lost_race")
             return None
         log.info("job %s: %s", job, what)
         counts.bump(count)
+        record_reconcile(p.provider_kind or r.projection.provider_kind, count)
         return r
 
     async def _finalize(self, job: uuid.UUID, counts: Counts) -> None:
@@ -268,6 +271,7 @@ class Reconciler:
                                   self._event_clock(), counts, count="errors")
         else:
             counts.bump(_FINALIZE_COUNT[done.outcome])
+            record_reconcile(done.projection.provider_kind, _FINALIZE_COUNT[done.outcome])
 
     async def _poll(self, job: uuid.UUID, p: CallProjection, action: PollUpstream,
                     now: datetime, counts: Counts) -> None:

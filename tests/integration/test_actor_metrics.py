@@ -1,0 +1,82 @@
+"""Workers and reconcilers count what they do in their own /metrics: every append through
+the store (transitions, settlements) and every reconcile outcome, scraped over HTTP from
+the process's metrics port."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.calls import CallRunner
+from engine.db import open_pool
+from engine.finalize import Pool
+from engine.jobs import create_job
+from engine.metrics import start_metrics_server
+from engine.reconciler import Reconciler
+from engine.store import Conn, append, load
+from events.types import CallStarted
+from providers.simulator.core import RunningSimulator
+from providers.storage import LocalFolderStore
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[Pool]:
+    async with open_pool(db_url, max_size=4) as p:
+        yield p
+
+
+async def _scrape(http: aiohttp.ClientSession, port: int) -> dict[tuple[str, frozenset[
+        tuple[str, str]]], float]:
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = await resp.text()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+async def test_worker_and_reconciler_outcomes_are_counted(
+        conn: Conn, pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path) -> None:
+    server, port = start_metrics_server(0)
+    try:
+        before = await _scrape(http, port)
+        job = await create_job(conn)
+
+        async def no_sleep(_: float) -> None:
+            await asyncio.sleep(0)
+
+        runner = CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path),
+                            sleep=no_sleep)
+        assert (await runner.run(job, "anthropic-sync", {
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        )).result == "completed"
+        stale = await create_job(conn)
+        await append(conn, stale, await load(conn, stale), CallStarted(
+            at=datetime.now(UTC) - timedelta(hours=1), actor="worker:dead",
+            kind="kie-llm", sync=True))
+        counts = await Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path)
+                                  ).reconcile_once()
+        assert counts.swept == 1
+        after = await _scrape(http, port)
+    finally:
+        server.shutdown()
+
+    def grew(name: str, **labels: str) -> float:
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    # CallStarted, UpstreamSucceeded, FinalizeClaimed, Completed
+    assert grew("callwarden_transitions_total", kind="anthropic-sync") == 4
+    assert grew("callwarden_settlements_total", settlement="committed") >= 1
+    assert grew("callwarden_settlements_total", settlement="refunded") >= 1
+    assert grew("callwarden_reconcile_outcomes_total", kind="kie-llm") >= 1
