@@ -40,6 +40,9 @@ import msgspec
 
 from engine.reconcile_config import ReconcileConfig
 from events.states import NON_TERMINAL, CallState
+from events.types import Adopted
+from projections.columns import from_row
+from projections.fold import CallProjection, apply
 from providers.kinds import KINDS
 
 __all__ = [
@@ -62,31 +65,21 @@ LEGACY_KIND = "legacy"  # the kind recorded when adopting a row that names none
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
-    """A claimed ``jobs`` row: the projection fields the decision needs, the heartbeat, and
-    the host's own columns (for rows with no events)."""
+    """A claimed ``jobs`` row: the call as stored (``call``, the same projection every
+    writer folds onto; its ``status`` is the host's column), the heartbeat, and the host's
+    own timestamps (to age rows with no events)."""
 
     id: uuid.UUID
-    status: str
-    call_state: CallState | None = None
-    call_version: int = 0
-    provider_kind: str | None = None
-    provider_task_id: str | None = None
-    provider_call_started_at: datetime | None = None
-    call_sync: bool = False
-    reconcile_attempts: int = 0
-    reconcile_last_error: str | None = None
-    reconcile_next_at: datetime | None = None
-    finalize_lease_until: datetime | None = None
+    call: CallProjection
     heartbeat_at: datetime | None = None
     started_at: datetime | None = None
     created_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Candidate:
-        fields = {f: row[f] for f in cls.__struct_fields__ if f in row}
-        state = fields.get("call_state")
-        fields["call_state"] = CallState(state) if state is not None else None
-        return cls(**fields)
+        """From a row with the ``load_projection`` columns plus heartbeat and timestamps."""
+        return cls(id=row["id"], call=from_row(row), heartbeat_at=row.get("heartbeat_at"),
+                   started_at=row.get("started_at"), created_at=row.get("created_at"))
 
 
 class Skip(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -140,12 +133,12 @@ def _known(kind: str | None) -> bool:
 
 def _age_threshold(row: Candidate, config: ReconcileConfig) -> tuple[datetime | None, float]:
     """(when the call started, its threshold in seconds)."""
-    if row.provider_call_started_at is None:
+    if row.call.provider_call_started_at is None:
         return row.started_at or row.created_at, config.legacy_threshold_s
-    if _known(row.provider_kind):
-        assert row.provider_kind is not None
-        return row.provider_call_started_at, config.threshold_for(row.provider_kind)
-    return row.provider_call_started_at, config.legacy_threshold_s
+    if _known(row.call.provider_kind):
+        assert row.call.provider_kind is not None
+        return row.call.provider_call_started_at, config.threshold_for(row.call.provider_kind)
+    return row.call.provider_call_started_at, config.legacy_threshold_s
 
 
 def _heartbeat_fresh(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
@@ -164,60 +157,62 @@ def is_stale(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
 
 def decide(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:
     """The action for ``row`` at ``now`` (see the module's decision table)."""
-    if row.call_state is None:
+    if row.call.state is None:
         return _decide_unadopted(row, now, config)
-    if row.call_state not in NON_TERMINAL:
+    if row.call.state not in NON_TERMINAL:
         return Skip(reason="terminal")
-    if row.status == "cancelled":
+    if row.call.status == "cancelled":
         return Cancel()
-    if row.reconcile_next_at is not None and now < row.reconcile_next_at:
+    if row.call.reconcile_next_at is not None and now < row.call.reconcile_next_at:
         return Skip(reason="next attempt not due")
     if _heartbeat_fresh(row, now, config):
         return Skip(reason="heartbeat fresh")
-    if row.call_state is CallState.FINALIZING and _lease_live(row, now):
+    if row.call.state is CallState.FINALIZING and _lease_live(row, now):
         return Skip(reason="finalization lease held")
     if not is_stale(row, now, config):
         return Skip(reason="not stale yet")
-    if row.call_state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
+    if row.call.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
         return Finalize()
-    if row.reconcile_attempts >= config.attempt_cap:
-        return Exhaust(attempts=row.reconcile_attempts, last_error=row.reconcile_last_error)
+    if row.call.reconcile_attempts >= config.attempt_cap:
+        return Exhaust(attempts=row.call.reconcile_attempts,
+                       last_error=row.call.reconcile_last_error)
     return _recover(row)
 
 
 def _lease_live(row: Candidate, now: datetime) -> bool:
-    return row.finalize_lease_until is not None and now < row.finalize_lease_until
+    return row.call.finalize_lease_until is not None and now < row.call.finalize_lease_until
 
 
 def _recover(row: Candidate) -> Sweep | PollUpstream:
     """A created/polling call: poll it if it can be polled, else sweep it."""
-    kind = row.provider_kind
+    kind = row.call.provider_kind
     if kind is None or kind not in KINDS:
         return Sweep(why=f"unknown provider_kind {kind!r}")
-    if row.call_sync or not KINDS[kind].is_async:
+    if row.call.call_sync or not KINDS[kind].is_async:
         return Sweep(why="sync call: nothing to poll")
-    if row.provider_task_id is None:
+    if row.call.provider_task_id is None:
         return Sweep(why="no task id past threshold")
-    return PollUpstream(kind=kind, task_id=row.provider_task_id,
-                        call_started_at=row.provider_call_started_at)
+    return PollUpstream(kind=kind, task_id=row.call.provider_task_id,
+                        call_started_at=row.call.provider_call_started_at)
 
 
 def _decide_unadopted(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:
-    if row.status not in ("pending", "processing"):
-        return Skip(reason=f"host status {row.status}")
+    if row.call.status not in ("pending", "processing"):
+        return Skip(reason=f"host status {row.call.status}")
     started, _ = _age_threshold(row, config)
     if started is None or not is_stale(row, now, config):
         return Skip(reason="not stale yet")
-    kind = row.provider_kind or LEGACY_KIND
+    kind = row.call.provider_kind or LEGACY_KIND
     sync = _known(kind) and not KINDS[kind].is_async
-    adopted = msgspec.structs.replace(
-        row, call_state=CallState.POLLING if row.provider_task_id else CallState.CREATED,
-        call_version=1, provider_kind=kind, provider_call_started_at=started, call_sync=sync,
-        heartbeat_at=None)
+    adopt = Adopt(kind=kind, task_id=row.call.provider_task_id, call_started_at=started,
+                  observed_status=row.call.status or "pending", sync=sync, then=Skip(reason=""))
+    event = Adopted(at=now, actor="reconciler", kind=kind, task_id=adopt.task_id,
+                    call_started_at=started, observed_status=adopt.observed_status, sync=sync)
+    # Decide on the call as it will be once Adopted is recorded: the same fold.
+    adopted = msgspec.structs.replace(row, call=apply(row.call, event), heartbeat_at=None)
     then = decide(adopted, now, config)
     assert isinstance(then, Sweep | PollUpstream | Exhaust | Skip)
-    return Adopt(kind=kind, task_id=row.provider_task_id, call_started_at=started,
-                 observed_status=row.status, sync=sync, then=then)
+    return msgspec.structs.replace(adopt, then=then)
 
 
 def next_scan_delay(config: ReconcileConfig, u: float) -> float:

@@ -55,7 +55,6 @@ from engine.reconcile_decide import (
 from engine.store import AppendResult, Conn, append, execute
 from events.states import InvalidTransition
 from events.types import Adopted, Cancelled, Event, Exhausted, ReconcileAttempted, Swept
-from projections.columns import from_row
 from projections.fold import CallProjection
 from providers.base import AsyncKindClient, ProviderSettings
 from providers.errors import MediaExpired, ProviderError, TaskNotFound
@@ -63,7 +62,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import client_for
 from providers.storage import MediaStore
 
-__all__ = ["Claimed", "Counts", "Reconciler", "Signal"]
+__all__ = ["Counts", "Reconciler", "Signal"]
 
 log = logging.getLogger("callwarden.reconcile")
 
@@ -97,11 +96,6 @@ class Counts(msgspec.Struct, kw_only=True):
 
     def bump(self, name: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
-
-
-class Claimed(msgspec.Struct, frozen=True, kw_only=True):
-    candidate: Candidate
-    projection: CallProjection
 
 
 class Reconciler:
@@ -149,7 +143,7 @@ class Reconciler:
             failpoint("reconciler_after_claim")
         gate = asyncio.Semaphore(self.config.concurrency)
 
-        async def one(item: Claimed) -> None:
+        async def one(item: Candidate) -> None:
             async with gate:
                 await self._handle(item, now, counts)
 
@@ -171,23 +165,23 @@ class Reconciler:
             "heartbeat_timeout_s": c.heartbeat_timeout_s, "batch_size": c.batch_size,
         }
 
-    async def claim(self, now: datetime) -> list[Claimed]:
+    async def claim(self, now: datetime) -> list[Candidate]:
         """Claim up to ``batch_size`` stale calls for this owner (one statement)."""
         async with self.pool.connection() as conn:
             rows = await execute(conn, "reconcile_claim", self.claim_params(now))
-        return [Claimed(candidate=Candidate.from_row(r), projection=from_row(r)) for r in rows]
+        return [Candidate.from_row(r) for r in rows]
 
-    async def _handle(self, item: Claimed, now: datetime, counts: Counts) -> None:
-        job = item.candidate.id
+    async def _handle(self, item: Candidate, now: datetime, counts: Counts) -> None:
+        job = item.id
         try:
             await self._signal("claimed", job)
             if not await self._renew(job, now):
                 log.info("job %s: claim lost to another reconciler", job)
                 counts.lost_race += 1
                 return
-            action = decide(item.candidate, now, self.config)
+            action = decide(item, now, self.config)
             await self._signal("decided", job)
-            await self._act(job, item.projection, action, now, counts)
+            await self._act(job, item.call, action, now, counts)
         except (CallwardenError, InvalidTransition) as exc:
             log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
             counts.errors += 1

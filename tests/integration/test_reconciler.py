@@ -383,4 +383,4 @@ async def test_claim_is_served_by_partial_indexes_not_by_the_size_of_jobs(
     assert {"jobs_open_calls_idx", "jobs_inflight_idx"} <= {name for _, name in scans}
     claimed = await reconciler.claim(now)
     assert len(claimed) == 20  # one batch, from the 50 open calls only
-    assert {c.candidate.call_state for c in claimed} == {CallState.POLLING}
+    assert {c.call.state for c in claimed} == {CallState.POLLING}

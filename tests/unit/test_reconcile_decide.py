@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 from hypothesis import given
@@ -28,6 +29,7 @@ from engine.reconcile_decide import (
     next_scan_delay,
 )
 from events.states import LEGAL, CallState
+from projections.fold import CallProjection
 from providers.kinds import KINDS
 
 NOW = datetime(2026, 5, 19, 12, 0, tzinfo=UTC)
@@ -39,12 +41,23 @@ def ago(seconds: float) -> datetime:
     return NOW - timedelta(seconds=seconds)
 
 
-def row(**kw: object) -> Candidate:
-    base: dict[str, object] = {
+_CALL = {"call_state": "state", "call_version": "version"}
+_HOST = ("id", "heartbeat_at", "started_at", "created_at")
+
+
+def cand(**kw: Any) -> Candidate:
+    """A candidate from flat row columns (``call_state``, ``status``, ``heartbeat_at``...)."""
+    call = {_CALL.get(k, k): v for k, v in kw.items() if k not in _HOST}
+    host = {k: v for k, v in kw.items() if k in _HOST}
+    return Candidate(**host, call=CallProjection(**call))
+
+
+def row(**kw: Any) -> Candidate:
+    base: dict[str, Any] = {
         "id": uuid.UUID(int=1), "status": "processing", "call_state": S.POLLING,
         "call_version": 2, "provider_kind": "kie-standard", "provider_task_id": "t1",
         "provider_call_started_at": ago(11 * 60), "created_at": ago(12 * 60)}
-    return Candidate(**{**base, **kw})  # type: ignore[arg-type]
+    return cand(**{**base, **kw})
 
 
 # -- the table, row by row ----------------------------------------------------------------
@@ -154,8 +167,11 @@ def test_decision_module_imports_no_io_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def msgspec_replace(c: Candidate, **kw: object) -> Candidate:
-    return msgspec.structs.replace(c, **kw)
+def msgspec_replace(c: Candidate, **kw: Any) -> Candidate:
+    """``c`` with flat columns replaced (call fields go to the stored projection)."""
+    call = {_CALL.get(k, k): v for k, v in kw.items() if k not in _HOST}
+    host = {k: v for k, v in kw.items() if k in _HOST}
+    return msgspec.structs.replace(c, **host, call=msgspec.structs.replace(c.call, **call))
 
 
 # -- properties ---------------------------------------------------------------------------
@@ -163,7 +179,7 @@ def msgspec_replace(c: Candidate, **kw: object) -> Candidate:
 _times = st.one_of(st.none(), st.integers(-600, 3 * 3600).map(ago))
 _kinds = st.one_of(st.none(), st.sampled_from([*KINDS, "midjourney"]))
 candidates = st.builds(
-    Candidate, id=st.just(uuid.UUID(int=7)),
+    cand, id=st.just(uuid.UUID(int=7)),
     status=st.sampled_from(["pending", "processing", "completed", "failed", "cancelled"]),
     call_state=st.one_of(st.none(), st.sampled_from(list(CallState))),
     call_version=st.integers(0, 40), provider_kind=_kinds,
@@ -188,7 +204,7 @@ def test_every_decision_is_legal_in_the_state_machine(c: Candidate) -> None:
     row with no events is adopted first (``Adopted`` from ∅), and what follows adoption is
     legal from the adopted state. The reconciler never asks for an illegal transition."""
     action = decide(c, NOW, CFG)
-    state = c.call_state
+    state = c.call.state
     if isinstance(action, Adopt):
         assert state is None
         assert (None, "Adopted") in LEGAL
@@ -204,8 +220,8 @@ def test_a_live_or_not_yet_due_call_is_never_acted_on(c: Candidate) -> None:
     """Invariant: a call with events whose heartbeat is fresh, or whose next attempt is
     not due, is left alone."""
     fresh = c.heartbeat_at is not None and NOW - c.heartbeat_at < timedelta(seconds=60)
-    not_due = c.reconcile_next_at is not None and c.reconcile_next_at > NOW
-    if c.call_state is not None and (fresh or not_due) and c.status != "cancelled":
+    not_due = c.call.reconcile_next_at is not None and c.call.reconcile_next_at > NOW
+    if c.call.state is not None and (fresh or not_due) and c.call.status != "cancelled":
         assert isinstance(decide(c, NOW, CFG), Skip)
 
 
@@ -216,7 +232,7 @@ def test_an_abandoned_open_call_is_always_acted_on(c: Candidate) -> None:
     threshold is never skipped — so no dead worker's call stays open forever."""
     c = msgspec_replace(c, heartbeat_at=None, reconcile_next_at=None,
                         finalize_lease_until=None, provider_call_started_at=ago(3 * 3600))
-    if c.call_state in (S.CREATED, S.POLLING, S.UPSTREAM_SUCCEEDED, S.FINALIZING):
+    if c.call.state in (S.CREATED, S.POLLING, S.UPSTREAM_SUCCEEDED, S.FINALIZING):
         assert not isinstance(decide(c, NOW, CFG), Skip)
 
 
