@@ -91,3 +91,10 @@ async def conn(db_url: str) -> AsyncIterator[Conn]:
     c = await connect(db_url)
     async with c:
         yield c
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``deep`` profile runs far longer than the default per-test timeout allows."""
+    if os.environ.get("HYPOTHESIS_PROFILE") == "deep":
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
