@@ -54,7 +54,11 @@ def _simulator(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="callwarden", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="callwarden",
+        description="Durable, recoverable, billed-exactly-once calls to external AI "
+                    "providers, on Postgres. Start with `callwarden demo`.",
+        epilog="With DATABASE_URL unset, an embedded Postgres runs in --data-dir.")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="embedded Postgres data folder (ignored when DATABASE_URL is set)")
     sub = p.add_subparsers(dest="command", required=True)
