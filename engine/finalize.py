@@ -39,11 +39,9 @@ from events.types import (
 )
 from projections.fold import CallProjection
 from providers.base import ProviderSettings
-from providers.elevenlabs import media_auth_headers
 from providers.errors import MediaExpired, ProviderError, StorageError
-from providers.kinds import KINDS
-from providers.media import DEFAULT_MEDIA_TYPES as _DEFAULT_TYPES
 from providers.media import download
+from providers.registry import media_fetch_for
 from providers.storage import MediaStore, ObjectNotFound, media_key
 
 __all__ = ["Clock", "FinalizeResult", "Finalizer"]
@@ -111,13 +109,12 @@ class Finalizer:
         prestored = result.raw.get("prestored_keys")
         if isinstance(prestored, list):
             return tuple([await self._head(str(k)) for k in prestored])
-        headers = self._auth_headers(p.provider_kind)
+        fetch = media_fetch_for(p.provider_kind, self.settings)
         out = []
         for index, url in enumerate(result.media_urls):
             got = await download(self.session, url, max_bytes=self.config.media_max_bytes,
-                                 timeout_s=self.config.media_timeout_s, headers=headers,
-                                 allowed_types=None if p.provider_kind == "replicate-training"
-                                 else _DEFAULT_TYPES)
+                                 timeout_s=self.config.media_timeout_s, headers=fetch.headers,
+                                 allowed_types=fetch.allowed_types)
             key = media_key(str(job_id), index, got.content_type)
             obj = await self.store.put(key, got.data, got.content_type)
             out.append(StoredMedia(key=obj.key, url=obj.uri, content_type=obj.content_type,
@@ -131,11 +128,6 @@ class Finalizer:
             raise MediaExpired(f"inline result {key} was never stored") from exc
         return StoredMedia(key=obj.key, url=obj.uri, content_type=obj.content_type,
                            size=obj.size)
-
-    def _auth_headers(self, kind: str | None) -> dict[str, str] | None:
-        if kind is not None and KINDS.get(kind) and KINDS[kind].provider == "elevenlabs":
-            return media_auth_headers(self.settings.elevenlabs)
-        return None
 
     async def _give_up(self, job_id: uuid.UUID, outcome: Outcome,
                        event: FinalizeFailed | UpstreamFailed) -> FinalizeResult:

@@ -50,3 +50,15 @@ def test_fourteen_kinds_with_the_seed_thresholds() -> None:
     for spec in KINDS.values():
         if spec.result_url_lifetime_s is not None:
             assert spec.stale_threshold_s < spec.result_url_lifetime_s
+
+
+def test_media_fetch_options_come_from_the_kind() -> None:
+    from providers.media import DEFAULT_MEDIA_TYPES
+    from providers.registry import media_fetch_for
+
+    settings = ProviderSettings.for_simulator("http://127.0.0.1:1", api_key="k")
+    assert media_fetch_for("elevenlabs-async", settings).headers == {"xi-api-key": "k"}
+    assert media_fetch_for("replicate-training", settings).allowed_types is None
+    plain = media_fetch_for("kie-standard", settings)
+    assert (plain.headers, plain.allowed_types) == (None, DEFAULT_MEDIA_TYPES)
+    assert media_fetch_for("midjourney", settings).headers is None
