@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from decimal import Decimal
 
 import msgspec
 from psycopg.rows import DictRow
@@ -16,6 +15,7 @@ from engine.errors import JobNotFound
 from engine.replay import load_events
 from engine.store import Conn, execute
 from events.codec import EventDecodeError
+from projections.columns import as_float
 from projections.stats import (
     KindStale,
     KindState,
@@ -47,14 +47,10 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     reservations: list[Reservation]
 
 
-def _num(value: Decimal | float | None) -> float | None:
-    return None if value is None else float(value)
-
-
 async def _reservations(conn: Conn, job_id: uuid.UUID) -> list[Reservation]:
     rows = await execute(conn, "audit_reservations", {"job_id": job_id})
     return [Reservation(status=r["status"], credits_reserved=float(r["credits_reserved"]),
-                        credits_charged=_num(r["credits_charged"]), settled_at=r["settled_at"])
+                        credits_charged=as_float(r["credits_charged"]), settled_at=r["settled_at"])
             for r in rows]
 
 

@@ -12,6 +12,7 @@ from engine.queries import QUERIES
 from engine.store import Conn, execute
 from engine.verify_batch import verify
 from events.states import TERMINAL
+from projections.columns import as_float
 
 __all__ = ["Credits", "DemoSummary", "install_audit", "summarize"]
 
@@ -51,7 +52,7 @@ async def install_audit(conn: Conn) -> None:
 
 
 def _f(value: Decimal | float | None) -> float:
-    return float(value) if value is not None else 0.0
+    return as_float(value) or 0.0
 
 
 async def _credits(conn: Conn) -> tuple[Credits, int, int]:

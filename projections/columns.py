@@ -17,7 +17,7 @@ from events.states import CallState
 from events.types import StoredMedia, UpstreamResult
 from projections.fold import CallProjection
 
-__all__ = ["from_row", "output_data", "to_columns"]
+__all__ = ["as_float", "from_row", "output_data", "to_columns"]
 
 _enc = msgspec.json.Encoder()
 _result_dec = msgspec.json.Decoder(UpstreamResult)
@@ -60,6 +60,11 @@ def to_columns(p: CallProjection) -> dict[str, Any]:
     }
 
 
+def as_float(value: Decimal | float | None) -> float | None:
+    """A ``numeric`` column as a float (``None`` stays ``None``)."""
+    return None if value is None else float(value)
+
+
 def _media(raw: str | None) -> tuple[StoredMedia, ...] | None:
     if raw is None:
         return None
@@ -72,7 +77,6 @@ def _media(raw: str | None) -> tuple[StoredMedia, ...] | None:
 def from_row(row: Mapping[str, Any]) -> CallProjection:
     """The projection stored in a ``jobs`` row (as read by ``load_projection``)."""
     state = row["call_state"]
-    cost = row["provider_cost"]
     result = row["upstream_result"]
     return CallProjection(
         state=CallState(state) if state is not None else None,
@@ -90,7 +94,7 @@ def from_row(row: Mapping[str, Any]) -> CallProjection:
         finalize_lease_until=row["finalize_lease_until"],
         upstream_result=_result_dec.decode(result) if result is not None else None,
         output_media=_media(row["output_data"]),
-        provider_cost=float(cost) if isinstance(cost, Decimal | int | float) else None,
+        provider_cost=as_float(row["provider_cost"]),
         call_finished_at=row["call_finished_at"],
         settlement=row["call_settlement"],
     )

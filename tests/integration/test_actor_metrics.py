@@ -4,7 +4,6 @@ the process's metrics port."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +22,7 @@ from engine.store import Conn, append, load
 from events.types import CallStarted
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
+from tests.support import no_sleep
 
 
 @pytest.fixture
@@ -52,9 +52,6 @@ async def test_worker_and_reconciler_outcomes_are_counted(
     try:
         before = await _scrape(http, port)
         job = await create_job(conn)
-
-        async def no_sleep(_: float) -> None:
-            await asyncio.sleep(0)
 
         runner = CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path),
                             sleep=no_sleep)

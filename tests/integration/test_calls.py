@@ -3,7 +3,6 @@ local media store. (Crashes with SIGKILL are in tests/acceptance.)"""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -24,12 +23,10 @@ from events.states import CallState
 from events.types import CallStarted, TaskCreated
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
+from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
 
-
-async def no_sleep(_: float) -> None:
-    await asyncio.sleep(0)
 
 
 @pytest.fixture

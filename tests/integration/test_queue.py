@@ -27,6 +27,7 @@ from engine.store import Conn
 from engine.worker import Worker
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
+from tests.support import no_sleep
 
 KIE = input_data("kie-standard", {"model": "nano-banana-pro", "input": {"prompt": "a cat"}})
 
@@ -108,9 +109,6 @@ async def test_concurrent_claimers_never_get_the_same_job(conn: Conn, db_url: st
 
 # ------------------------------------------------------------------ the worker loop
 
-
-async def no_sleep(_: float) -> None:
-    await asyncio.sleep(0)
 
 
 @pytest.fixture

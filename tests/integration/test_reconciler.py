@@ -30,6 +30,7 @@ from providers.base import AsyncKindClient
 from providers.registry import client_for
 from providers.simulator.core import Fault, RunningSimulator
 from providers.storage import LocalFolderStore
+from tests.support import no_sleep
 
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
 DUB = {"file": b"\x00\x00\x00\x18ftypmp42video", "target_lang": "es", "name": "clip"}
@@ -65,9 +66,6 @@ MakeReconciler = Callable[..., Reconciler]
 @pytest.fixture
 def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
                     tmp_path: Path) -> MakeReconciler:
-    async def no_sleep(_: float) -> None:
-        return None
-
     def make(signal: Signal | None = None, **config: Any) -> Reconciler:
         return Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
                           config=ReconcileConfig(**config), sleep=no_sleep, signal=signal)

@@ -28,15 +28,13 @@ from providers.base import AsyncKindClient
 from providers.registry import client_for
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
+from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro",
                            "input": {"prompt": "a cat", "_sim": {"steps": [],
                                                                  "end": "succeeded"}}}
 DEAD = "worker:dead0000"
 
-
-async def no_sleep(_: float) -> None:
-    await asyncio.sleep(0)
 
 
 @pytest.fixture
