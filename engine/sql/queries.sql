@@ -68,10 +68,7 @@ WITH upd AS (
 )
 SELECT (SELECT count(*) FROM ev) AS appended,
        (SELECT count(*) FROM settle) AS settled,
-       -- only a settling transition needs to tell "no reservation" from "already settled"
-       CASE WHEN %(settle_to)s::text IS NULL THEN 0
-            ELSE (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid)
-       END AS reservations;
+       (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
 
 -- name: load_events
 SELECT seq, type, version, payload::text AS payload, actor, recorded_at
