@@ -66,7 +66,7 @@ from engine.store import execute, load
 from providers.base import AsyncKindClient, ProviderSettings
 from providers.media import download
 from providers.outcomes import Running, Succeeded
-from providers.registry import client_for
+from providers.registry import client_for, media_fetch_for
 from providers.simulator.core import running_simulator
 from providers.storage import LocalFolderStore, media_key
 
@@ -296,7 +296,8 @@ async def finalize_step(job: str, result: dict[str, Any]) -> None:
     peer = kie()[0]
     stored = []
     for index, url in enumerate(result["urls"]):
-        got = await download(peer.http, url)
+        got = await download(peer.http, url,
+                             policy=media_fetch_for(KIND, peer.settings).policy)
         stored.append(await peer.store.put(media_key(job, index, got.content_type), got.data,
                                            got.content_type))
     async with peer.pool.connection() as conn, conn.transaction():

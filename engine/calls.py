@@ -17,19 +17,23 @@ No queue library is assumed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal, cast
 
 import aiohttp
 import msgspec
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from engine.clock import Clock, DatabaseClock, sync_clock, utcnow
 from engine.config import CallConfig
+from engine.errors import DatabaseError
 from engine.failpoints import failpoint
-from engine.finalize import Clock, Finalizer
+from engine.finalize import Finalizer
 from engine.identity import incarnation
 from engine.store import Conn, Decide, append, execute, load, transition
 from events.states import CallState
@@ -52,6 +56,7 @@ from providers.storage import MediaStore, media_key
 
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event", "utcnow"]
 
+log = logging.getLogger("callwarden.calls")
 Pool = AsyncConnectionPool[Conn]
 Sleep = Callable[[float], Awaitable[None]]
 Result = Literal["completed", "failed", "swept", "exhausted", "cancelled",
@@ -60,10 +65,6 @@ ACTIVE = (CallState.CREATED, CallState.POLLING)
 _TERMINAL_RESULT: dict[CallState, Result] = {
     CallState.COMPLETED: "completed", CallState.FAILED: "failed", CallState.SWEPT: "swept",
     CallState.EXHAUSTED: "exhausted", CallState.CANCELLED: "cancelled"}
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class CallOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,12 +80,14 @@ def _outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
     return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
 
 
-def upstream_event(outcome: PollOutcome, actor: str, now: datetime) -> Event | None:
-    """The event recording a poll/call outcome (``None`` while still running)."""
+def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
+                   stored_keys: tuple[str, ...] = ()) -> Event | None:
+    """The event recording a poll/call outcome (``None`` while still running);
+    ``stored_keys``: inline media the worker already stored under the job's keys."""
     if isinstance(outcome, Succeeded):
         return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
             media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
-            raw=outcome.raw))
+            raw=outcome.raw, stored_keys=stored_keys))
     if isinstance(outcome, Failed):
         return UpstreamFailed(at=now, actor=actor, error=outcome.error, code=outcome.code)
     if isinstance(outcome, NotFound):
@@ -96,15 +99,16 @@ class CallRunner:
     """Runs calls for one process incarnation (``owner``)."""
 
     def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
-                 store: MediaStore, *, owner: str | None = None, clock: Clock = utcnow,
+                 store: MediaStore, *, owner: str | None = None, clock: Clock | None = None,
                  config: CallConfig | None = None, sleep: Sleep = asyncio.sleep,
                  callback_url: Callable[[uuid.UUID, str], str | None] | None = None) -> None:
         self.pool, self.session, self.settings, self.store = pool, session, settings, store
         self.owner = owner or incarnation("worker")
-        self.clock, self.config, self.sleep = clock, config or CallConfig(), sleep
+        self.clock = clock if clock is not None else DatabaseClock()
+        self.config, self.sleep = config or CallConfig(), sleep
         self.callback_url = callback_url
-        self.finalizer = Finalizer(pool, store, session, settings, owner=self.owner,
-                                   clock=clock, config=self.config)
+        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
+                                   clock=self.clock, config=self.config)
         self._last_beat: dict[uuid.UUID, float] = {}
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
@@ -118,6 +122,7 @@ class CallRunner:
     async def _run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any],
                    operation: str | None) -> CallOutcome:
         get_kind(kind)  # an unknown kind is refused before anything is written
+        await sync_clock(self.clock, self.pool)
         sync = is_sync_call(kind, operation)
         client = client_for(kind, self.session, self.settings, operation=operation,
                             callback_url=self._callback(job_id, kind))
@@ -125,9 +130,10 @@ class CallRunner:
         p, started_here = await self._start(job_id, kind, sync)
         if p.terminal:
             return _outcome(job_id, p)
-        if p.state is None:  # a host cancel, or another system's task on the row
-            return _outcome(job_id, p, "not started: the row is cancelled or holds a "
-                                       "task from other code (the reconciler adopts it)")
+        if p.state is None:  # the host ended the job, or another system's task is on it
+            return _outcome(job_id, p, f"not started: the host's status is {p.status!r}, or "
+                                       "the row holds a task from other code (the "
+                                       "reconciler adopts it)")
         if sync:
             if started_here:
                 return await self._run_sync(job_id, cast(SyncKindClient, client), request, p)
@@ -207,14 +213,15 @@ class CallRunner:
         except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
             outcome = Failed(error=str(exc), code=type(exc).__name__)
         failpoint("after_sync_call")
+        keys: tuple[str, ...] = ()
         if isinstance(outcome, Succeeded) and outcome.blobs:
-            outcome = await self._prestore(job_id, outcome)
-        event = upstream_event(outcome, self.owner, self.clock())
+            keys = await self._prestore(job_id, outcome)
+        event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         assert event is not None
         p = await self._record(job_id, self._if_active(event), p)
         return await self._after_upstream(job_id, p, None)
 
-    async def _prestore(self, job_id: uuid.UUID, outcome: Succeeded) -> Succeeded:
+    async def _prestore(self, job_id: uuid.UUID, outcome: Succeeded) -> tuple[str, ...]:
         """Inline bytes (TTS audio) are stored before the outcome is recorded, under the
         same deterministic keys the finalizer uses; the event carries only the keys."""
         keys = []
@@ -222,8 +229,7 @@ class CallRunner:
             obj = await self.store.put(media_key(str(job_id), index, blob.content_type),
                                        blob.data, blob.content_type)
             keys.append(obj.key)
-        raw = {**outcome.raw, "prestored_keys": keys}
-        return msgspec.structs.replace(outcome, blobs=(), raw=raw)
+        return tuple(keys)
 
     # -- shared -----------------------------------------------------------------------
 
@@ -259,14 +265,20 @@ class CallRunner:
             return await load(conn, job_id)
 
     async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
+        """A projection-only write: when it fails (the database blinked), the call keeps
+        polling and the next beat tries again; a heartbeat never abandons a call."""
         now = time.monotonic()
         if now - self._last_beat.get(job_id, -1e9) < self.config.heartbeat_every_s:
             return
+        try:
+            async with self.pool.connection() as conn:
+                await execute(conn, "heartbeat", {
+                    "job_id": job_id, "owner": self.owner,
+                    "progress": int(progress) if progress is not None else None})
+        except (DatabaseError, psycopg.Error) as exc:  # psycopg.Error: the pool's timeout
+            log.warning("job %s: heartbeat not written (%s); still polling", job_id, exc)
+            return
         self._last_beat[job_id] = now
-        async with self.pool.connection() as conn:
-            await execute(conn, "heartbeat", {
-                "job_id": job_id, "owner": self.owner,
-                "progress": int(progress) if progress is not None else None})
 
     def _callback(self, job_id: uuid.UUID, kind: str) -> str | None:
         return self.callback_url(job_id, kind) if self.callback_url else None

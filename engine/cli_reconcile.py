@@ -4,8 +4,10 @@ Without ``--once`` it runs a pass every (jittered) scan interval until SIGTERM o
 finishing the batch in hand. ``--once`` runs one pass and prints its counts (``--json``:
 one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RECONCILE_*``
 (see :mod:`engine.reconcile_config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
-API keys; media storage from ``CALLWARDEN_MEDIA_*``. Exit codes: 0 done; 1 the pass
-counted errors (``--once``); 2 bad configuration or database failure.
+API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
+``CALLWARDEN_MEDIA_ALLOW_HOSTS``). Exit codes: 0 the pass ran (per-call provider errors
+are outcomes, recorded on the calls and counted); 1 the pass could not run (``--once``:
+the claim failed); 2 bad configuration or database failure at start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from engine.cli_worker import media_allow_hosts
+from engine.config import CallConfig
 from engine.db import default_data_dir, open_pool
 from engine.metrics import start_metrics_server
 from engine.reconcile_config import load_config
@@ -77,11 +81,12 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
-                                config=config)
+                                config=config, call_config=CallConfig(
+                                    media_allow_hosts=media_allow_hosts(os.environ)))
         if args.once:
             counts = await reconciler.reconcile_once()
             _print(counts, args.json)
-            return 1 if counts.errors else 0
+            return 1 if counts.pass_failed else 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

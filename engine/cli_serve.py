@@ -22,14 +22,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from engine.calls import utcnow
+from engine.cli_worker import media_allow_hosts
+from engine.config import CallConfig
 from engine.db import default_data_dir, open_pool
 from engine.errors import ConfigError
 from engine.finalize import Finalizer
 from engine.identity import incarnation
-from engine.web_app import ServiceConfig, build_app
+from engine.web_app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import WebhookConfig
 from providers.base import ProviderSettings
+from providers.outcomes import PollOutcome
+from providers.registry import poll_task
 from providers.storage import store_from_env
 
 __all__ = ["register"]
@@ -70,9 +73,14 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with open_pool(url, max_size=args.pool_size) as pool, \
             aiohttp.ClientSession() as session:
-        finalizer = Finalizer(pool, store, session, settings, owner=incarnation("webhook"),
-                              clock=utcnow)
-        runner = web.AppRunner(build_app(pool, finalizer, config))
+        finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
+                              config=CallConfig(media_allow_hosts=media_allow_hosts(env)))
+
+        async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
+            return await poll_task(kind, task_id, session, settings, created_at=created_at)
+
+        runner = web.AppRunner(build_app(pool, finalizer, config, poll=poll),
+                               access_log_class=RedactingAccessLogger)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -30,7 +31,7 @@ from providers.base import ProviderSettings
 from providers.kinds import KINDS
 from providers.storage import store_from_env
 
-__all__ = ["call_config", "register"]
+__all__ = ["call_config", "media_allow_hosts", "register"]
 
 POLICIES: tuple[str, ...] = get_args(AmbiguousCreate)
 
@@ -66,7 +67,15 @@ def _register_worker(sub: Any) -> None:
                         "takes over; default: the kind's)")
     w.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="expose this process's Prometheus /metrics on 127.0.0.1:N")
-    w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S")
+    w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S",
+                   help="shortest finalization lease (grown to fit the media to store)")
+    w.add_argument("--media-timeout", type=float, default=120.0, metavar="S",
+                   help="time allowed to download one result")
+    w.add_argument("--store-timeout", type=float, default=60.0, metavar="S",
+                   help="time allowed to store one result")
+    w.add_argument("--lease-margin", type=float, default=None, metavar="S",
+                   help="a finalizer gives up this long before its lease ends (default: "
+                        "15 s, or a quarter of a shorter --finalize-lease)")
     w.add_argument("--heartbeat-every", type=float, default=10.0, metavar="S")
     w.set_defaults(handler=_worker)
 
@@ -100,11 +109,21 @@ def call_config(args: argparse.Namespace) -> CallConfig:
     try:
         return CallConfig(
             finalize_lease_s=args.finalize_lease, heartbeat_every_s=args.heartbeat_every,
+            media_timeout_s=args.media_timeout, store_timeout_s=args.store_timeout,
+            lease_margin_s=(args.lease_margin if args.lease_margin is not None
+                            else min(15.0, args.finalize_lease / 4)),
+            media_allow_hosts=media_allow_hosts(os.environ),
             ambiguous_create=args.ambiguous_create,
             ambiguous_create_by_kind=_policy_pairs(args.ambiguous_create_for),
             poll_interval_s=intervals, poll_budget_s=budgets)
     except msgspec.ValidationError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def media_allow_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``CALLWARDEN_MEDIA_ALLOW_HOSTS``: extra media hosts, comma-separated."""
+    return tuple(h.strip() for h in env.get("CALLWARDEN_MEDIA_ALLOW_HOSTS", "").split(",")
+                 if h.strip())
 
 
 def _media_env(args: argparse.Namespace) -> dict[str, str]:

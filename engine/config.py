@@ -19,12 +19,23 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
     """``ambiguous_create``: what a worker does with a call left ``created`` without a task
     id by a crash inside the create request — ``"sweep"`` (default: leave it for the
     reconciler to sweep and refund; never pay twice) or ``"recreate"`` (create again,
-    accepting the risk of paying the provider twice). Per kind, with a default."""
+    accepting the risk of paying the provider twice). Per kind, with a default.
+
+    Finalization leases fit the work: a claim on a result of ``n`` media is leased for
+    :meth:`lease_for` ``(n)`` = the larger of ``finalize_lease_s`` and ``n`` × (one
+    download's ``media_timeout_s`` + one upload's ``store_timeout_s``) plus
+    ``lease_margin_s``; the finalizer gives up ``lease_margin_s`` before its lease ends
+    (:meth:`deadline_for`), so nobody can take over a finalization that is still working.
+    ``media_allow_hosts``: extra media hosts (names or ``*.suffix``) beyond each kind's
+    own (``CALLWARDEN_MEDIA_ALLOW_HOSTS``, comma-separated)."""
 
     finalize_lease_s: float = 120.0
     heartbeat_every_s: float = 10.0
     media_max_bytes: int = 200 * 2**20
     media_timeout_s: float = 120.0
+    store_timeout_s: float = 60.0
+    lease_margin_s: float = 15.0
+    media_allow_hosts: tuple[str, ...] = ()
     ambiguous_create: AmbiguousCreate = "sweep"
     ambiguous_create_by_kind: Mapping[str, AmbiguousCreate] = msgspec.field(
         default_factory=dict)
@@ -32,12 +43,26 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
     poll_budget_s: Mapping[str, float] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.finalize_lease_s <= 0 or self.heartbeat_every_s <= 0:
-            raise ConfigError("finalize_lease_s and heartbeat_every_s must be positive")
+        for name in ("finalize_lease_s", "heartbeat_every_s", "media_timeout_s",
+                     "store_timeout_s", "media_max_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.lease_margin_s < self.finalize_lease_s:
+            raise ConfigError(f"lease_margin_s ({self.lease_margin_s:g}) must be positive "
+                              f"and below finalize_lease_s ({self.finalize_lease_s:g})")
         for name in (*self.ambiguous_create_by_kind, *self.poll_interval_s,
                      *self.poll_budget_s):
             if name not in KINDS:
                 raise ConfigError(f"unknown provider_kind {name!r} in call configuration")
+
+    def lease_for(self, media: int) -> float:
+        """Seconds a finalization claim on ``media`` results is leased for."""
+        work = max(media, 1) * (self.media_timeout_s + self.store_timeout_s)
+        return max(self.finalize_lease_s, work + self.lease_margin_s)
+
+    def deadline_for(self, media: int) -> float:
+        """Seconds the finalizer may work before it gives up (inside its lease)."""
+        return self.lease_for(media) - self.lease_margin_s
 
     def policy_for(self, kind: str) -> AmbiguousCreate:
         return self.ambiguous_create_by_kind.get(kind, self.ambiguous_create)

@@ -20,7 +20,6 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from engine.calls import utcnow
 from engine.config import CallConfig
 from engine.db import open_pool
 from engine.demo_fleet import WorkerFleet
@@ -34,23 +33,26 @@ from engine.migrate import migrate
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Reconciler
 from engine.store import Conn, execute
-from engine.web_app import ServiceConfig, build_app
+from engine.web_app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import WebhookConfig
 from providers.kinds import KINDS
+from providers.outcomes import PollOutcome
+from providers.registry import poll_task
 from providers.simulator.core import RunningSimulator, Simulator, running_simulator
 from providers.simulator.model import Fault
 from providers.storage import LocalFolderStore
 
 __all__ = ["DEMO_RECONCILE", "DemoOptions", "DemoRun", "run_demo"]
 
-# Thresholds scaled from minutes to seconds; still validated like a production config.
-# The legacy threshold is not scaled: every demo job is callwarden's, and one still waiting
-# in the queue must never be mistaken for a pre-callwarden row (it would be swept).
+# Thresholds scaled from minutes to seconds; still validated like a production config. A
+# job still waiting in the queue has no call and was created after the call columns were
+# installed: it is the host's, never a legacy row, whatever the legacy threshold.
 DEMO_RECONCILE = ReconcileConfig(
     thresholds_s={k: 4.0 for k in KINDS}, scan_interval_s=0.5, repoll_interval_s=1.0,
-    attempt_cap=8, heartbeat_timeout_s=2.0, legacy_threshold_s=900.0, claim_lease_s=5.0,
+    attempt_cap=8, heartbeat_timeout_s=2.0, legacy_threshold_s=10.0, claim_lease_s=5.0,
     url_buffer_s=60.0, headroom_s=2.0)
-DEMO_CALLS = CallConfig(finalize_lease_s=5.0, heartbeat_every_s=0.5)
+DEMO_CALLS = CallConfig(finalize_lease_s=5.0, heartbeat_every_s=0.5, media_timeout_s=2.0,
+                        store_timeout_s=1.0, lease_margin_s=1.0)
 PROVIDERS = ("kie", "replicate", "elevenlabs", "anthropic")
 OnTick = Callable[[float, dict[str, int], int, int], None]
 
@@ -124,12 +126,16 @@ def creates_per_job(sim: Simulator, job_ids: list[uuid.UUID]) -> dict[str, int]:
 async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator,
                    media: Path) -> AsyncIterator[str]:
     """``callwarden serve``'s app on 127.0.0.1 (webhooks: the happy path); yields its URL."""
-    finalizer = Finalizer(pool, LocalFolderStore(media), http, rs.settings,
-                          owner=incarnation("webhook"), clock=utcnow, config=DEMO_CALLS)
+    finalizer = Finalizer(pool, LocalFolderStore(media), rs.settings,
+                          owner=incarnation("webhook"), config=DEMO_CALLS)
     config = ServiceConfig(webhooks=WebhookConfig(
         replicate_secret=rs.sim.webhook_secrets["replicate"],
         elevenlabs_base_url=rs.settings.elevenlabs.base_url))
-    runner = web.AppRunner(build_app(pool, finalizer, config))
+    async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
+        return await poll_task(kind, task_id, http, rs.settings, created_at=created_at)
+
+    runner = web.AppRunner(build_app(pool, finalizer, config, poll=poll),
+                           access_log_class=RedactingAccessLogger)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

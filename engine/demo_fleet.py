@@ -16,6 +16,7 @@ __all__ = ["WorkerFleet"]
 
 WORKER_FLAGS = ["--concurrency", "6", "--visibility", "3", "--poll-interval", "0.3",
                 "--poll-budget", "6", "--finalize-lease", "5", "--heartbeat-every", "0.5",
+                "--media-timeout", "2", "--store-timeout", "1", "--lease-margin", "1",
                 "--grace", "2", "--poll-empty", "0.2", "--max-deliveries", "6"]
 
 

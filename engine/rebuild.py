@@ -5,7 +5,7 @@ from its fold is rewritten with ``to_columns(fold)``, fenced on the ``call_versi
 with its events: a writer that appended in between makes the write match nothing, and
 the job is re-read and retried (a bounded number of times). The rewrite never lowers
 ``call_version`` (a projection ahead of its log is reported, not "repaired" backwards),
-never touches ``usage_logs``, and keeps a host's ``status='cancelled'`` on a call the log
+never touches ``usage_logs``, and keeps a host's terminal ``status`` on a call the log
 has not ended yet.
 """
 
@@ -22,6 +22,7 @@ from engine.errors import DatabaseError, DatabaseUnavailable, JobNotFound
 from engine.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
 from engine.queries import QUERIES
 from engine.store import Conn
+from events.states import OPEN_STATUSES
 from projections.columns import to_columns
 from projections.fold import CallProjection
 from projections.verify import compare
@@ -49,8 +50,10 @@ class Write(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _host_cancel_only(stored: CallProjection, folded: CallProjection, column: str) -> bool:
-    # The seed's cancel fence: a host may set status='cancelled' before the log says so.
-    return column == "status" and stored.status == "cancelled" and not folded.terminal
+    # The host's decision: a host may end the job (any status but pending/processing)
+    # before the log says so.
+    return (column == "status" and stored.status not in (None, *OPEN_STATUSES)
+            and not folded.terminal)
 
 
 def needs_write(stored: CallProjection, folded: CallProjection) -> bool:
@@ -75,7 +78,9 @@ def plan(h: History, force: bool = False) -> Write | JobError | None:
 def _params(w: Write) -> dict[str, Any]:
     params = to_columns(w.folded)
     params.update(job_id=w.job_id, expected_version=w.expected_version,
-                  terminal=w.folded.terminal)
+                  terminal=w.folded.terminal, owns_seed=w.folded.provider_kind is not None,
+                  # completed by callwarden's own Completed (it alone sets output media)
+                  is_completion=w.folded.output_media is not None)
     return params
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,12 @@ _ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 
 class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``thresholds_s`` overrides the seed's per-kind stale thresholds
-    (:data:`providers.kinds.KINDS`); kinds not named keep their default."""
+    (:data:`providers.kinds.KINDS`); kinds not named keep their default.
+
+    ``legacy_cutoff``: a row with no call (no ``provider_call_started_at``) is a legacy row,
+    swept after ``legacy_threshold_s``, only if it was created before this time (ISO 8601
+    with a zone). Default (``None``): when this database got the call columns (migration
+    0002 applied). Newer call-less rows are the host's (pipeline wrappers, queued jobs)."""
 
     thresholds_s: Mapping[str, float] = msgspec.field(default_factory=dict)
     scan_interval_s: float = 30.0
@@ -44,6 +50,7 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     claim_lease_s: float = 120.0
     url_buffer_s: float = 600.0
     headroom_s: float = 600.0
+    legacy_cutoff: datetime | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self)
@@ -63,6 +70,12 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def min_threshold_s(self) -> float:
         return min(self.thresholds.values())
 
+    def horizon_s(self, kind: str | None) -> float:
+        """How long a call of ``kind`` may stay open at most: its threshold plus every
+        attempt the cap allows (DESIGN §8.6). An unknown kind uses the legacy threshold."""
+        threshold = self.threshold_for(kind) if kind in KINDS else self.legacy_threshold_s
+        return threshold + self.attempt_cap * self.repoll_interval_s
+
 
 _POSITIVE = ("scan_interval_s", "repoll_interval_s", "attempt_cap", "batch_size",
              "concurrency", "heartbeat_timeout_s", "legacy_threshold_s", "claim_lease_s")
@@ -77,6 +90,8 @@ def _check_positive(c: ReconcileConfig) -> None:
             raise ConfigError(f"reconcile {name} must not be negative")
     if not 0 <= c.scan_jitter < 1:
         raise ConfigError(f"reconcile scan_jitter must be in [0, 1), got {c.scan_jitter}")
+    if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
+        raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00Z)")
 
 
 def _check_kinds(c: ReconcileConfig) -> None:

@@ -11,8 +11,13 @@ River's job rescuer in our terms: a thin loop (:meth:`Reconciler.run`) around
    settled meanwhile is never overwritten — then release the claim.
 
 A call's outcome is logged; a provider error is stored on the call (attempt + 1, the error
-kept, next attempt after the re-poll interval), never dropped; a database error is counted
-and the call's claim simply expires if it cannot be released.
+kept, next attempt after the re-poll interval), never dropped. Nothing about one row stops
+the others or the loop: a row whose callwarden columns do not decode is read from its log;
+an unexpected error while handling a call is recorded on it the same way (attempt + 1); a
+row that cannot be read at all (columns and log) is parked until the next re-poll and
+counted as ``unreadable``; a database error is counted and the call's claim simply expires
+if it cannot be released. A host that ended the job meanwhile is recorded as such
+(``HostEnded``), never overwritten.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import msgspec
+from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
-from engine.calls import upstream_event, utcnow
+from engine.calls import upstream_event
+from engine.clock import DatabaseClock, sync_clock
 from engine.config import CallConfig
 from engine.errors import CallwardenError, DatabaseError
 from engine.failpoints import failpoint
@@ -42,24 +49,26 @@ from engine.reconcile_config import ReconcileConfig
 from engine.reconcile_decide import (
     Action,
     Adopt,
-    Cancel,
     Candidate,
     Exhaust,
     Finalize,
     PollUpstream,
+    RecordHostEnded,
     Skip,
     Sweep,
+    adopted_event,
     decide,
     next_scan_delay,
 )
-from engine.store import AppendResult, Conn, append, execute
-from events.states import InvalidTransition
-from events.types import Adopted, Cancelled, Event, Exhausted, ReconcileAttempted, Swept
+from engine.store import AppendResult, Conn, append, execute, from_log, load
+from events.codec import EventDecodeError
+from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
+from projections.columns import ProjectionUnreadable
 from projections.fold import CallProjection
-from providers.base import AsyncKindClient, ProviderSettings
-from providers.errors import MediaExpired, ProviderError, TaskNotFound
+from providers.base import ProviderSettings
+from providers.errors import ProviderError
 from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.registry import client_for
+from providers.registry import poll_task
 from providers.storage import MediaStore
 
 __all__ = ["Counts", "Reconciler", "Signal"]
@@ -72,8 +81,8 @@ Signal = Callable[[str, uuid.UUID], Awaitable[None]]
 """Test signal (River's ``testsignal``): awaited at named points of a call's handling
 (``claimed``, ``decided``, ``write``, ``released``); never a sleep."""
 
-_FINALIZE_COUNT = {"completed": "completed", "result_gone": "failed",
-                   "not_claimable": "lost_race",
+_FINALIZE_COUNT = {"completed": "completed", "result_gone": "failed", "failed": "failed",
+                   "not_claimable": "lost_race", "host_ended": "host_ended",
                    "lost_race": "lost_race", "cancelled": "cancelled"}
 
 
@@ -90,9 +99,12 @@ class Counts(msgspec.Struct, kw_only=True):
     still_running: int = 0
     adopted: int = 0
     cancelled: int = 0
+    host_ended: int = 0
     skipped: int = 0
     lost_race: int = 0
     errors: int = 0
+    unreadable: int = 0
+    pass_failed: bool = False  # the claim itself failed: this pass handled nothing
 
     def bump(self, name: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
@@ -110,10 +122,10 @@ class Reconciler:
         self.pool, self.session, self.settings = pool, session, settings
         self.config = config or ReconcileConfig()
         self.owner = owner or incarnation("reconciler")
-        self.clock = clock or utcnow
+        self.clock = clock if clock is not None else DatabaseClock()
         self.sleep, self.signal = sleep, signal
         self._pass_start = (self.clock(), time.monotonic())
-        self.finalizer = Finalizer(pool, store, session, settings, owner=self.owner,
+        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config)
 
     def _event_clock(self) -> datetime:
@@ -128,8 +140,11 @@ class Reconciler:
     # -- one pass ---------------------------------------------------------------------
 
     async def reconcile_once(self, now: datetime | None = None) -> Counts:
-        """Claim a batch of stale calls and settle or advance each; see the module doc."""
-        now = now or self.clock()
+        """Claim a batch of stale calls and settle or advance each; see the module doc.
+        ``now``: a logical time (tests); by default the database's clock."""
+        if now is None:
+            await sync_clock(self.clock, self.pool)
+            now = self.clock()
         self._pass_start = (now, time.monotonic())
         counts = Counts()
         try:
@@ -137,13 +152,14 @@ class Reconciler:
         except DatabaseError as exc:
             log.warning("claim failed: %s", exc)
             counts.errors += 1
+            counts.pass_failed = True
             return counts
         counts.claimed = len(batch)
         if batch:
             failpoint("reconciler_after_claim")
         gate = asyncio.Semaphore(self.config.concurrency)
 
-        async def one(item: Candidate) -> None:
+        async def one(item: DictRow) -> None:
             async with gate:
                 await self._handle(item, now, counts)
 
@@ -162,43 +178,89 @@ class Reconciler:
             "thresholds": msgspec.json.encode(c.thresholds).decode(),
             "unknown_threshold_s": c.legacy_threshold_s,
             "legacy_threshold_s": c.legacy_threshold_s,
+            "horizon_extra_s": c.attempt_cap * c.repoll_interval_s,
+            "legacy_cutoff": c.legacy_cutoff,
             "heartbeat_timeout_s": c.heartbeat_timeout_s, "batch_size": c.batch_size,
         }
 
-    async def claim(self, now: datetime) -> list[Candidate]:
-        """Claim up to ``batch_size`` stale calls for this owner (one statement)."""
+    async def claim(self, now: datetime) -> list[DictRow]:
+        """Claim up to ``batch_size`` stale calls for this owner (one statement); the rows
+        as read (each is turned into a :class:`Candidate` on its own, so one unreadable
+        row never costs the batch)."""
         async with self.pool.connection() as conn:
-            rows = await execute(conn, "reconcile_claim", self.claim_params(now))
-        return [Candidate.from_row(r) for r in rows]
+            return await execute(conn, "reconcile_claim", self.claim_params(now))
 
-    async def _handle(self, item: Candidate, now: datetime, counts: Counts) -> None:
-        job = item.id
+    async def candidate(self, row: DictRow) -> Candidate:
+        """The row as a :class:`Candidate`; a row whose callwarden columns do not decode
+        is read from its log (``EventDecodeError`` when that fails too)."""
+        try:
+            return Candidate.from_row(row)
+        except ProjectionUnreadable as exc:
+            log.warning("job %s: %s; reading the call from its log", row["id"], exc)
+            async with self.pool.connection() as conn:
+                return Candidate.from_row(row, await from_log(conn, row["id"], row))
+
+    async def _handle(self, row: DictRow, now: datetime, counts: Counts) -> None:
+        job: uuid.UUID = row["id"]
+        park = False
         try:
             await self._signal("claimed", job)
-            if not await self._renew(job, now):
+            if not await self._renew(job):
                 log.info("job %s: claim lost to another reconciler", job)
                 counts.lost_race += 1
                 return
+            item = await self.candidate(row)
             action = decide(item, now, self.config)
             await self._signal("decided", job)
             await self._act(job, item.call, action, now, counts)
-        except (CallwardenError, InvalidTransition) as exc:
+        except EventDecodeError as exc:
+            log.error("job %s: cannot be read (%s); parked until the next re-poll", job, exc)
+            counts.unreadable += 1
+            park = True
+        except DatabaseError as exc:
             log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
             counts.errors += 1
+        except Exception as exc:  # any other failure is this row's outcome, not the pass's
+            log.exception("job %s: unexpected error", job)
+            park = not await self._record_error(job, exc, now, counts)
         finally:
-            await self._release(job)
+            await self._release(job, park=park)
 
-    async def _renew(self, job: uuid.UUID, now: datetime) -> bool:
-        lease = now + timedelta(seconds=self.config.claim_lease_s)
+    async def _record_error(self, job: uuid.UUID, exc: Exception, now: datetime,
+                            counts: Counts) -> bool:
+        """Attempt + 1 with the error kept; ``False`` if even that could not be written."""
+        try:
+            async with self.pool.connection() as conn:
+                p = await load(conn, job)
+            if p.state is None or p.terminal:
+                counts.errors += 1
+                return False
+            await self._attempted(job, p, "error", f"{type(exc).__name__}: {exc}"[:500],
+                                  now, counts, count="errors")
+            return True
+        except Exception:  # the row is parked instead
+            log.exception("job %s: could not record the error either", job)
+            counts.errors += 1
+            return False
+
+    async def _renew(self, job: uuid.UUID) -> bool:
+        """Extend the claim from the time of renewal (not from the pass's start)."""
+        lease = self._event_clock() + timedelta(seconds=self.config.claim_lease_s)
         async with self.pool.connection() as conn:
             rows = await execute(conn, "reconcile_renew",
                                  {"job_id": job, "owner": self.owner, "lease_until": lease})
         return bool(rows)
 
-    async def _release(self, job: uuid.UUID) -> None:
+    async def _release(self, job: uuid.UUID, *, park: bool = False) -> None:
+        until = self._event_clock() + timedelta(seconds=self.config.repoll_interval_s)
         with contextlib.suppress(DatabaseError):  # the claim lease expires on its own
             async with self.pool.connection() as conn:
-                await execute(conn, "reconcile_release", {"job_id": job, "owner": self.owner})
+                if park:
+                    await execute(conn, "reconcile_park",
+                                  {"job_id": job, "owner": self.owner, "until": until})
+                else:
+                    await execute(conn, "reconcile_release",
+                                  {"job_id": job, "owner": self.owner})
         await self._signal("released", job)
 
     # -- acting on a decision -----------------------------------------------------------
@@ -221,17 +283,15 @@ class Reconciler:
                 f"exhausted after {action.attempts} attempts")
         elif isinstance(action, Finalize):
             await self._finalize(job, counts)
-        elif isinstance(action, Cancel):
-            await self._write(job, p, Cancelled(at=now, actor=self.owner, by="host"), counts,
-                              "cancelled", "cancelled by the host: refunded")
+        elif isinstance(action, RecordHostEnded):
+            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
+                              counts, "host_ended", f"ended by the host ({action.status})")
         else:
             await self._poll(job, p, action, now, counts)
 
     async def _adopt(self, job: uuid.UUID, p: CallProjection, action: Adopt, now: datetime,
                      counts: Counts) -> None:
-        event = Adopted(at=now, actor=self.owner, kind=action.kind, task_id=action.task_id,
-                        call_started_at=action.call_started_at,
-                        observed_status=action.observed_status, sync=action.sync)
+        event = adopted_event(action, now, self.owner)
         r = await self._write(job, p, event, counts, "adopted",
                               f"adopted ({action.kind}, task {action.task_id})")
         if r is not None:
@@ -285,17 +345,10 @@ class Reconciler:
 
     async def _poll_once(self, action: PollUpstream) -> tuple[PollOutcome | None, str | None]:
         """ONE poll (no loop): the outcome, or ``None`` and the provider error."""
-        client = cast(AsyncKindClient, client_for(action.kind, self.session, self.settings,
-                                                  sleep=self.sleep))
-        remember = getattr(client, "remember", None)  # KIE: the not-found grace window
-        if remember is not None and action.call_started_at is not None:
-            remember(action.task_id, action.call_started_at.timestamp())
+        created = action.call_started_at.timestamp() if action.call_started_at else None
         try:
-            return await client.poll(action.task_id), None
-        except MediaExpired as exc:  # Replicate data_removed / an expired output URL
-            return Failed(error=f"result expired: {exc}", code="result_gone"), None
-        except TaskNotFound as exc:
-            return NotFound(message=str(exc)), None
+            return await poll_task(action.kind, action.task_id, self.session, self.settings,
+                                   created_at=created, sleep=self.sleep), None
         except ProviderError as exc:
             return None, f"{type(exc).__name__}: {exc}"
 
@@ -323,6 +376,8 @@ class Reconciler:
                     log.info("pass: %s", msgspec.json.encode(counts).decode())
             except CallwardenError as exc:
                 log.warning("pass failed: %s", exc)
+            except Exception:  # a bug must not end the process: the next pass tries again
+                log.exception("pass failed unexpectedly")
             delay = next_scan_delay(self.config, rng.random())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -1,17 +1,29 @@
 """The write path: one transition = one statement = one transaction (DESIGN §5).
 
 ``append`` folds the event onto the projection the caller read (pure), then sends one
-statement that updates the ``jobs`` projection fenced on the version read, appends the
-event at ``seq = version + 1`` and, for a settling transition, moves the job's reservation
-from ``reserved`` with a compare-and-set. A lost race writes nothing and returns
-``ok=False`` with the projection that won; ``transition`` re-decides on it, never
-re-sending the same event blindly.
+statement that updates the ``jobs`` projection fenced on what was read (``call_version``,
+the host's ``status``, the reservations already settled), appends the event at
+``seq = version + 1`` and, for a settling transition, moves the job's reservations from
+``reserved`` with a compare-and-set. A lost race writes nothing and returns ``ok=False``
+with the projection that won; ``transition`` re-decides on it, never re-sending the same
+event blindly.
+
+The host's decision wins (DESIGN §10): when the row's ``status`` says host code ended the
+job (:func:`engine.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
+the actor's event — the call ends as the host decided, settling only what the host left
+reserved — and answers ``ok=False, host_ended=True``: an outcome, not a conflict.
+
+Reading: :func:`load` returns the projection the row caches; a row whose callwarden
+columns do not decode (host code wrote over them) is read from its log instead, the truth
+the columns only cache. :func:`load_stored` is the strict read ``verify`` needs.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
@@ -26,31 +38,38 @@ from engine.errors import (
     JobNotFound,
     TaskAlreadyClaimed,
 )
+from engine.host import host_ended
 from engine.queries import QUERIES
-from events.codec import encode
-from events.types import CallStarted, Cancelled, Event
-from projections.columns import from_row, to_columns
-from projections.fold import CallProjection, apply
+from events.codec import EventDecodeError, decode, encode
+from events.types import CallStarted, Cancelled, Completed, Event, HostEnded
+from projections.columns import ProjectionUnreadable, from_row, to_columns
+from projections.fold import CallProjection, apply, fold
 
 __all__ = [
-    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "load", "observe",
-    "transition",
+    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "from_log", "load",
+    "load_events", "load_stored", "observe", "transition",
 ]
 
 Conn = AsyncConnection[DictRow]
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
 
+# SQLSTATEs after which the statement did nothing and may be decided again.
+_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+
 
 class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
     """``ok``: the event was appended. ``projection``: the call after the attempt (the
     winner's state when ``ok`` is false). ``settlement``: for a settling transition,
-    whether this write moved the reservation, found none, or found it already settled."""
+    whether this write moved the reservation, found none, or found it already settled.
+    ``host_ended``: the host had ended the job; :class:`HostEnded` was recorded in place
+    of the actor's event (``ok`` is false: the actor's own event was not appended)."""
 
     ok: bool
     projection: CallProjection
     event: Event | None = None
     settlement: Settled | None = None
+    host_ended: bool = False
 
 
 _observers: list[Callable[[AppendResult], None]] = []
@@ -62,45 +81,121 @@ def observe(fn: Callable[[AppendResult], None]) -> None:
         _observers.append(fn)
 
 
+class _Retry(Exception):
+    """The statement was rolled back by a serialization failure or a deadlock."""
+
+
 def _translate(exc: psycopg.Error) -> Exception:
-    if isinstance(exc, psycopg.OperationalError):
+    """The one place driver errors become engine errors (by class, SQLSTATE and constraint
+    name, never by message text)."""
+    if exc.sqlstate in _RETRYABLE:
+        return _Retry(str(exc))
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return DatabaseUnavailable(f"database unavailable: {exc}")
-    if isinstance(exc, psycopg.errors.UniqueViolation) and "provider_task" in str(exc):
+    diag = getattr(exc, "diag", None)
+    constraint = diag.constraint_name if diag is not None else None
+    if isinstance(exc, psycopg.errors.UniqueViolation) and constraint == "jobs_provider_task_idx":
         return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
     return DatabaseError(f"database error: {exc}")
 
 
-async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
+async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
     try:
         cur = await conn.execute(QUERIES[name], params)
         return await cur.fetchall() if cur.description is not None else []
     except psycopg.errors.UniqueViolation as exc:
-        if "call_events_pkey" in str(exc):
+        if exc.diag.constraint_name == "call_events_pkey":
             return []  # someone appended this seq first: a lost race
         raise _translate(exc) from exc
     except psycopg.Error as exc:
         raise _translate(exc) from exc
 
 
-async def load(conn: Conn, job_id: uuid.UUID) -> CallProjection:
-    """The projection stored on the job's row; :class:`JobNotFound` if there is none."""
+async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
+    """Run the named query; driver errors come out as :mod:`engine.errors` types (a
+    deadlock or serialization failure as :class:`DatabaseError`)."""
+    try:
+        return await _run(conn, name, params)
+    except _Retry as exc:
+        raise DatabaseError(f"database error: {exc}") from exc
+
+
+async def load_events(conn: Conn, job_id: uuid.UUID) -> list[Event]:
+    """The job's events in order; ``EventDecodeError`` names the first bad one, and a gap
+    in ``seq`` is reported the same way."""
+    rows = await execute(conn, "load_events", {"job_id": job_id})
+    events = []
+    for expected_seq, row in enumerate(rows, start=1):
+        if row["seq"] != expected_seq:
+            raise EventDecodeError(job_id, expected_seq, f"missing event (next is {row['seq']})")
+        events.append(decode(row["type"], row["version"], row["payload"],
+                             job_id=job_id, seq=row["seq"]))
+    return events
+
+
+async def _row(conn: Conn, job_id: uuid.UUID) -> DictRow:
     rows = await execute(conn, "load_projection", {"job_id": job_id})
     if not rows:
         raise JobNotFound(job_id)
-    return from_row(rows[0])
+    return rows[0]
+
+
+async def load_stored(conn: Conn, job_id: uuid.UUID) -> CallProjection:
+    """The projection exactly as the row stores it (:class:`ProjectionUnreadable` if a
+    callwarden column does not decode)."""
+    return from_row(await _row(conn, job_id))
+
+
+async def load(conn: Conn, job_id: uuid.UUID) -> CallProjection:
+    """The call's projection; :class:`JobNotFound` if there is no such job. Read from the
+    row, or from the log when the row's callwarden columns do not decode
+    (``EventDecodeError`` if the log does not either)."""
+    row = await _row(conn, job_id)
+    try:
+        return from_row(row)
+    except ProjectionUnreadable:
+        return await from_log(conn, job_id, row)
+
+
+async def from_log(conn: Conn, job_id: uuid.UUID, row: DictRow) -> CallProjection:
+    """The fold of the job's log, with the host-visible facts the row shows (status,
+    settled reservations) and the row's ``call_version`` (the write fence)."""
+    folded = fold(await load_events(conn, job_id))
+    if folded.version != row["call_version"]:
+        raise EventDecodeError(job_id, folded.version + 1,
+                               f"row at version {row['call_version']} but the log has "
+                               f"{folded.version} events")
+    return msgspec.structs.replace(
+        folded, status=row["status"] if not folded.terminal else folded.status,
+        settled_reservations=int(row["settled_reservations"] or 0))
+
+
+def _cost(new: CallProjection) -> float | None:
+    """The cost a commit charges: the one recorded, or the upstream's; never negative or
+    non-finite (the parsers refuse those; this is the last line)."""
+    cost = new.provider_cost
+    if cost is None and new.upstream_result is not None:
+        cost = new.upstream_result.cost
+    if cost is None or not math.isfinite(cost):
+        return None
+    return max(cost, 0.0)
 
 
 def _params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
             event: Event) -> dict[str, Any]:
     type_name, version, payload = encode(event)
     settling = new.terminal and not current.terminal
+    is_start = isinstance(event, CallStarted)
     params = to_columns(new)
     params.update(
         job_id=job_id, expected_version=current.version, type=type_name,
         event_version=version, payload=payload.decode(), actor=event.actor,
-        is_cancel=isinstance(event, Cancelled), is_start=isinstance(event, CallStarted),
+        is_start=is_start, is_completion=isinstance(event, Completed),
+        owns_seed=new.provider_kind is not None,
+        host_status=event.status if isinstance(event, HostEnded) else None,
+        expected_settled=None if is_start else current.settled_reservations,
         settle_to=new.settlement if settling else None,
-        cost=new.provider_cost,
+        cost=_cost(new),
     )
     return params
 
@@ -120,12 +215,18 @@ async def append(
 
     Raises ``InvalidTransition`` (nothing written) if the event may not follow
     ``current``; returns ``ok=False`` with the fresh projection if someone else wrote
-    first."""
+    first, or if the host's state changed since ``current`` was read."""
     new = apply(current, event)
     params = _params(job_id, current, new, event)
-    rows = await execute(conn, "append_event", params)
+    try:
+        rows = await _run(conn, "append_event", params)
+    except _Retry:
+        rows = []  # rolled back: as if someone else wrote first
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))
+    if rows[0]["settled"]:
+        new = msgspec.structs.replace(
+            new, settled_reservations=new.settled_reservations + int(rows[0]["settled"]))
     result = AppendResult(ok=True, projection=new, event=event,
                           settlement=_settled(params["settle_to"], rows[0]))
     for fn in _observers:
@@ -140,20 +241,26 @@ async def transition(
     """Read, decide, append; on a lost race re-decide on the winner's projection.
 
     ``decide`` returns the event to append or ``None`` when nothing should happen (then
-    the result is ``ok=False`` with the projection as read)."""
+    the result is ``ok=False`` with the projection as read). When the host has ended the
+    job, :class:`HostEnded` is recorded instead (stamped like the actor's event) and the
+    result is ``ok=False, host_ended=True``."""
     projection = current if current is not None else await load(conn, job_id)
     for _ in range(max_conflicts):
         event = decide(projection)
         if event is None:
             return AppendResult(ok=False, projection=projection)
-        result = await append(conn, job_id, projection, event)
+        ended = host_ended(projection, at=event.at, actor=event.actor)
+        result = await append(conn, job_id, projection, ended or event)
+        if result.ok and ended is not None:
+            return AppendResult(ok=False, projection=result.projection, event=ended,
+                                settlement=result.settlement, host_ended=True)
         if result.ok:
             return result
         projection = result.projection
     raise ConflictExhausted(f"job {job_id}: lost {max_conflicts} races in a row")
 
 
-async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: Any) -> AppendResult:
+async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: datetime) -> AppendResult:
     """Cancel the job's call (refunding its reservation) unless it is already terminal;
     ``ok=False`` with the terminal projection otherwise."""
 
@@ -161,3 +268,4 @@ async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: Any) -> AppendR
         return None if p.terminal else Cancelled(at=now, actor=by, by=by)
 
     return await transition(conn, job_id, decide)
+

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,20 +31,22 @@ from datetime import datetime, timedelta
 import msgspec
 import psycopg
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 
-from engine.calls import utcnow
+from engine.clock import Clock, DatabaseClock
 from engine.dashboard import Dashboard
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.finalize import Finalizer, Pool
 from engine.metrics import CallGauges, exposition
 from engine.migrate import pending
 from engine.store import AppendResult, cancel, execute, transition
-from engine.webhooks import Receiver, WebhookConfig
+from engine.webhooks import Receiver, TaskPoll, WebhookConfig
 from events.types import Event, ReconcileAttempted
 from projections.fold import CallProjection
 from providers.kinds import KINDS
 
-__all__ = ["RECEIVER", "ServiceConfig", "build_app"]
+__all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
+           "redact_path"]
 
 RECEIVER = web.AppKey("receiver", Receiver)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -152,13 +155,35 @@ async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datet
         await asyncio.sleep(config.prune_every_s)
 
 
+_SECRET_PATH = re.compile(r"^(/webhooks/kie/[^/?]+/)[^/?]+")
+
+
+def redact_path(path: str) -> str:
+    """``path`` with the secret callback token of a KIE callback URL blanked out."""
+    return _SECRET_PATH.sub(r"\1<redacted>", path)
+
+
+class RedactingAccessLogger(AccessLogger):
+    """aiohttp's access log, without the secrets that travel in URL paths."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse,
+            time: float) -> None:
+        redacted = redact_path(request.rel_url.raw_path)
+        if redacted != request.rel_url.raw_path:
+            request = request.clone(rel_url=redacted)
+        super().log(request, response, time)
+
+
 def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
-              clock: Callable[[], float] = time.time,
-              now: Callable[[], datetime] = utcnow) -> web.Application:
+              clock: Callable[[], float] = time.time, now: Clock | None = None,
+              poll: TaskPoll | None = None) -> web.Application:
     """The service over an opened ``pool``; ``clock`` (unix seconds) checks webhook
-    signature timestamps, ``now`` stamps events and windows."""
+    signature timestamps, ``now`` stamps events and windows (default: the database's
+    clock), ``poll`` checks a KIE task a callback signals. Run it with
+    ``web.AppRunner(app, access_log_class=RedactingAccessLogger)``."""
+    now = now if now is not None else DatabaseClock()
     app = web.Application()
-    receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now)
+    receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll)
     probes = _Probes(pool, config, now)
     app.add_routes(receiver.routes())
     app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", probes.readyz),

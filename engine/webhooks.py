@@ -4,18 +4,26 @@
 ``POST /webhooks/kie/{job_id}/{token}`` (KIE HMAC when a key is configured, else the job's
 secret callback token) and ``POST /webhooks/elevenlabs`` (``ElevenLabs-Signature``).
 
-Every request is answered from its own facts: unsigned, mis-signed, stale, replayed,
-oversized or malformed -> 4xx and nothing changes. A terminal outcome is recorded through
-the write path only from ``created``/``polling`` (a duplicate, late or out-of-order delivery
-is a logged no-op answered 200); intermediate stages are acknowledged without a transition.
-Finalization runs after the answer, in a background task; if this process dies first, the
-reconciler finishes it (the call sits in ``upstream_succeeded``).
+Every request is answered from its own facts. Only a missing or wrong signature, a stale
+timestamp, an oversized body or a malformed one gets 4xx (providers retry on 4xx, so
+nothing else may); a database error gets 503 with ``Retry-After`` (the delivery is
+forgotten, so the retry applies). Everything authentic is acknowledged with 2xx: a
+duplicate delivery (same ``webhook-id``, same signature) changes nothing; a task that is
+not (yet) a call of ours, an intermediate stage, or a call already past the outcome are
+acknowledged no-ops.
+
+What a delivery is trusted for: Replicate and ElevenLabs sign the body, so its outcome is
+recorded. KIE signs only ``taskId.timestamp`` (or nothing, with the per-job URL token): its
+body could be forged inside the signature's tolerance window, so a KIE callback is only a
+signal — the receiver polls the task (``recordInfo`` and the family's own endpoints) and
+records what the poll says. Finalization runs after the answer, in a background task; if
+this process dies first, the reconciler finishes it (the call sits in
+``upstream_succeeded``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import secrets
@@ -23,16 +31,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from engine.calls import ACTIVE, upstream_event, utcnow
+from engine.calls import ACTIVE, upstream_event
+from engine.clock import DatabaseClock, sync_clock
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.finalize import Finalizer, Pool
 from engine.metrics import record_webhook
-from engine.store import Conn, execute, transition
+from engine.store import Conn, execute, load, transition
 from engine.webhook_parse import (
     ELEVENLABS_KINDS,
     REPLICATE_KINDS,
@@ -44,16 +53,20 @@ from engine.webhook_parse import (
     parse_replicate,
 )
 from events.states import CallState
-from providers.errors import SignatureError
+from providers.errors import ProviderError, SignatureError
 from providers.kinds import KINDS
+from providers.outcomes import PollOutcome
 from providers.signing import verify_elevenlabs, verify_kie, verify_replicate
 
-__all__ = ["CallbackUrls", "Receiver", "Reject", "WebhookConfig", "callback_url_for",
-           "ensure_callback_token"]
+__all__ = ["CallbackUrls", "Receiver", "Reject", "TaskPoll", "WebhookConfig",
+           "callback_url_for", "ensure_callback_token"]
 
 log = logging.getLogger("callwarden.webhooks")
 T = TypeVar("T")
 MiB = 2**20
+TaskPoll = Callable[[str, str, float | None], Awaitable[PollOutcome]]
+"""``poll(kind, task_id, created_at)``: one status check (``providers.registry.poll_task``
+over the service's session); raises ``ProviderError``."""
 
 
 class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +80,7 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: int = MiB
     tolerance_s: float = 300.0
     elevenlabs_tolerance_s: float = 1800.0
+    poll_timeout_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], elevenlabs_base_url: str) -> WebhookConfig:
@@ -150,15 +164,28 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 Handler = Callable[[web.Request], Awaitable[tuple[str, str]]]
 
 
+class Reply(Exception):
+    """Answer 2xx with ``outcome`` now (an acknowledged no-op)."""
+
+    def __init__(self, outcome: str, message: str, status: int = 200) -> None:
+        super().__init__(message)
+        self.status, self.outcome = status, outcome
+
+
 class Receiver:
     """The three receivers over one pool; ``clock`` (unix seconds) checks signature
-    timestamps, ``now`` stamps events."""
+    timestamps, ``now`` stamps events (default: the database's clock); ``poll`` checks a
+    KIE task when a callback signals it (without one, KIE callbacks are acknowledged and
+    left to the workers' and the reconciler's polls)."""
 
     def __init__(self, pool: Pool, finalizer: Finalizer, config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
-                 now: Callable[[], datetime] = utcnow) -> None:
+                 now: Callable[[], datetime] | None = None,
+                 poll: TaskPoll | None = None) -> None:
         self.pool, self.finalizer, self.config = pool, finalizer, config
-        self.clock, self.now = clock, now
+        self.clock = clock
+        self.now = now if now is not None else DatabaseClock()
+        self.poll = poll
         self.background: set[asyncio.Task[None]] = set()
 
     def routes(self) -> list[web.RouteDef]:
@@ -180,17 +207,23 @@ class Receiver:
             [web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
+            headers: dict[str, str] = {}
             try:
+                await sync_clock(self.now, self.pool)
                 outcome, message = await handler(request)
                 status = 200
+            except Reply as exc:
+                outcome, message, status = exc.outcome, str(exc), exc.status
             except Reject as exc:
                 outcome, message, status = exc.outcome, str(exc), exc.status
             except (DatabaseUnavailable, DatabaseError) as exc:
                 outcome, message, status = "error", f"try again later: {exc}", 503
+                headers["Retry-After"] = "30"
             record_webhook(provider, outcome, time.perf_counter() - started)
-            if status != 200:
+            if status >= 400:
                 log.info("webhook %s refused (%s): %s", provider, outcome, message)
-            return web.json_response({"result": outcome, "detail": message}, status=status)
+            return web.json_response({"result": outcome, "detail": message}, status=status,
+                                     headers=headers)
         return handle
 
     # -- providers ---------------------------------------------------------------------------
@@ -215,33 +248,69 @@ class Receiver:
         body = await read_body(request, self.config.max_body_bytes)
         header = request.headers.get("ElevenLabs-Signature")
         try:
-            verify_elevenlabs(secret, header, body, now=self.clock(),
-                              tolerance_s=self.config.elevenlabs_tolerance_s)
+            replay_key = verify_elevenlabs(secret, header, body, now=self.clock(),
+                                           tolerance_s=self.config.elevenlabs_tolerance_s)
         except SignatureError as exc:
             raise _signature_reject(exc) from None
         parsed = _parse(lambda: parse_elevenlabs(body, base_url=self.config.elevenlabs_base_url))
         if parsed is None:
             return "ignored", "event type concerns no call"
-        return await self._deliver("elevenlabs", f"sig:{header}", ELEVENLABS_KINDS, parsed)
+        return await self._deliver("elevenlabs", f"sig:{replay_key}", ELEVENLABS_KINDS, parsed)
 
     async def _kie(self, request: web.Request) -> tuple[str, str]:
         body = await read_body(request, self.config.max_body_bytes)
         task_id = _parse(lambda: kie_task_id(body))
-        delivery = self._kie_signature(request, task_id, body)
+        delivery = self._kie_signature(request, task_id)
         job = await self._kie_job(request, authenticated=delivery is not None)
         kind = str(job["provider_kind"] or "")
         if not kind.startswith("kie-") or KINDS.get(kind) is None or KINDS[kind].mode != "async":
             raise Reject(400, "malformed", f"job {job['id']} has no KIE task")
         if job["provider_task_id"] is None:
-            raise Reject(409, "not_yet_known", "the job's task id is not recorded yet")
+            raise Reply("not_yet_known", "the job's task id is not recorded yet; its "
+                        "worker polls it", status=202)
         if job["provider_task_id"] != task_id:
             raise Reject(400, "malformed", "callback is about another task than the job's")
-        parsed = _parse(lambda: parse_kie(KINDS[kind].family, body))
-        return await self._deliver("kie", delivery, (kind,), parsed)
+        _parse(lambda: parse_kie(KINDS[kind].family, body))  # the shape is checked, not used
+        async with self.pool.connection() as conn:
+            if delivery is not None and not await _claim_delivery(conn, "kie", delivery,
+                                                                  job["id"]):
+                return "duplicate", "delivery already processed"
+        try:
+            return await self._poll_and_record(job["id"], kind, task_id,
+                                               job["provider_call_started_at"])
+        except (DatabaseUnavailable, DatabaseError):
+            if delivery is not None:
+                await _forget_delivery(self.pool, "kie", delivery)
+            raise
 
-    def _kie_signature(self, request: web.Request, task_id: str, body: bytes) -> str | None:
-        """With an HMAC key: verify and return a replay key (signature + body digest, as
-        the body is not signed). Without: ``None`` (the URL token authenticates)."""
+    async def _poll_and_record(self, job_id: uuid.UUID, kind: str, task_id: str,
+                               started: datetime | None) -> tuple[str, str]:
+        """A KIE callback is a signal: poll the task and record what the poll says."""
+        async with self.pool.connection() as conn:
+            p = await load(conn, job_id)
+        if p.state not in ACTIVE:
+            if p.state is CallState.UPSTREAM_SUCCEEDED:
+                self._finalize_later(job_id)
+            return "noop", f"job {job_id} is already {p.state}"
+        if self.poll is None:
+            raise Reply("noted", "no poller configured: left to the workers' polls", 202)
+        try:
+            async with asyncio.timeout(self.config.poll_timeout_s):
+                outcome = await self.poll(kind, task_id,
+                                          started.timestamp() if started else None)
+        except (ProviderError, TimeoutError) as exc:
+            raise Reply("noted", f"polling the task failed ({exc}); left to the polls",
+                        202) from None
+        parsed = Parsed(task_id=task_id, outcome=outcome)
+        if parsed.intermediate:
+            return "intermediate", "the task is still running upstream"
+        async with self.pool.connection() as conn:
+            return await self._record(conn, "kie", job_id, parsed)
+
+    def _kie_signature(self, request: web.Request, task_id: str) -> str | None:
+        """With an HMAC key: verify and return a replay key (the signature: it covers the
+        task and the timestamp, all that is signed). Without: ``None`` (the URL token
+        authenticates)."""
         key = self.config.kie_hmac_key
         if not key:
             return None
@@ -250,10 +319,9 @@ class Receiver:
                        tolerance_s=self.config.tolerance_s)
         except SignatureError as exc:
             raise _signature_reject(exc) from None
-        digest = hashlib.sha256(body).hexdigest()[:32]
-        return f"sig:{request.headers.get('X-Webhook-Signature')}:{digest}"
+        return f"sig:{request.headers.get('X-Webhook-Signature')}"
 
-    async def _kie_job(self, request: web.Request, *, authenticated: bool) -> Mapping[str, object]:
+    async def _kie_job(self, request: web.Request, *, authenticated: bool) -> dict[str, Any]:
         try:
             job_id = uuid.UUID(request.match_info["job_id"])
         except ValueError:
@@ -280,10 +348,12 @@ class Receiver:
             rows = await execute(conn, "webhook_find_job", {
                 "kinds": list(kinds), "task_id": parsed.task_id})
             if not rows:
-                raise Reject(404, "unknown_task", f"no call for task {parsed.task_id}")
+                raise Reply("unknown_task", f"no call for task {parsed.task_id} (not ours, "
+                            "or not recorded yet: its worker polls it)", status=202)
             job_id = rows[0]["id"]
-            if delivery_id is not None:
-                await _claim_delivery(conn, provider, delivery_id, job_id)
+            if delivery_id is not None and not await _claim_delivery(
+                    conn, provider, delivery_id, job_id):
+                return "duplicate", "delivery already processed"
             try:
                 return await self._record(conn, provider, job_id, parsed)
             except (DatabaseUnavailable, DatabaseError):
@@ -325,11 +395,11 @@ def _parse(fn: Callable[[], T]) -> T:
 
 
 async def _claim_delivery(conn: Conn, provider: str, delivery_id: str,
-                          job_id: uuid.UUID) -> None:
+                          job_id: uuid.UUID) -> bool:
+    """Record the delivery; ``False`` if it was processed already (a duplicate)."""
     rows = await execute(conn, "webhook_record_delivery", {
         "provider": provider, "delivery_id": delivery_id, "job_id": job_id})
-    if not rows:
-        raise Reject(409, "replay", "delivery already processed")
+    return bool(rows)
 
 
 async def _forget_delivery(pool: Pool, provider: str, delivery_id: str) -> None:

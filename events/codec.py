@@ -94,3 +94,21 @@ def decode(
             job_id, seq, f"type column {type_name!r} disagrees with payload tag "
             f"{type(event).__name__!r}")
     return event
+
+
+# -- the upcasters of callwarden's own schema history ------------------------------------------
+
+def _upstream_succeeded_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept inline-stored keys in ``result.raw["prestored_keys"]``; v2 has them in
+    ``result.stored_keys`` (the finalizer still only accepts keys under the job's own
+    prefix, so a key a provider slipped into an old ``raw`` cannot name another job)."""
+    result = dict(data.get("result") or {})
+    raw = dict(result.get("raw") or {})
+    keys = raw.pop("prestored_keys", None)
+    if isinstance(keys, list) and all(isinstance(k, str) for k in keys):
+        result["stored_keys"] = keys
+    result["raw"] = raw
+    return {**data, "result": result}
+
+
+register_upcaster("UpstreamSucceeded", 1, _upstream_succeeded_v1)

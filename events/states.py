@@ -16,6 +16,7 @@ import msgspec
 __all__ = [
     "LEGAL",
     "NON_TERMINAL",
+    "OPEN_STATUSES",
     "SETTLEMENT",
     "TERMINAL",
     "TRANSITIONS",
@@ -79,8 +80,15 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("Swept", _ACTIVE, S.SWEPT),
     Transition("Exhausted", _ALL_OPEN, S.EXHAUSTED),
     Transition("Cancelled", (None, *_ALL_OPEN), S.CANCELLED),
+    # The host wrote a terminal status first: -> completed or cancelled when it wrote
+    # those, failed for any other status (the fold refines the state from the payload).
+    Transition("HostEnded", (None, *_ALL_OPEN), S.FAILED),
     Transition("ReconcileAttempted", _ALL_OPEN, None),
 )
+
+# The ``jobs.status`` values of a job the host still considers open; any other status on
+# an open call was written by host code: the host decided (DESIGN §10).
+OPEN_STATUSES = frozenset({"pending", "processing"})
 
 
 def _table() -> dict[tuple[CallState | None, str], CallState]:

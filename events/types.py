@@ -24,6 +24,7 @@ __all__ = [
     "Exhausted",
     "FinalizeClaimed",
     "FinalizeFailed",
+    "HostEnded",
     "ReconcileAttempted",
     "StoredMedia",
     "Swept",
@@ -41,12 +42,17 @@ class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 class UpstreamResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What upstream produced: URLs to download at once, text, the cost it reported."""
+    """What upstream produced: URLs to download at once, text, the cost it reported.
+
+    ``stored_keys``: media a sync call returned inline (TTS audio), already stored by the
+    worker under the job's own keys before the outcome was recorded. It is callwarden's
+    field, never read from ``raw`` (the provider's own answer, which it controls)."""
 
     media_urls: tuple[str, ...] = ()
     text: str | None = None
     cost: float | None = None
     raw: dict[str, Any] = msgspec.field(default_factory=dict)
+    stored_keys: tuple[str, ...] = ()
 
 
 class StoredMedia(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,13 +72,17 @@ class CallStarted(_Base, frozen=True, kw_only=True, tag=True):
 
 
 class Adopted(_Base, frozen=True, kw_only=True, tag=True):
-    """∅ → created|polling: a row whose seed columns were written by non-callwarden code."""
+    """∅ → created|polling: a row whose seed columns were written by non-callwarden code.
+    Carries every seed column it observed, so the fold of the log keeps the host's
+    ``reconcile_attempts`` and ``reconcile_last_error``."""
 
     kind: str
     task_id: str | None = None
     call_started_at: datetime | None = None
     observed_status: str | None = None
     sync: bool = False
+    reconcile_attempts: int = 0
+    reconcile_last_error: str | None = None
 
 
 class TaskCreated(_Base, frozen=True, kw_only=True, tag=True):
@@ -82,8 +92,12 @@ class TaskCreated(_Base, frozen=True, kw_only=True, tag=True):
 
 
 class UpstreamSucceeded(_Base, frozen=True, kw_only=True, tag=True):
-    """created|polling → upstream_succeeded."""
+    """created|polling → upstream_succeeded.
 
+    Version 2 moved inline-stored keys from ``result.raw["prestored_keys"]`` (where the
+    provider's own answer could forge them) to ``result.stored_keys``."""
+
+    VERSION: ClassVar[int] = 2
     result: UpstreamResult
 
 
@@ -134,6 +148,18 @@ class Cancelled(_Base, frozen=True, kw_only=True, tag=True):
     by: str
 
 
+class HostEnded(_Base, frozen=True, kw_only=True, tag=True):
+    """any non-terminal (or no call) → completed | cancelled | failed, as host code decided.
+
+    The host wrote a terminal ``status`` on the row (``completed``, ``cancelled``, or any
+    other value that is not ``pending``/``processing``: ``failed``) before callwarden's
+    own transition could land. The call ends that way; the row's ``status`` and
+    ``error_message`` stay as the host wrote them; a reservation the host left
+    ``reserved`` is settled as the state prescribes (never one it settled itself)."""
+
+    status: str
+
+
 class ReconcileAttempted(_Base, frozen=True, kw_only=True, tag=True):
     """non-terminal → same state; ``reconcile_attempts += 1``."""
 
@@ -154,6 +180,7 @@ Event = (
     | Swept
     | Exhausted
     | Cancelled
+    | HostEnded
     | ReconcileAttempted
 )
 
@@ -162,7 +189,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         CallStarted, Adopted, TaskCreated, UpstreamSucceeded, UpstreamFailed,
         FinalizeClaimed, FinalizeFailed, Completed, Swept, Exhausted, Cancelled,
-        ReconcileAttempted,
+        HostEnded, ReconcileAttempted,
     )
 }
 

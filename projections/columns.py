@@ -3,6 +3,12 @@
 ``to_columns`` gives the values the append statement writes; ``from_row`` rebuilds the
 projection from a row read back, so a writer can fold one more event onto it without
 reading the log.
+
+Only callwarden's own columns are parsed: the result media live in ``call_output``
+(callwarden's), never read back from the host's ``output_data`` (whatever shape the host
+keeps there). A callwarden column that does not decode (host code wrote over it) raises
+:class:`ProjectionUnreadable` naming the column; the engine then folds the job's log
+instead, which is the truth the columns only cache.
 """
 
 from __future__ import annotations
@@ -17,19 +23,30 @@ from events.states import CallState
 from events.types import StoredMedia, UpstreamResult
 from projections.fold import CallProjection
 
-__all__ = ["as_float", "from_row", "output_data", "to_columns"]
+__all__ = ["ProjectionUnreadable", "as_float", "call_output", "from_row", "to_columns"]
 
 _enc = msgspec.json.Encoder()
 _result_dec = msgspec.json.Decoder(UpstreamResult)
-_output_dec = msgspec.json.Decoder(dict[str, Any])
 
 
 class _Output(msgspec.Struct, frozen=True):
     media: tuple[StoredMedia, ...]
 
 
-def output_data(p: CallProjection) -> str | None:
-    """The ``jobs.output_data`` JSON the call sets (only once completed)."""
+_out_dec = msgspec.json.Decoder(_Output)
+
+
+class ProjectionUnreadable(ValueError):
+    """A callwarden column of the row does not decode (``column`` names it)."""
+
+    def __init__(self, column: str, detail: str) -> None:
+        super().__init__(f"column {column} is unreadable: {detail}")
+        self.column = column
+
+
+def call_output(p: CallProjection) -> str | None:
+    """The ``call_output`` JSON the call sets once completed (also merged into the host's
+    ``output_data`` by the append statement)."""
     if p.output_media is None:
         return None
     return _enc.encode(_Output(p.output_media)).decode()
@@ -53,7 +70,7 @@ def to_columns(p: CallProjection) -> dict[str, Any]:
         "finalize_lease_until": p.finalize_lease_until,
         "upstream_result": (_enc.encode(p.upstream_result).decode()
                             if p.upstream_result is not None else None),
-        "output_data": output_data(p),
+        "call_output": call_output(p),
         "provider_cost": p.provider_cost,
         "call_finished_at": p.call_finished_at,
         "call_settlement": p.settlement,
@@ -68,18 +85,33 @@ def as_float(value: Decimal | float | None) -> float | None:
 def _media(raw: str | None) -> tuple[StoredMedia, ...] | None:
     if raw is None:
         return None
-    data = _output_dec.decode(raw)
-    if "media" not in data:
+    try:
+        return _out_dec.decode(raw).media
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProjectionUnreadable("call_output", str(exc)) from exc
+
+
+def _result(raw: str | None) -> UpstreamResult | None:
+    if raw is None:
         return None
-    return msgspec.convert(data["media"], tuple[StoredMedia, ...])
+    try:
+        return _result_dec.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProjectionUnreadable("upstream_result", str(exc)) from exc
+
+
+def _state(raw: str | None) -> CallState | None:
+    try:
+        return CallState(raw) if raw is not None else None
+    except ValueError as exc:
+        raise ProjectionUnreadable("call_state", str(exc)) from exc
 
 
 def from_row(row: Mapping[str, Any]) -> CallProjection:
-    """The projection stored in a ``jobs`` row (as read by ``load_projection``)."""
-    state = row["call_state"]
-    result = row["upstream_result"]
+    """The projection stored in a ``jobs`` row (as read by ``load_projection``);
+    :class:`ProjectionUnreadable` if one of callwarden's columns does not decode."""
     return CallProjection(
-        state=CallState(state) if state is not None else None,
+        state=_state(row["call_state"]),
         version=row["call_version"],
         status=row["status"],
         provider_kind=row["provider_kind"],
@@ -92,9 +124,10 @@ def from_row(row: Mapping[str, Any]) -> CallProjection:
         error_message=row["error_message"],
         finalize_owner=row["finalize_owner"],
         finalize_lease_until=row["finalize_lease_until"],
-        upstream_result=_result_dec.decode(result) if result is not None else None,
-        output_media=_media(row["output_data"]),
+        upstream_result=_result(row["upstream_result"]),
+        output_media=_media(row["call_output"]),
         provider_cost=as_float(row["provider_cost"]),
         call_finished_at=row["call_finished_at"],
         settlement=row["call_settlement"],
+        settled_reservations=int(row.get("settled_reservations") or 0),
     )

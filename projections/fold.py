@@ -27,6 +27,7 @@ from events.types import (
     Exhausted,
     FinalizeClaimed,
     FinalizeFailed,
+    HostEnded,
     ReconcileAttempted,
     StoredMedia,
     Swept,
@@ -36,7 +37,8 @@ from events.types import (
     UpstreamSucceeded,
 )
 
-__all__ = ["EMPTY", "CallProjection", "apply", "fold", "fold_from", "status_for"]
+__all__ = ["EMPTY", "OBSERVED_FIELDS", "CallProjection", "apply", "fold", "fold_from",
+           "status_for"]
 
 ERROR_EXHAUSTED = "reconcile_exhausted"
 
@@ -59,7 +61,12 @@ def status_for(state: CallState | None) -> str | None:
 
 
 class CallProjection(msgspec.Struct, frozen=True, kw_only=True):
-    """What a job's events add up to. ``status`` ``None`` means "not set by the call"."""
+    """What a job's events add up to. ``status`` ``None`` means "not set by the call".
+
+    ``settled_reservations`` is *observed*, not folded: how many of the job's
+    ``usage_logs`` rows were no longer ``reserved`` when the row was read. The fold
+    carries it through untouched; the write path fences on it (a reservation the host
+    settled meanwhile makes the write re-read and re-decide)."""
 
     state: CallState | None = None
     version: int = 0
@@ -79,6 +86,7 @@ class CallProjection(msgspec.Struct, frozen=True, kw_only=True):
     provider_cost: float | None = None
     call_finished_at: datetime | None = None
     settlement: str | None = None  # "committed" | "refunded" once terminal
+    settled_reservations: int = 0  # observed on the row, never folded
 
     @property
     def terminal(self) -> bool:
@@ -87,6 +95,8 @@ class CallProjection(msgspec.Struct, frozen=True, kw_only=True):
 
 EMPTY = CallProjection()
 _FIELDS = CallProjection.__struct_fields__
+# Fields read from the row as the host left it, not computed by the fold.
+OBSERVED_FIELDS = frozenset({"settled_reservations"})
 
 
 class _Acc:
@@ -111,6 +121,7 @@ class _Acc:
     provider_cost: float | None
     call_finished_at: datetime | None
     settlement: str | None
+    settled_reservations: int
 
     def __init__(self, p: CallProjection) -> None:
         # One C-level astuple and one unpacking: the per-job cost of the hot loop.
@@ -119,7 +130,7 @@ class _Acc:
          self.reconcile_last_error, self.reconcile_next_at, self.error_message,
          self.finalize_owner, self.finalize_lease_until, self.upstream_result,
          self.output_media, self.provider_cost, self.call_finished_at,
-         self.settlement) = astuple(p)
+         self.settlement, self.settled_reservations) = astuple(p)
 
     def freeze(self) -> CallProjection:
         return CallProjection(
@@ -133,7 +144,7 @@ class _Acc:
             finalize_lease_until=self.finalize_lease_until,
             upstream_result=self.upstream_result, output_media=self.output_media,
             provider_cost=self.provider_cost, call_finished_at=self.call_finished_at,
-            settlement=self.settlement,
+            settlement=self.settlement, settled_reservations=self.settled_reservations,
         )
 
 
@@ -152,6 +163,8 @@ def _adopted(a: _Acc, e: Adopted) -> None:
     a.provider_kind = e.kind
     a.call_sync = e.sync
     a.provider_call_started_at = e.call_started_at or e.at
+    a.reconcile_attempts = e.reconcile_attempts
+    a.reconcile_last_error = e.reconcile_last_error
     if e.task_id:
         a.provider_task_id = e.task_id
         a.state = CallState.POLLING
@@ -208,6 +221,13 @@ def _cancelled(a: _Acc, e: Cancelled) -> None:
     pass
 
 
+_HOST_ENDINGS = {"completed": CallState.COMPLETED, "cancelled": CallState.CANCELLED}
+
+
+def _host_ended(a: _Acc, e: HostEnded) -> None:
+    a.state = _HOST_ENDINGS.get(e.status, CallState.FAILED)
+
+
 def _reconcile_attempted(a: _Acc, e: ReconcileAttempted) -> None:
     a.reconcile_attempts += 1
     a.reconcile_next_at = e.next_attempt_at
@@ -228,6 +248,7 @@ _HANDLERS: dict[type, _Handler] = {
     Swept: _swept,  # type: ignore[dict-item]
     Exhausted: _exhausted,  # type: ignore[dict-item]
     Cancelled: _cancelled,  # type: ignore[dict-item]
+    HostEnded: _host_ended,  # type: ignore[dict-item]
     ReconcileAttempted: _reconcile_attempted,  # type: ignore[dict-item]
 }
 
@@ -267,6 +288,8 @@ def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
         a.version += 1
         if a.state is not previous:
             _enter(a, e, a.state or dest)
+        if type(e) is HostEnded:
+            a.status = e.status  # the host's own word stays on the row
     return a.freeze()
 
 

@@ -7,13 +7,18 @@ from typing import Any
 
 import msgspec
 
-from projections.fold import CallProjection
+from projections.fold import OBSERVED_FIELDS, CallProjection
 
-__all__ = ["OPTIONAL_FIELDS", "Mismatch", "compare", "compare_settlement"]
+__all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_settlement"]
 
 # Fields the fold leaves to the host when it has nothing to say (None = "not set").
 OPTIONAL_FIELDS = frozenset({"status", "error_message", "output_media"})
-_FIELDS = CallProjection.__struct_fields__
+# The seed's columns: the host's own until a call owns them (CallStarted or Adopted set
+# provider_kind); a log that never did (a cancel of a job whose call never started) leaves
+# them as the host wrote them.
+SEED_FIELDS = frozenset({"provider_kind", "provider_task_id", "provider_call_started_at",
+                         "reconcile_attempts", "reconcile_last_error"})
+_FIELDS = tuple(f for f in CallProjection.__struct_fields__ if f not in OBSERVED_FIELDS)
 
 
 class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,9 +31,10 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
 def compare(job_id: object, stored: CallProjection, folded: CallProjection) -> list[Mismatch]:
     """Every field where the stored projection differs from the fold."""
     out = []
+    owned = folded.provider_kind is not None
     for f in _FIELDS:
         want = getattr(folded, f)
-        if want is None and f in OPTIONAL_FIELDS:
+        if (want is None and f in OPTIONAL_FIELDS) or (not owned and f in SEED_FIELDS):
             continue
         have = getattr(stored, f)
         if have != want:

@@ -30,8 +30,10 @@ class AsyncKindClient(Protocol):
         """Start an upstream task; return its task id. Not idempotent upstream."""
         ...
 
-    async def poll(self, task_id: str) -> PollOutcome:
-        """One status check of ``task_id``. Never creates anything."""
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+        """One status check of ``task_id``. Never creates anything. ``created_at`` (unix
+        seconds): when the task was created, if known — a provider that briefly denies a
+        new task (KIE's "recordInfo is null") counts its grace window from it."""
         ...
 
     async def resume(

@@ -45,7 +45,15 @@ from providers.elevenlabs_wire import (
     require,
 )
 from providers.errors import MalformedResponse, TaskNotFound, UnknownProviderKind
-from providers.outcomes import Blob, Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.outcomes import (
+    Blob,
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    reported_cost,
+)
 from providers.polling import poll_until_done
 from providers.transport import DEFAULT_POLICY, RawResponse, RetryPolicy, Sleep, send
 
@@ -193,10 +201,8 @@ def _dub_urls(body: Mapping[str, Any], base_url: str, http_status: int) -> tuple
 
 
 def _cost(raw: RawResponse) -> float | None:
-    try:
-        return float(raw.headers["character-cost"])
-    except (KeyError, ValueError):
-        return None
+    return reported_cost(raw.headers.get("character-cost"), provider=PROVIDER,
+                         field="character-cost header")
 
 
 def parse_audio(raw: RawResponse) -> Succeeded:
@@ -312,7 +318,7 @@ class ElevenLabsDubbingClient(_Base):
         raw = await self._send(build_dubbing_create_request(request), idempotent=False)
         return parse_dubbing_created(raw)
 
-    async def poll(self, task_id: str) -> PollOutcome:
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
         try:
             raw = await self._send(build_dubbing_poll_request(task_id), idempotent=True)
         except TaskNotFound as exc:

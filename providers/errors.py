@@ -15,7 +15,10 @@
     └── MediaError                    downloading a result failed
         ├── MediaExpired              404/403/410 on a result URL, or ``data_removed``
         ├── MediaTooLarge             body over the size limit
-        └── MediaTypeRejected         content type not allowed
+        ├── MediaTypeRejected         content type not allowed
+        └── MediaRefused              the URL (or a redirect hop) is not on a host the
+                                      kind's media may come from, or resolves to a
+                                      loopback / private / link-local / metadata address
 
     StorageError                      storing media failed (transient by nature)
     SignatureError                    a webhook signature is missing, wrong or stale
@@ -32,6 +35,7 @@ __all__ = [
     "MalformedResponse",
     "MediaError",
     "MediaExpired",
+    "MediaRefused",
     "MediaTooLarge",
     "MediaTypeRejected",
     "ProviderError",
@@ -129,6 +133,11 @@ class MediaTooLarge(MediaError):
 
 class MediaTypeRejected(MediaError):
     """The media's content type is not one we accept."""
+
+
+class MediaRefused(MediaError):
+    """The media URL was refused before anything was fetched (server-side request
+    forgery guard): permanent, the call fails and refunds."""
 
 
 class StorageError(Exception):

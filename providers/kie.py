@@ -39,7 +39,7 @@ from providers.kie_parse import (
     parse_task_id,
 )
 from providers.kinds import KINDS
-from providers.outcomes import NotFound, PollOutcome, Running, Succeeded
+from providers.outcomes import NotFound, PollOutcome, Running, Succeeded, reported_cost
 from providers.polling import poll_until_done
 from providers.transport import DEFAULT_POLICY, Classify, RawResponse, RetryPolicy, Sleep, send
 
@@ -186,8 +186,8 @@ class KieTaskClient:
         self.remember(task_id)
         return task_id
 
-    async def poll(self, task_id: str) -> PollOutcome:
-        self.remember(task_id)
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+        self.remember(task_id, created_at)
         req = build_poll_request(self.family, task_id, api_key=self._endpoint.api_key)
         raw = await _send(self._session, self._endpoint, req, classify=classify_kie_poll,
                           policy=self._policy, sleep=self._sleep, idempotent=True)
@@ -252,9 +252,8 @@ def parse_llm(raw: RawResponse) -> Succeeded:
     if text is None:
         raise MalformedResponse(f"kie-llm answer has neither content nor choices: "
                                 f"{raw.body[:200]!r}", provider=PROVIDER, status=raw.status)
-    credits = body.get("credits_consumed")
-    numeric = isinstance(credits, int | float) and not isinstance(credits, bool)
-    cost = float(credits) if numeric else None
+    cost = reported_cost(body.get("credits_consumed"), provider=PROVIDER,
+                         field="credits_consumed")
     return Succeeded(text=text, cost=cost, raw=body)
 
 

@@ -36,7 +36,7 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded, reported_cost
 from providers.transport import RawResponse, parse_retry_after
 
 __all__ = [
@@ -257,7 +257,8 @@ def _decode_result_json(value: object) -> dict[str, Any]:
 
 def _market_success(data: dict[str, Any]) -> Succeeded:
     result = _decode_result_json(data.get("resultJson"))
-    cost = _number(data.get("creditsConsumed"))
+    cost = reported_cost(data.get("creditsConsumed"), provider=PROVIDER,
+                         field="creditsConsumed")
     urls = _urls(result.get("resultUrls"))
     if urls:
         return Succeeded(media_urls=urls, cost=cost, raw=data)

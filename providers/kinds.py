@@ -1,8 +1,10 @@
 """The registry of the 14 ``provider_kind`` values (seed §4, corrected by the reference).
 
 Pure data: which provider serves a kind, whether it is polled (async) or answers in one
-round trip (sync), the seed's stale threshold, the provider's result-URL lifetime, and the
-poll cadence/budget a worker uses. Thresholds here are *defaults*: the reconciler's
+round trip (sync), the seed's stale threshold, the provider's result-URL lifetime, the
+poll cadence/budget a worker uses, and the hosts its result media are served from (the
+only hosts, with the provider's configured endpoint, media is downloaded from:
+:mod:`providers.media_guard`). Thresholds here are *defaults*: the reconciler's
 configuration may override them and validates them against ``result_url_lifetime_s``.
 """
 
@@ -40,10 +42,21 @@ class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
     result_url_lifetime_s: float | None  # None: no URL to expire (inline result)
     poll_interval_s: float = 3.0
     poll_budget_s: float = 15 * MIN
+    media_hosts: tuple[str, ...] = ()
 
     @property
     def is_async(self) -> bool:
         return self.mode == "async"
+
+
+# Where each provider serves result files (reference §1, §11; docs/providers.md).
+KIE_MEDIA_HOSTS = ("tempfile.aiquickdraw.com", "*.aiquickdraw.com", "tempfile.redpandaai.co",
+                   "*.redpandaai.co")
+REPLICATE_MEDIA_HOSTS = ("replicate.delivery", "*.replicate.delivery")
+_MEDIA_HOSTS: dict[Provider, tuple[str, ...]] = {
+    "kie": KIE_MEDIA_HOSTS, "replicate": REPLICATE_MEDIA_HOSTS,
+    # ElevenLabs serves dubbed audio from its API host (the configured endpoint).
+    "elevenlabs": (), "anthropic": ()}
 
 
 def _k(name: str, provider: Provider, mode: Mode, family: str, threshold_min: float,
@@ -52,6 +65,7 @@ def _k(name: str, provider: Provider, mode: Mode, family: str, threshold_min: fl
         name=name, provider=provider, mode=mode, family=family,
         stale_threshold_s=threshold_min * MIN, result_url_lifetime_s=lifetime_s,
         poll_interval_s=interval_s, poll_budget_s=budget_min * MIN,
+        media_hosts=_MEDIA_HOSTS[provider] if mode == "async" else (),
     )
 
 

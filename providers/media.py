@@ -3,6 +3,9 @@
 :func:`download` streams the body in chunks and aborts (closing the connection) as soon as it
 passes ``max_bytes``; a ``Content-Length`` above the limit is refused before any body is read.
 ``data:`` URIs (Replicate's sync mode returns them) are decoded under the same checks.
+Every http(s) URL, and every redirect hop (followed by hand, up to the policy's limit),
+must pass the :class:`~providers.media_guard.MediaPolicy` the caller gives; use a session
+from :func:`~providers.media_guard.media_session` so resolved addresses are checked too.
 
 Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
 (``image/*``); ``None`` accepts anything. The default, :data:`DEFAULT_MEDIA_TYPES`, is
@@ -21,6 +24,7 @@ Errors (all from :mod:`providers.errors`; no aiohttp exception escapes)::
     body or Content-Length over max_bytes   MediaTooLarge
     content type not allowed                MediaTypeRejected
     other 4xx, bad URL or scheme, bad data: MediaError
+    host or redirect hop not allowed        MediaRefused (nothing fetched)
 
 Messages show URLs without their query string (signed URLs carry credentials there).
 """
@@ -39,6 +43,7 @@ import msgspec
 from providers.errors import (
     MediaError,
     MediaExpired,
+    MediaRefused,
     MediaTooLarge,
     MediaTypeRejected,
     ProviderError,
@@ -46,6 +51,7 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
+from providers.media_guard import MediaPolicy, check_url, shown_url
 from providers.transport import parse_retry_after
 
 __all__ = [
@@ -157,15 +163,6 @@ def status_error(status: int, reason: str, retry_after: str | None, shown: str
     return MediaError(message, status=status)
 
 
-def _redact(url: str) -> str:
-    """``url`` without query and fragment, for messages."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url.split("?", 1)[0].split("#", 1)[0]
-    return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
-
-
 def _refuse_declared(declared: str, allowed: frozenset[str] | None, shown: str) -> None:
     if declared not in GENERIC_TYPES and not type_allowed(declared, allowed):
         raise MediaTypeRejected(f"{shown}: content type {declared!r} is not allowed")
@@ -240,40 +237,58 @@ async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, shown: str)
     return bytes(body)
 
 
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
 async def _fetch(
-    session: aiohttp.ClientSession, url: str, shown: str, *, max_bytes: int,
+    session: aiohttp.ClientSession, url: str, *, policy: MediaPolicy, max_bytes: int,
     allowed_types: frozenset[str] | None, headers: Mapping[str, str] | None,
 ) -> tuple[str, bytes]:
-    async with session.get(url, headers=dict(headers) if headers else None) as resp:
-        error = status_error(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
-                             shown)
-        if error is not None:
-            raise error
-        declared = _base_type(resp.headers.get("Content-Type"))
-        _refuse_declared(declared, allowed_types, shown)
-        return declared, await _read_capped(resp, max_bytes, shown)
+    """GET ``url``, following redirects by hand: each hop is checked by ``policy`` before
+    it is requested. Credentials (``headers``) go only to the first host."""
+    first_host = check_url(url, policy)
+    for _ in range(policy.max_redirects + 1):
+        host = check_url(url, policy)
+        shown = shown_url(url)
+        send = dict(headers) if headers and host == first_host else None
+        async with session.get(url, headers=send, allow_redirects=False) as resp:
+            location = resp.headers.get("Location")
+            if resp.status in _REDIRECTS and location:
+                url = urllib.parse.urljoin(url, location)
+                continue
+            error = status_error(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
+                                 shown)
+            if error is not None:
+                raise error
+            declared = _base_type(resp.headers.get("Content-Type"))
+            _refuse_declared(declared, allowed_types, shown)
+            return declared, await _read_capped(resp, max_bytes, shown)
+    raise MediaRefused(f"refused media URL {shown_url(url)!r}: more than "
+                       f"{policy.max_redirects} redirects")
 
 
 async def download(
     session: aiohttp.ClientSession,
     url: str,
     *,
+    policy: MediaPolicy,
     max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
     headers: Mapping[str, str] | None = None,
     timeout_s: float = 120,
 ) -> Downloaded:
     """Fetch ``url`` (``http``, ``https`` or ``data:``) within ``timeout_s`` in total, body
-    included. Raises only :mod:`providers.errors` types (see the module docstring)."""
+    included, from where ``policy`` allows. Raises only :mod:`providers.errors` types (see
+    the module docstring)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "data":
         return decode_data_uri(url, max_bytes=max_bytes, allowed_types=allowed_types)
-    shown = _redact(url)
+    shown = shown_url(url)
     if scheme not in ("http", "https"):
-        raise MediaError(f"unsupported media URL scheme in {shown!r}")
+        raise MediaRefused(f"unsupported media URL scheme in {shown!r}")
     try:
         async with asyncio.timeout(timeout_s):
-            declared, data = await _fetch(session, url, shown, max_bytes=max_bytes,
+            declared, data = await _fetch(session, url, policy=policy, max_bytes=max_bytes,
                                           allowed_types=allowed_types, headers=headers)
     except TimeoutError as exc:
         raise ProviderTimeout(f"GET {shown} timed out after {timeout_s}s") from exc

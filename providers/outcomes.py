@@ -6,11 +6,15 @@ vocabulary onto exactly one of them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 
-__all__ = ["Blob", "Failed", "NotFound", "PollOutcome", "Running", "Succeeded", "SyncOutcome"]
+from providers.errors import MalformedResponse
+
+__all__ = ["Blob", "Failed", "NotFound", "PollOutcome", "Running", "Succeeded", "SyncOutcome",
+           "reported_cost"]
 
 
 class Blob(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,3 +58,22 @@ class NotFound(msgspec.Struct, frozen=True, kw_only=True, tag="not_found"):
 
 PollOutcome = Running | Succeeded | Failed | NotFound
 SyncOutcome = Succeeded | Failed
+
+
+def reported_cost(value: object, *, provider: str, field: str) -> float | None:
+    """A cost the provider reported in ``field``: ``None`` when absent, a finite number
+    ``>= 0`` otherwise; anything else (negative, NaN, infinite, not a number) is
+    :class:`MalformedResponse` — a cost is never negative and never guessed."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise MalformedResponse(f"{field} is not a number: {value!r}", provider=provider)
+    try:
+        cost = float(value)
+    except ValueError:
+        raise MalformedResponse(f"{field} is not a number: {value!r}",
+                                provider=provider) from None
+    if not math.isfinite(cost) or cost < 0:
+        raise MalformedResponse(f"{field} must be a finite number >= 0, got {value!r}",
+                                provider=provider)
+    return cost

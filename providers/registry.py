@@ -8,6 +8,7 @@ The engine asks here for a client and gets an :class:`~providers.base.AsyncKindC
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import aiohttp
 import msgspec
@@ -15,14 +16,16 @@ import msgspec
 from providers.anthropic import anthropic_client_for
 from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
 from providers.elevenlabs import elevenlabs_client_for, media_auth_headers
-from providers.errors import UnknownProviderKind
+from providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
 from providers.kie import kie_client_for
 from providers.kinds import get_kind
 from providers.media import DEFAULT_MEDIA_TYPES
+from providers.media_guard import MediaPolicy
+from providers.outcomes import Failed, NotFound, PollOutcome
 from providers.replicate import replicate_client_for
 from providers.transport import Sleep
 
-__all__ = ["MediaFetch", "client_for", "media_fetch_for"]
+__all__ = ["MediaFetch", "client_for", "media_fetch_for", "poll_task"]
 
 
 def client_for(
@@ -50,25 +53,56 @@ def client_for(
     return anthropic_client_for(kind, session, settings.anthropic, policy=policy, sleep=sleep)
 
 
-class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
-    """How to download a kind's result URLs: extra headers (ElevenLabs serves dubbed
-    audio only with the API key) and the content types accepted (``None``: any, for
-    Replicate trainings whose output is model weights)."""
+async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
+                    settings: ProviderSettings, *, created_at: float | None = None,
+                    sleep: Sleep = asyncio.sleep) -> PollOutcome:
+    """ONE status check of ``task_id`` of ``kind`` (no loop): the outcome, with a result
+    that is gone (``MediaExpired``: Replicate's ``data_removed``) as ``Failed`` and an
+    unknown task (``TaskNotFound``) as ``NotFound``; any other failure raises a
+    :class:`~providers.errors.ProviderError`. ``created_at``: when the task was created
+    (unix seconds), for providers that briefly deny new tasks."""
+    if not get_kind(kind).is_async:
+        raise UnknownProviderKind(f"{kind} is not a polled kind")
+    client = cast(AsyncKindClient, client_for(kind, session, settings, sleep=sleep))
+    try:
+        return await client.poll(task_id, created_at=created_at)
+    except MediaExpired as exc:
+        return Failed(error=f"result expired: {exc}", code="result_gone")
+    except TaskNotFound as exc:
+        return NotFound(message=str(exc))
 
+
+class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
+    """How to download a kind's result URLs: where from (``policy``: the kind's media
+    hosts and its provider's configured endpoint, plus an operator allow-list), extra
+    headers (ElevenLabs serves dubbed audio only with the API key) and the content types
+    accepted (``None``: any, for Replicate trainings whose output is model weights)."""
+
+    policy: MediaPolicy = MediaPolicy()
     headers: dict[str, str] | None = None
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES
 
 
-def media_fetch_for(kind: str | None, settings: ProviderSettings) -> MediaFetch:
-    """The download options for ``kind``'s results (defaults for an unknown kind)."""
-    if kind is None:
-        return MediaFetch()
+def _endpoint_urls(provider: str, settings: ProviderSettings) -> tuple[str, ...]:
+    endpoint = {"kie": settings.kie, "replicate": settings.replicate,
+                "elevenlabs": settings.elevenlabs, "anthropic": settings.anthropic}[provider]
+    return tuple(u for u in (endpoint.base_url, endpoint.media_base_url) if u)
+
+
+def media_fetch_for(kind: str | None, settings: ProviderSettings,
+                    extra_hosts: tuple[str, ...] = ()) -> MediaFetch:
+    """The download options for ``kind``'s results; an unknown kind may fetch only from
+    ``extra_hosts`` (the operator's allow-list)."""
     try:
-        spec = get_kind(kind)
+        spec = get_kind(kind) if kind is not None else None
     except UnknownProviderKind:
-        return MediaFetch()
+        spec = None
+    if spec is None:
+        return MediaFetch(policy=MediaPolicy.build(extra_hosts, ()))
+    policy = MediaPolicy.build((*spec.media_hosts, *extra_hosts),
+                               _endpoint_urls(spec.provider, settings))
     if spec.provider == "elevenlabs":
-        return MediaFetch(headers=media_auth_headers(settings.elevenlabs))
+        return MediaFetch(policy=policy, headers=media_auth_headers(settings.elevenlabs))
     if spec.name == "replicate-training":
-        return MediaFetch(allowed_types=None)
-    return MediaFetch()
+        return MediaFetch(policy=policy, allowed_types=None)
+    return MediaFetch(policy=policy)

@@ -299,7 +299,7 @@ class _ReplicateClient:
         raw = await self._send(req, classify=classify_replicate, idempotent=False)
         return parse_created(raw)
 
-    async def poll(self, task_id: str) -> PollOutcome:
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
         req = build_get_request(self.collection, task_id, api_key=self._endpoint.api_key)
         raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
         return parse_prediction(raw)

@@ -111,13 +111,16 @@ def elevenlabs_sign(secret: str, timestamp: int, body: bytes) -> str:
 
 def verify_elevenlabs(
     secret: str, header: str | None, body: bytes, *, now: float, tolerance_s: float = 1800.0,
-) -> None:
-    """Check an ElevenLabs delivery's ``ElevenLabs-Signature`` header."""
+) -> str:
+    """Check an ElevenLabs delivery's ``ElevenLabs-Signature`` header; return its replay
+    key, ``"<t>.<v0>"`` as parsed (so extra parts appended to the header, such as
+    ``,x=1``, do not make a replay look new)."""
     if not header:
         raise SignatureError("missing ElevenLabs-Signature")
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    parts = dict(p.strip().split("=", 1) for p in header.split(",") if "=" in p)
     ts = _check_timestamp(parts.get("t"), now, tolerance_s)
     given = parts.get("v0", "")
     expected = elevenlabs_sign(secret, ts, body).split("v0=")[1]
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise SignatureError("ElevenLabs signature mismatch")
+    return f"{ts}.{given}"

@@ -56,7 +56,7 @@ SELECT j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provider
        j.provider_call_started_at, j.call_sync, j.reconcile_attempts,
        j.reconcile_last_error, j.reconcile_next_at, j.error_message, j.finalize_owner,
        j.finalize_lease_until, j.upstream_result::text AS upstream_result,
-       j.output_data::text AS output_data, j.provider_cost, j.call_finished_at,
+       j.call_output::text AS call_output, j.provider_cost, j.call_finished_at,
        j.call_settlement,
        ev.payloads, ev.sig, ev.n, ev.last_seq,
        coalesce(us.statuses, '{}'::text[]) AS statuses
@@ -85,26 +85,38 @@ ORDER BY j.id;
 UPDATE jobs SET
     call_state = %(call_state)s::text,
     call_version = %(new_version)s::int,
-    status = CASE WHEN status = 'cancelled' AND NOT %(terminal)s::boolean THEN status
+    status = CASE WHEN COALESCE(status, 'pending') NOT IN ('pending', 'processing')
+                       AND NOT %(terminal)s::boolean THEN status
                   ELSE COALESCE(%(status)s::text, status) END,
-    provider_kind = %(provider_kind)s::text,
-    provider_task_id = %(provider_task_id)s::text,
-    provider_call_started_at = %(provider_call_started_at)s::timestamptz,
+    provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
+                         ELSE provider_kind END,
+    provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text
+                            ELSE provider_task_id END,
+    provider_call_started_at = CASE WHEN %(owns_seed)s::boolean
+                                    THEN %(provider_call_started_at)s::timestamptz
+                                    ELSE provider_call_started_at END,
     call_sync = %(call_sync)s::boolean,
-    reconcile_attempts = %(reconcile_attempts)s::int,
-    reconcile_last_error = %(reconcile_last_error)s::text,
+    reconcile_attempts = CASE WHEN %(owns_seed)s::boolean THEN %(reconcile_attempts)s::int
+                              ELSE reconcile_attempts END,
+    reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
+                                THEN %(reconcile_last_error)s::text
+                                ELSE reconcile_last_error END,
     reconcile_next_at = %(reconcile_next_at)s::timestamptz,
     error_message = COALESCE(%(error_message)s::text, error_message),
     finalize_owner = %(finalize_owner)s::text,
     finalize_lease_until = %(finalize_lease_until)s::timestamptz,
     upstream_result = %(upstream_result)s::jsonb,
-    output_data = COALESCE(%(output_data)s::jsonb, output_data),
+    call_output = %(call_output)s::jsonb,
+    output_data = CASE
+        WHEN %(call_output)s::jsonb IS NULL THEN output_data
+        WHEN jsonb_typeof(output_data) = 'object' THEN output_data || %(call_output)s::jsonb
+        ELSE %(call_output)s::jsonb END,
     provider_cost = %(provider_cost)s::numeric,
     call_finished_at = %(call_finished_at)s::timestamptz,
     call_settlement = %(call_settlement)s::text,
-    completed_at = CASE WHEN %(call_state)s::text = 'completed'
+    completed_at = CASE WHEN %(is_completion)s::boolean
                         THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
-    progress = CASE WHEN %(call_state)s::text = 'completed' THEN 100 ELSE progress END,
+    progress = CASE WHEN %(is_completion)s::boolean THEN 100 ELSE progress END,
     updated_at = now()
 WHERE id = %(job_id)s::uuid
   AND call_version = %(expected_version)s::int

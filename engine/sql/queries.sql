@@ -2,49 +2,81 @@
 -- Loaded once by engine.queries; parameters are psycopg named placeholders.
 
 -- name: load_projection
+-- The projection columns (callwarden's own; never the host's output_data), and how many of
+-- the job's reservations were already settled when read (the write path fences on it).
 SELECT id, status, call_state, call_version, provider_kind, provider_task_id,
        provider_call_started_at, call_sync, reconcile_attempts, reconcile_last_error,
        reconcile_next_at, error_message, finalize_owner, finalize_lease_until,
-       upstream_result::text AS upstream_result, output_data::text AS output_data,
-       provider_cost, call_finished_at, call_settlement
-FROM jobs
+       upstream_result::text AS upstream_result, call_output::text AS call_output,
+       provider_cost, call_finished_at, call_settlement,
+       (SELECT count(*) FROM usage_logs u
+         WHERE u.job_id = j.id AND u.status <> 'reserved') AS settled_reservations
+FROM jobs j
 WHERE id = %(job_id)s;
 
 -- name: append_event
 -- One transition in one statement (so one transaction, one round trip): update the
--- projection fenced on the version read (and on status <> 'cancelled' unless the event is
--- the cancel itself), append the event at seq = new version only if the update won, and
--- settle the reservation with a compare-and-set on status = 'reserved' only if the event
--- was appended. Data-modifying CTEs share one snapshot and commit or roll back together.
+-- projection fenced on what the writer read, append the event at seq = new version only if
+-- the update won, and settle the reservation with a compare-and-set on status = 'reserved'
+-- only if the event was appended. Data-modifying CTEs share one snapshot and commit or roll
+-- back together. The fences (DESIGN §5, §10):
+--   * call_version = the version read (optimistic concurrency between callwarden actors);
+--   * the host's status: still pending/processing (NULL counts as pending), or, for the
+--     HostEnded event that records a host decision, exactly the status it observed;
+--   * the number of the job's reservations not 'reserved' any more, as read (a host that
+--     settled one meanwhile makes the writer re-read and re-decide); not for CallStarted;
+--   * a call is started only on a row no other code has put a task on (such a row is
+--     adopted by the reconciler instead).
+-- The seed's columns are written only once a call owns them (owns_seed: CallStarted or
+-- Adopted set provider_kind): a cancel of a job whose call never started leaves the host's
+-- provider_kind, task id, start time and attempt counters as they are.
+-- A commit charges min(cost, reserved) in total, split over the job's reservations in id
+-- order (never above any one of them, never below zero).
 WITH upd AS (
     UPDATE jobs SET
         call_state = %(call_state)s::text,
         call_version = %(new_version)s::int,
         status = COALESCE(%(status)s::text, status),
-        provider_kind = %(provider_kind)s::text,
-        provider_task_id = %(provider_task_id)s::text,
-        provider_call_started_at = %(provider_call_started_at)s::timestamptz,
+        provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
+                             ELSE provider_kind END,
+        provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text
+                                ELSE provider_task_id END,
+        provider_call_started_at = CASE WHEN %(owns_seed)s::boolean
+                                        THEN %(provider_call_started_at)s::timestamptz
+                                        ELSE provider_call_started_at END,
         call_sync = %(call_sync)s::boolean,
-        reconcile_attempts = %(reconcile_attempts)s::int,
-        reconcile_last_error = %(reconcile_last_error)s::text,
+        reconcile_attempts = CASE WHEN %(owns_seed)s::boolean
+                                  THEN %(reconcile_attempts)s::int
+                                  ELSE reconcile_attempts END,
+        reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
+                                    THEN %(reconcile_last_error)s::text
+                                    ELSE reconcile_last_error END,
         reconcile_next_at = %(reconcile_next_at)s::timestamptz,
         error_message = COALESCE(%(error_message)s::text, error_message),
         finalize_owner = %(finalize_owner)s::text,
         finalize_lease_until = %(finalize_lease_until)s::timestamptz,
         upstream_result = %(upstream_result)s::jsonb,
-        output_data = COALESCE(%(output_data)s::jsonb, output_data),
+        call_output = %(call_output)s::jsonb,
+        output_data = CASE
+            WHEN %(call_output)s::jsonb IS NULL THEN output_data
+            WHEN jsonb_typeof(output_data) = 'object' THEN output_data || %(call_output)s::jsonb
+            ELSE %(call_output)s::jsonb END,
         provider_cost = %(provider_cost)s::numeric,
         call_finished_at = %(call_finished_at)s::timestamptz,
         call_settlement = %(call_settlement)s::text,
-        completed_at = CASE WHEN %(call_state)s::text = 'completed'
+        completed_at = CASE WHEN %(is_completion)s::boolean
                             THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
-        progress = CASE WHEN %(call_state)s::text = 'completed' THEN 100 ELSE progress END,
+        progress = CASE WHEN %(is_completion)s::boolean THEN 100 ELSE progress END,
         updated_at = now()
     WHERE id = %(job_id)s::uuid
       AND call_version = %(expected_version)s::int
-      AND (status <> 'cancelled' OR %(is_cancel)s::boolean)
-      -- A call is started only on a row no other code has put a task on (such a row is
-      -- adopted by the reconciler instead).
+      AND CASE WHEN %(host_status)s::text IS NULL
+               THEN COALESCE(status, 'pending') IN ('pending', 'processing')
+               ELSE status IS NOT DISTINCT FROM %(host_status)s::text END
+      AND (%(expected_settled)s::int IS NULL
+           OR (SELECT count(*) FROM usage_logs u
+                WHERE u.job_id = %(job_id)s::uuid AND u.status <> 'reserved')
+              = %(expected_settled)s::int)
       AND (NOT %(is_start)s::boolean OR provider_task_id IS NULL)
     RETURNING id
 ), ev AS (
@@ -53,18 +85,27 @@ WITH upd AS (
            %(payload)s::jsonb, %(actor)s::text
     FROM upd
     RETURNING seq
+), open_rows AS (
+    SELECT u.id, u.credits_reserved,
+           COALESCE(sum(u.credits_reserved) OVER (
+               ORDER BY u.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+    FROM usage_logs u
+    WHERE u.job_id = %(job_id)s::uuid AND u.status = 'reserved'
 ), settle AS (
-    UPDATE usage_logs SET
+    UPDATE usage_logs u SET
         status = %(settle_to)s::text,
         settled_at = now(),
         credits_charged = CASE WHEN %(settle_to)s::text = 'committed'
-            THEN LEAST(COALESCE(%(cost)s::numeric, credits_reserved), credits_reserved)
+            -- (cost: clamped to >= 0 by the caller; NULL: charge the reservation)
+            THEN LEAST(o.credits_reserved, GREATEST(0, COALESCE(
+                     %(cost)s::numeric, o.credits_reserved + o.before) - o.before))
             ELSE 0 END
-    WHERE job_id = %(job_id)s::uuid
-      AND status = 'reserved'
+    FROM open_rows o
+    WHERE u.id = o.id
+      AND u.status = 'reserved'
       AND %(settle_to)s::text IS NOT NULL
       AND EXISTS (SELECT 1 FROM ev)
-    RETURNING id
+    RETURNING u.id
 )
 SELECT (SELECT count(*) FROM ev) AS appended,
        (SELECT count(*) FROM settle) AS settled,
@@ -127,3 +168,7 @@ WHERE j.id = %(job_id)s
   AND w.status = 'failed'
   AND w.failed_nodes = ARRAY[j.node_id]::text[]
 RETURNING w.id;
+
+-- name: clock_now
+-- The database's clock: the one every actor compares leases and heartbeats on.
+SELECT now() AS now;

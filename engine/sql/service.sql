@@ -12,7 +12,8 @@ WHERE provider_kind = ANY(%(kinds)s::text[])
   AND provider_task_id = %(task_id)s::text;
 
 -- name: webhook_job_by_id
-SELECT id, provider_kind, provider_task_id, call_state, callback_token
+SELECT id, provider_kind, provider_task_id, provider_call_started_at, call_state,
+       callback_token
 FROM jobs
 WHERE id = %(job_id)s::uuid;
 

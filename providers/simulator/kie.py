@@ -232,13 +232,19 @@ def _reply_text(body: dict[str, Any]) -> str:
     return f"Simulated reply to: {str(content)[:80]}"
 
 
+def _script_cost(sim: Simulator, body: dict[str, Any], default: float) -> float:
+    """The cost the request's ``_sim`` script asks for (a hostile one included)."""
+    cost = sim.script_for(NAME, body).cost if "_sim" in body else None
+    return default if cost is None else cost
+
+
 def _anthropic_message(sim: Simulator, body: dict[str, Any]) -> dict[str, Any]:
     text = _reply_text(body)
     return {"id": f"msg_{sim.rng.getrandbits(96):024x}", "type": "message",
             "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "stop_sequence": None, "usage": {"input_tokens": 13, "output_tokens": len(text)},
-            "credits_consumed": 0.02}
+            "credits_consumed": _script_cost(sim, body, 0.02)}
 
 
 def _chat_completion(sim: Simulator, body: dict[str, Any]) -> dict[str, Any]:

@@ -109,8 +109,9 @@ def media(sim: Simulator, task: Task) -> list[str]:
         ttl = task.script.media_ttl_s if task.script.media_ttl_s is not None \
             else KIE_MEDIA_TTL_S
         ctype = _content_type(task)
-        task.media_urls = [sim.media.put(fake_media(ctype, f"{task.id}/{i}"), ctype, ttl)
-                           for i in range(count)]
+        task.media_urls = list(task.script.result_urls) if task.script.result_urls else [
+            sim.media.put(fake_media(ctype, f"{task.id}/{i}"), ctype, ttl, script=task.script)
+            for i in range(count)]
     return task.media_urls
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from providers.simulator.model import Clock
+from providers.simulator.model import Clock, Script
 
 __all__ = ["MediaHost", "StoredMedia", "fake_media"]
 
@@ -37,6 +37,7 @@ class StoredMedia:
     content_type: str
     expires_at: float | None  # simulated unix seconds; None = never
     expired: bool = False
+    redirect: str | None = None  # answer 302 to this location instead
 
 
 class MediaHost:
@@ -48,11 +49,16 @@ class MediaHost:
         self._items: dict[str, StoredMedia] = {}
         self.base_url = ""
 
-    def put(self, data: bytes, content_type: str, ttl_s: float | None) -> str:
-        """Store ``data``; return its absolute URL (valid ``ttl_s`` simulated seconds)."""
+    def put(self, data: bytes, content_type: str, ttl_s: float | None, *,
+            script: Script | None = None) -> str:
+        """Store ``data``; return its absolute URL (valid ``ttl_s`` simulated seconds).
+        ``script``'s hostile options apply: an HTML page instead of the media, a redirect."""
         token = f"{self._rng.getrandbits(128):032x}"
         expires = None if ttl_s is None else self._clock.now() + ttl_s
-        self._items[token] = StoredMedia(data, content_type, expires)
+        if script is not None and script.media_body == "html":
+            data, content_type = b"<!doctype html><h1>502 Bad Gateway</h1>", "text/html"
+        redirect = script.media_redirect if script is not None else None
+        self._items[token] = StoredMedia(data, content_type, expires, redirect=redirect)
         return f"{self.base_url}/media/{token}"
 
     def expire(self, url: str) -> None:
@@ -80,6 +86,8 @@ class MediaHost:
         item = self.get(request.match_info["token"])
         if item is None:
             return web.Response(status=404, text="Not Found")
+        if item.redirect is not None:
+            return web.Response(status=302, headers={"Location": item.redirect})
         return web.Response(body=item.data, content_type=item.content_type)
 
 

@@ -79,13 +79,26 @@ def _default_steps() -> list[Step]:
     return [Step(phase="queued", polls=1), Step(phase="running", polls=2)]
 
 
+MediaBody = Literal["media", "html"]
+
+
 class Script(msgspec.Struct, frozen=True, kw_only=True):
-    """What one simulated task does over its life."""
+    """What one simulated task does over its life.
+
+    Hostile results (for the engine's guards): ``result_urls`` replaces the media URLs the
+    task reports on success (a foreign host, an internal address, ...); ``media_body``
+    ``"html"`` serves an HTML error page (200, ``text/html``) where the media should be;
+    ``media_redirect`` makes every media URL answer ``302`` to that location; ``cost``
+    is the cost reported where the provider reports one (e.g. a negative one)."""
 
     steps: list[Step] = msgspec.field(default_factory=_default_steps)
     end: Literal["succeeded", "failed", "stuck", "vanished"] = "succeeded"
     media_count: int = 1
     media_ttl_s: float | None = None
+    result_urls: list[str] | None = None
+    media_body: MediaBody = "media"
+    media_redirect: str | None = None
+    cost: float | None = None
     error: str = "generation failed"
     error_code: str | None = None
     webhook: WebhookPlan = WebhookPlan()

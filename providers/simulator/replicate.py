@@ -114,8 +114,10 @@ def _settle(sim: Simulator, task: Task, phase: Phase, now: float) -> None:
 
 def _mint_output(sim: Simulator, task: Task) -> Any:
     ttl = task.script.media_ttl_s if task.script.media_ttl_s is not None else OUTPUT_TTL_S
-    urls = [sim.media.put(fake_media("image/png", f"{task.id}/{i}"), "image/png", ttl)
-            for i in range(task.script.media_count)]
+    urls = list(task.script.result_urls) if task.script.result_urls else [
+        sim.media.put(fake_media("image/png", f"{task.id}/{i}"), "image/png", ttl,
+                      script=task.script)
+        for i in range(task.script.media_count)]
     task.media_urls = urls
     task.extra["removed_at"] = sim.clock.now() + ttl
     if task.family == "training":

@@ -75,8 +75,8 @@ async def browse(url: str, tmp_path: Path, *extra: str) -> str:
 
 @pytest.fixture
 async def dashboard(db_url: str, tmp_path: Path) -> AsyncIterator[str]:
-    async with open_pool(db_url, max_size=4) as pool, aiohttp.ClientSession() as http:
-        finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), http,
+    async with open_pool(db_url, max_size=4) as pool:
+        finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"),
                               ProviderSettings(), owner="webhook:test",
                               clock=lambda: datetime.now(UTC))
         runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))

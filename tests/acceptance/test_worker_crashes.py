@@ -105,6 +105,7 @@ def test_every_failpoint_is_exercised() -> None:
 def _args(kind: str, policy: str, tmp: Any) -> list[str]:
     return ["--concurrency", "1", "--visibility", str(VISIBILITY_S), "--poll-empty", "0.05",
             "--grace", "5", "--poll-interval", "0.05", "--finalize-lease", "0.5",
+            "--media-timeout", "0.2", "--store-timeout", "0.1", "--lease-margin", "0.1",
             "--media-dir", str(tmp / "media"), "--ambiguous-create-for", f"{kind}={policy}"]
 
 

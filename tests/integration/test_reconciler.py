@@ -215,9 +215,10 @@ async def test_open_call_cancelled_by_the_host_is_recorded_and_refunded(
     task = await upstream_task(http, sim, "kie-standard", {"end": "stuck"})
     job = await dead_worker_call(conn, "kie-standard", task)
     await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (job,))
-    assert counted(await make_reconciler().reconcile_once()) == {"claimed": 1, "cancelled": 1}
+    assert counted(await make_reconciler().reconcile_once()) == {"claimed": 1, "host_ended": 1}
     r = await row(conn, job)
     assert (r["status"], r["call_state"], r["credits"]) == ("cancelled", "cancelled", "refunded")
+    assert [type(e).__name__ for e in await load_events(conn, job)][-1] == "HostEnded"
     assert sim.sim.journal.count("kie", "poll") == 0
     assert await verify_job(conn, job) == []
 
@@ -265,9 +266,9 @@ async def test_row_written_by_a_foreign_worker_is_adopted_and_recovered(
 
 async def test_legacy_and_sync_seed_rows_are_adopted_then_swept(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
-    legacy = await create_job(conn, status="processing")
-    await conn.execute("UPDATE jobs SET started_at = now() - interval '2 hours' "
-                       "WHERE id = %s", (legacy,))
+    legacy = await create_job(conn, status="processing")  # from before the call columns
+    await conn.execute("UPDATE jobs SET started_at = now() - interval '2 hours', "
+                       "created_at = now() - interval '2 hours' WHERE id = %s", (legacy,))
     fresh = await create_job(conn, status="pending")  # queued a minute ago: not touched
     route = await create_job(conn, status="pending")  # seed §5.8 sync route, then crashed
     await conn.execute("UPDATE jobs SET provider_kind = 'anthropic-sync', "
@@ -302,7 +303,9 @@ async def test_attempt_cap_exhausts_and_refunds(
         conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
         make_reconciler: MakeReconciler) -> None:
     task = await upstream_task(http, sim, "kie-standard", {"end": "stuck"})
-    job = await dead_worker_call(conn, "kie-standard", task)
+    # Just past the 10 min threshold: the horizon (threshold + 3 x 1800 s) is not reached
+    # before the third attempt.
+    job = await dead_worker_call(conn, "kie-standard", task, age=timedelta(minutes=11))
     reconciler = make_reconciler(attempt_cap=3, repoll_interval_s=1800)
     t0 = utcnow()
     for i in range(3):
@@ -381,4 +384,4 @@ async def test_claim_is_served_by_partial_indexes_not_by_the_size_of_jobs(
     assert {"jobs_open_calls_idx", "jobs_inflight_idx"} <= {name for _, name in scans}
     claimed = await reconciler.claim(now)
     assert len(claimed) == 20  # one batch, from the 50 open calls only
-    assert {c.call.state for c in claimed} == {CallState.POLLING}
+    assert {c["call_state"] for c in claimed} == {CallState.POLLING.value}

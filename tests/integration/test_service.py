@@ -30,7 +30,7 @@ TOKEN = "s3cret-admin"
 
 async def serve(pool: Pool, http: aiohttp.ClientSession, tmp_path: Path
                 ) -> AsyncIterator[str]:
-    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), http, ProviderSettings(),
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(),
                           owner="webhook:test", clock=lambda: datetime.now(UTC))
     runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))
     await runner.setup()

@@ -154,14 +154,16 @@ async def test_cancel_refunds_and_blocks_completion(conn: Conn) -> None:
 
 async def test_job_cancelled_by_host_column_fences_workers(conn: Conn) -> None:
     """The seed's CAS: a host that sets status='cancelled' directly stops completion; the
-    engine can still record the cancel, which refunds."""
+    next transition records the host's decision (HostEnded), which refunds."""
     job = await create_job(conn, credits=2)
     p = await _drive(conn, job, _happy()[:4])
     await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (job,))
     late = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
     assert not late.ok
-    assert (await cancel(conn, job, by="host", now=T0)).ok
+    r = await cancel(conn, job, by="admin", now=T0)
+    assert (r.ok, r.host_ended, r.projection.state) == (False, True, CallState.CANCELLED)
     assert (await _usage(conn, job))[0]["status"] == "refunded"
+    assert (await _events(conn, job))[-1] == "HostEnded"
 
 
 async def test_job_without_reservation_settles_as_documented_noop(conn: Conn) -> None:
@@ -173,10 +175,14 @@ async def test_job_without_reservation_settles_as_documented_noop(conn: Conn) ->
 
 
 async def test_reservation_settled_elsewhere_is_reported_not_overwritten(conn: Conn) -> None:
+    """A write decided before the host settled the reservation is refused (the fence on
+    the reservations read); decided again on the fresh read it lands, settling nothing."""
     job = await create_job(conn, credits=4)
     p = await _drive(conn, job, _happy()[:4])
     await conn.execute("UPDATE usage_logs SET status = 'refunded' WHERE job_id = %s", (job,))
-    r = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
+    stale = await append(conn, job, p, Completed(at=T0, actor="w", cost=1.0))
+    assert (stale.ok, stale.projection.settled_reservations) == (False, 1)
+    r = await append(conn, job, stale.projection, Completed(at=T0, actor="w", cost=1.0))
     assert r.ok
     assert r.settlement == "already_settled"
     assert (await _usage(conn, job))[0]["status"] == "refunded"

@@ -19,6 +19,7 @@ from events.types import (
     Exhausted,
     FinalizeClaimed,
     FinalizeFailed,
+    HostEnded,
     ReconcileAttempted,
     Swept,
     TaskCreated,
@@ -57,6 +58,8 @@ def _make(name: str, at: datetime, lease_s: float) -> Event:
             return Exhausted(at=at, actor="a", attempts=18)
         case "Cancelled":
             return Cancelled(at=at, actor="a", by="user")
+        case "HostEnded":
+            return HostEnded(at=at, actor="a", status="failed")
         case "ReconcileAttempted":
             return ReconcileAttempted(at=at, actor="a", outcome="still_running")
     raise AssertionError(name)
@@ -98,6 +101,27 @@ def test_exhausted_sets_the_seed_error() -> None:
               Exhausted(at=T0, actor="r", attempts=18, last_error="502")])
     assert (p.error_message, p.reconcile_attempts, p.reconcile_last_error) == (
         "reconcile_exhausted", 18, "502")
+
+
+@pytest.mark.parametrize(("status", "state", "settlement"), [
+    ("completed", CallState.COMPLETED, "committed"),
+    ("cancelled", CallState.CANCELLED, "refunded"),
+    ("failed", CallState.FAILED, "refunded"),
+    ("timed_out", CallState.FAILED, "refunded"),
+])
+def test_host_ended_ends_the_call_as_the_host_wrote_and_keeps_its_status(
+        status: str, state: CallState, settlement: str) -> None:
+    p = fold([CallStarted(at=T0, actor="w", kind="kie-standard"),
+              TaskCreated(at=T0, actor="w", task_id="t"),
+              HostEnded(at=T0, actor="r", status=status)])
+    assert (p.state, p.status, p.settlement, p.error_message) == (
+        state, status, settlement, None)
+
+
+def test_adopted_keeps_the_hosts_attempt_counters() -> None:
+    p = apply(EMPTY, Adopted(at=T0, actor="r", kind="kie-veo", task_id="v1",
+                             reconcile_attempts=5, reconcile_last_error="host: 502"))
+    assert (p.reconcile_attempts, p.reconcile_last_error) == (5, "host: 502")
 
 
 def test_adopted_with_task_id_starts_polling() -> None:

@@ -21,17 +21,20 @@ OPEN = (C, P, U, F)
 
 # state -> {event type: resulting state}; every pair not listed is illegal.
 EXPECTED: dict[str, dict[str, str]] = {
-    EMPTY: {"CallStarted": C, "Adopted": C, "Cancelled": "cancelled"},
+    # HostEnded's table destination is "failed"; the fold refines it from the payload
+    # (completed / cancelled when the host wrote those).
+    EMPTY: {"CallStarted": C, "Adopted": C, "Cancelled": "cancelled", "HostEnded": "failed"},
     C: {"TaskCreated": P, "UpstreamSucceeded": U, "UpstreamFailed": "failed",
         "Swept": "swept", "Exhausted": "exhausted", "Cancelled": "cancelled",
-        "ReconcileAttempted": C},
+        "HostEnded": "failed", "ReconcileAttempted": C},
     P: {"UpstreamSucceeded": U, "UpstreamFailed": "failed", "Swept": "swept",
-        "Exhausted": "exhausted", "Cancelled": "cancelled", "ReconcileAttempted": P},
+        "Exhausted": "exhausted", "Cancelled": "cancelled", "HostEnded": "failed",
+        "ReconcileAttempted": P},
     U: {"FinalizeClaimed": F, "UpstreamFailed": "failed", "Exhausted": "exhausted",
-        "Cancelled": "cancelled", "ReconcileAttempted": U},
+        "Cancelled": "cancelled", "HostEnded": "failed", "ReconcileAttempted": U},
     F: {"FinalizeClaimed": F, "FinalizeFailed": U, "Completed": "completed",
         "UpstreamFailed": "failed", "Exhausted": "exhausted", "Cancelled": "cancelled",
-        "ReconcileAttempted": F},
+        "HostEnded": "failed", "ReconcileAttempted": F},
     **{t.value: {} for t in TERMINAL},
 }
 

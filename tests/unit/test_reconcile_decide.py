@@ -18,15 +18,16 @@ from engine.reconcile_decide import (
     LEGACY_KIND,
     Action,
     Adopt,
-    Cancel,
     Candidate,
     Exhaust,
     Finalize,
     PollUpstream,
+    RecordHostEnded,
     Skip,
     Sweep,
     decide,
     next_scan_delay,
+    past_horizon,
 )
 from events.states import LEGAL, CallState
 from projections.fold import CallProjection
@@ -42,7 +43,7 @@ def ago(seconds: float) -> datetime:
 
 
 _CALL = {"call_state": "state", "call_version": "version"}
-_HOST = ("id", "heartbeat_at", "started_at", "created_at")
+_HOST = ("id", "heartbeat_at", "started_at", "created_at", "legacy_cutoff")
 
 
 def cand(**kw: Any) -> Candidate:
@@ -116,8 +117,6 @@ def test_upstream_succeeded_and_expired_finalization_are_finalized() -> None:
     assert decide(expired, NOW, CFG) == Finalize()
     held = row(call_state=S.FINALIZING, finalize_lease_until=NOW + timedelta(seconds=5))
     assert decide(held, NOW, CFG) == Skip(reason="finalization lease held")
-    capped = row(call_state=S.UPSTREAM_SUCCEEDED, reconcile_attempts=99)
-    assert decide(capped, NOW, CFG) == Finalize()  # a result in hand beats the cap
 
 
 def test_seed_columns_only_row_is_adopted_then_polled() -> None:
@@ -141,10 +140,38 @@ def test_legacy_row_without_kind_is_adopted_then_swept_after_the_legacy_threshol
     assert isinstance(decide(younger, NOW, CFG), Skip)
 
 
-def test_open_call_the_host_cancelled_is_recorded_as_cancelled() -> None:
-    assert decide(row(status="cancelled", heartbeat_at=ago(1)), NOW, CFG) == Cancel()
+def test_open_call_the_host_ended_is_recorded_as_the_host_decided() -> None:
+    for status in ("cancelled", "completed", "failed", "archived"):
+        assert decide(row(status=status, heartbeat_at=ago(1)), NOW, CFG) == RecordHostEnded(
+            status=status)
     assert decide(row(status="cancelled", call_state=S.CANCELLED), NOW, CFG) == Skip(
         reason="terminal")
+
+
+def test_a_result_that_cannot_be_stored_is_exhausted_at_the_cap() -> None:
+    stuck = row(call_state=S.UPSTREAM_SUCCEEDED, reconcile_attempts=CFG.attempt_cap)
+    assert isinstance(decide(stuck, NOW, CFG), Exhaust)
+    assert isinstance(decide(row(call_state=S.UPSTREAM_SUCCEEDED), NOW, CFG), Finalize)
+
+
+def test_nothing_holds_a_call_open_past_its_horizon() -> None:
+    horizon = CFG.horizon_s("kie-standard")
+    for held in ({"heartbeat_at": ago(1)}, {"reconcile_next_at": ago(-60)},
+                 {"call_state": S.FINALIZING, "finalize_lease_until": ago(-60)}):
+        young = row(provider_call_started_at=ago(horizon - 1), **held)
+        assert isinstance(decide(young, NOW, CFG), Skip), held
+        old = row(provider_call_started_at=ago(horizon), **held)
+        assert isinstance(decide(old, NOW, CFG), Exhaust), held
+
+
+def test_call_less_row_created_after_the_cutoff_is_the_hosts() -> None:
+    queued = row(call_state=None, call_version=0, provider_kind=None, provider_task_id=None,
+                 provider_call_started_at=None, started_at=None, created_at=ago(7200),
+                 legacy_cutoff=ago(9000))
+    assert decide(queued, NOW, CFG) == Skip(
+        reason="no call, created after the legacy cutoff: the host's job")
+    legacy = msgspec_replace(queued, created_at=ago(9500))
+    assert isinstance(decide(legacy, NOW, CFG), Adopt)
 
 
 def test_terminal_and_host_finished_rows_are_left_alone() -> None:
@@ -195,7 +222,8 @@ _POLL_EVENTS = ("UpstreamSucceeded", "UpstreamFailed", "Swept", "ReconcileAttemp
 def _events(action: Action) -> tuple[str, ...]:
     """The event types an action may append (a poll appends one of several)."""
     return {Sweep: ("Swept",), Exhaust: ("Exhausted",), Finalize: ("FinalizeClaimed",),
-            PollUpstream: _POLL_EVENTS, Cancel: ("Cancelled",), Skip: ()}[type(action)]
+            PollUpstream: _POLL_EVENTS, RecordHostEnded: ("HostEnded",),
+            Skip: ()}[type(action)]
 
 
 @given(candidates)
@@ -218,11 +246,23 @@ def test_every_decision_is_legal_in_the_state_machine(c: Candidate) -> None:
 @given(candidates)
 def test_a_live_or_not_yet_due_call_is_never_acted_on(c: Candidate) -> None:
     """Invariant: a call with events whose heartbeat is fresh, or whose next attempt is
-    not due, is left alone."""
+    not due, is left alone — unless the host ended the job, or the call is past its
+    horizon (then nothing holds it open)."""
     fresh = c.heartbeat_at is not None and NOW - c.heartbeat_at < timedelta(seconds=60)
     not_due = c.call.reconcile_next_at is not None and c.call.reconcile_next_at > NOW
-    if c.call.state is not None and (fresh or not_due) and c.call.status != "cancelled":
+    host_open = c.call.status in ("pending", "processing")
+    if (c.call.state is not None and (fresh or not_due) and host_open
+            and not past_horizon(c, NOW, CFG)):
         assert isinstance(decide(c, NOW, CFG), Skip)
+
+
+@given(candidates)
+def test_no_open_call_is_skipped_past_its_horizon(c: Candidate) -> None:
+    """Invariant (horizon): an open call older than its threshold plus cap x re-poll
+    interval is acted on whatever holds it (heartbeat, lease, due time)."""
+    if c.call.state in (S.CREATED, S.POLLING, S.UPSTREAM_SUCCEEDED, S.FINALIZING) and \
+            past_horizon(c, NOW, CFG):
+        assert not isinstance(decide(c, NOW, CFG), Skip)
 
 
 @given(candidates)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ from providers.errors import (
     TransientError,
 )
 from providers.media import download
+from providers.media_guard import MediaPolicy
+
+# The tiny media server runs on 127.0.0.1: allowed as if it were the provider's endpoint.
+POLICY = MediaPolicy(hosts=frozenset({"127.0.0.1"}),
+                     endpoints=frozenset({("127.0.0.1", p) for p in range(1024, 65536)}))
+fetch = functools.partial(download, policy=POLICY)
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 CHUNK = 64 * 1024
@@ -154,13 +161,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def test_download_returns_body_and_type(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
-    got = await download(http, f"{server.base_url}/ok.png?sig=secret")
+    got = await fetch(http, f"{server.base_url}/ok.png?sig=secret")
     assert (got.data, got.content_type) == (PNG, "image/png")
     assert got.url.endswith("/ok.png?sig=secret")
 
 
 async def test_request_headers_are_sent(server: MediaServer, http: aiohttp.ClientSession) -> None:
-    got = await download(http, f"{server.base_url}/auth", headers={"Authorization": "Bearer k"})
+    got = await fetch(http, f"{server.base_url}/auth", headers={"Authorization": "Bearer k"})
     assert got.data == PNG
 
 
@@ -169,7 +176,7 @@ async def test_gone_media_is_expired(
     server: MediaServer, http: aiohttp.ClientSession, code: int
 ) -> None:
     with pytest.raises(MediaExpired) as info:
-        await download(http, f"{server.base_url}/status/{code}?X-Amz-Signature=secret")
+        await fetch(http, f"{server.base_url}/status/{code}?X-Amz-Signature=secret")
     assert info.value.status == code
     assert "secret" not in str(info.value)
 
@@ -179,7 +186,7 @@ async def test_server_error_is_transient_not_media_error(
     server: MediaServer, http: aiohttp.ClientSession, code: int
 ) -> None:
     with pytest.raises(TransientError) as info:
-        await download(http, f"{server.base_url}/status/{code}")
+        await fetch(http, f"{server.base_url}/status/{code}")
     assert info.value.status == code
     assert not isinstance(info.value, MediaError | ProviderTimeout)
 
@@ -188,7 +195,7 @@ async def test_throttled_download_carries_retry_after(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(RateLimited) as info:
-        await download(http, f"{server.base_url}/status/429")
+        await fetch(http, f"{server.base_url}/status/429")
     assert info.value.retry_after == 7.0
 
 
@@ -196,7 +203,7 @@ async def test_other_client_error_is_terminal_media_error(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(MediaError) as info:
-        await download(http, f"{server.base_url}/auth")
+        await fetch(http, f"{server.base_url}/auth")
     assert info.value.status == 401
     assert not isinstance(info.value, TransientError)
 
@@ -205,7 +212,7 @@ async def test_huge_body_stops_early_and_closes_the_connection(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(MediaTooLarge):
-        await download(http, f"{server.base_url}/huge", max_bytes=LIMIT)
+        await fetch(http, f"{server.base_url}/huge", max_bytes=LIMIT)
     await asyncio.wait_for(server.stream.done.wait(), timeout=5)
     assert server.stream.aborted
     assert server.stream.sent < HUGE
@@ -215,7 +222,7 @@ async def test_declared_length_over_limit_is_refused_before_the_body(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(MediaTooLarge, match="Content-Length"):
-        await download(http, f"{server.base_url}/huge-declared", max_bytes=LIMIT)
+        await fetch(http, f"{server.base_url}/huge-declared", max_bytes=LIMIT)
     await asyncio.wait_for(server.stream.done.wait(), timeout=5)
     assert server.stream.aborted
     assert server.stream.sent < HUGE
@@ -224,17 +231,17 @@ async def test_declared_length_over_limit_is_refused_before_the_body(
 async def test_body_exactly_at_the_limit_is_accepted(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
-    got = await download(http, f"{server.base_url}/ok.png", max_bytes=len(PNG))
+    got = await fetch(http, f"{server.base_url}/ok.png", max_bytes=len(PNG))
     assert len(got.data) == len(PNG)
     with pytest.raises(MediaTooLarge):
-        await download(http, f"{server.base_url}/ok.png", max_bytes=len(PNG) - 1)
+        await fetch(http, f"{server.base_url}/ok.png", max_bytes=len(PNG) - 1)
 
 
 async def test_disallowed_content_type_is_rejected(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(MediaTypeRejected, match="text/html"):
-        await download(http, f"{server.base_url}/typed/html?ct=text/html; charset=utf-8")
+        await fetch(http, f"{server.base_url}/typed/html?ct=text/html; charset=utf-8")
 
 
 async def test_explicit_allow_list_is_honoured(
@@ -242,15 +249,15 @@ async def test_explicit_allow_list_is_honoured(
 ) -> None:
     url = f"{server.base_url}/typed/png?ct=image/png"
     with pytest.raises(MediaTypeRejected):
-        await download(http, url, allowed_types=frozenset({"audio/*"}))
-    got = await download(http, f"{server.base_url}/typed/html?ct=text/html", allowed_types=None)
+        await fetch(http, url, allowed_types=frozenset({"audio/*"}))
+    got = await fetch(http, f"{server.base_url}/typed/html?ct=text/html", allowed_types=None)
     assert got.content_type == "text/html"
 
 
 async def test_octet_stream_media_is_accepted_with_its_sniffed_type(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
-    got = await download(http, f"{server.base_url}/typed/png")
+    got = await fetch(http, f"{server.base_url}/typed/png")
     assert got.content_type == "image/png"
 
 
@@ -258,24 +265,24 @@ async def test_octet_stream_of_unknown_bytes_is_rejected(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(MediaTypeRejected):
-        await download(http, f"{server.base_url}/typed/junk")
+        await fetch(http, f"{server.base_url}/typed/junk")
 
 
 async def test_no_answer_is_a_timeout(server: MediaServer, http: aiohttp.ClientSession) -> None:
     with pytest.raises(ProviderTimeout):
-        await download(http, f"{server.base_url}/hang-headers", timeout_s=0.2)
+        await fetch(http, f"{server.base_url}/hang-headers", timeout_s=0.2)
 
 
 async def test_stalled_body_is_a_timeout(server: MediaServer, http: aiohttp.ClientSession) -> None:
     with pytest.raises(ProviderTimeout):
-        await download(http, f"{server.base_url}/hang-body", timeout_s=0.2)
+        await fetch(http, f"{server.base_url}/hang-body", timeout_s=0.2)
 
 
 async def test_reset_connection_is_transient(
     server: MediaServer, http: aiohttp.ClientSession
 ) -> None:
     with pytest.raises(TransientError) as info:
-        await download(http, f"{server.base_url}/reset")
+        await fetch(http, f"{server.base_url}/reset")
     assert not isinstance(info.value, ProviderTimeout)
     assert isinstance(info.value.__cause__, aiohttp.ClientError)
 
@@ -285,14 +292,14 @@ async def test_refused_connection_is_transient(http: aiohttp.ClientSession) -> N
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(TransientError):
-        await download(http, f"http://127.0.0.1:{port}/x.png")
+        await fetch(http, f"http://127.0.0.1:{port}/x.png")
 
 
 @pytest.mark.parametrize("url", ["ftp://example.invalid/x.png", "file:///etc/passwd",
                                  "http://[::1/x"])
 async def test_bad_urls_are_terminal_media_errors(http: aiohttp.ClientSession, url: str) -> None:
     with pytest.raises(MediaError) as info:
-        await download(http, url)
+        await fetch(http, url)
     assert not isinstance(info.value, TransientError)
 
 
@@ -304,31 +311,31 @@ def _data_uri(data: bytes, ctype: str = "image/png") -> str:
 
 
 async def test_data_uri_is_decoded(http: aiohttp.ClientSession) -> None:
-    got = await download(http, _data_uri(PNG))
+    got = await fetch(http, _data_uri(PNG))
     assert (got.data, got.content_type) == (PNG, "image/png")
 
 
 async def test_percent_encoded_data_uri_is_decoded(http: aiohttp.ClientSession) -> None:
-    got = await download(http, "data:audio/mpeg,ID3%00%01")
+    got = await fetch(http, "data:audio/mpeg,ID3%00%01")
     assert (got.data, got.content_type) == (b"ID3\x00\x01", "audio/mpeg")
 
 
 async def test_data_uri_over_the_limit_is_too_large(http: aiohttp.ClientSession) -> None:
     with pytest.raises(MediaTooLarge):
-        await download(http, _data_uri(PNG), max_bytes=len(PNG) - 1)
+        await fetch(http, _data_uri(PNG), max_bytes=len(PNG) - 1)
 
 
 async def test_data_uri_with_disallowed_type_is_rejected(http: aiohttp.ClientSession) -> None:
     with pytest.raises(MediaTypeRejected):
-        await download(http, _data_uri(b"hello", "text/plain"))
+        await fetch(http, _data_uri(b"hello", "text/plain"))
 
 
 async def test_untyped_data_uri_is_sniffed(http: aiohttp.ClientSession) -> None:
-    got = await download(http, f"data:;base64,{base64.b64encode(PNG).decode()}")
+    got = await fetch(http, f"data:;base64,{base64.b64encode(PNG).decode()}")
     assert got.content_type == "image/png"
 
 
 @pytest.mark.parametrize("url", ["data:image/png;base64,@@@not-base64", "data:image/png"])
 async def test_malformed_data_uri_is_a_media_error(http: aiohttp.ClientSession, url: str) -> None:
     with pytest.raises(MediaError):
-        await download(http, url)
+        await fetch(http, url)

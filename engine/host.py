@@ -1,0 +1,33 @@
+"""The host's decision wins (DESIGN §10): the pure rule every writer applies first.
+
+Host code shares the ``jobs`` row and may complete, fail or cancel a job with plain SQL at
+any moment. A call that is still open in callwarden's log while the row's ``status`` is
+not ``pending``/``processing`` was ended by the host: whatever an actor meant to record,
+:class:`~events.types.HostEnded` is recorded instead, so the call ends as the host decided
+and nothing the host wrote is overwritten.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from events.states import OPEN_STATUSES
+from events.types import HostEnded
+from projections.fold import CallProjection
+
+__all__ = ["host_ended", "host_status_ended"]
+
+
+def host_status_ended(p: CallProjection) -> bool:
+    """The row's status (as read) says host code ended the job while the call is open
+    (or has no event yet). ``NULL`` counts as pending."""
+    return not p.terminal and p.status is not None and p.status not in OPEN_STATUSES
+
+
+def host_ended(p: CallProjection, *, at: datetime, actor: str) -> HostEnded | None:
+    """The event recording the host's decision, or ``None`` when the host has not ended
+    the job."""
+    if not host_status_ended(p):
+        return None
+    assert p.status is not None
+    return HostEnded(at=at, actor=actor, status=p.status)

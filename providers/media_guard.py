@@ -1,0 +1,158 @@
+"""Where result media may be fetched from: the guard against server-side request forgery.
+
+A provider's answer (a model's output, a callback body) names the URLs callwarden will
+download and store as the user's asset. Fetched blindly, a URL pointing at an internal
+address (a cloud metadata endpoint, a database, another service on the host) would be read
+and handed to the user. So every media URL — and every redirect hop — must pass
+:class:`MediaPolicy` (DESIGN §10):
+
+- the scheme is ``http`` or ``https`` (``data:`` URIs never touch the network);
+- the host is one of the kind's known media hosts (exact names or ``*.suffix`` patterns,
+  from the kind registry, plus the operator's extra allow-list), or is the host *and port*
+  of the provider endpoint callwarden is configured with (so a simulator or a proxy works);
+- every address the host resolves to is a public (globally routable) one — loopback,
+  private, link-local (the ``169.254.169.254`` metadata endpoint), shared, multicast and
+  reserved ranges are refused — unless the host is that configured endpoint. The check runs
+  in the connection's own resolver (:class:`GuardedResolver`), so a DNS answer cannot change
+  between the check and the connection; a literal IP in the URL is checked up front.
+
+A refusal is :class:`~providers.errors.MediaRefused`: nothing was fetched; the finalizer
+fails the call and refunds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import urllib.parse
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+
+from providers.errors import MediaRefused
+
+__all__ = ["GuardedResolver", "MediaPolicy", "check_url", "is_public_address",
+           "media_session", "shown_url"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def shown_url(url: str) -> str:
+    """``url`` without query and fragment (signed URLs carry credentials there)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url.split("?", 1)[0].split("#", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+
+
+def is_public_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal) is globally routable: not loopback, private,
+    link-local (metadata), shared, multicast, reserved or unspecified."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def _matches(host: str, pattern: str) -> bool:
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and host != pattern[2:]
+    return host == pattern
+
+
+class MediaPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """``hosts``: media host names or ``*.suffix`` patterns (lower case); ``endpoints``:
+    the configured provider endpoints as ``(host, port)``, allowed whatever they resolve
+    to; ``max_redirects``: hops followed, each checked like the first URL."""
+
+    hosts: frozenset[str] = frozenset()
+    endpoints: frozenset[tuple[str, int]] = frozenset()
+    max_redirects: int = 5
+
+    @classmethod
+    def build(cls, hosts: Iterable[str], endpoint_urls: Iterable[str]) -> MediaPolicy:
+        """From host patterns and endpoint base URLs (``https://api.kie.ai``)."""
+        endpoints = set()
+        for url in endpoint_urls:
+            parts = urllib.parse.urlsplit(url)
+            if parts.hostname:
+                port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 443)
+                endpoints.add((parts.hostname.lower(), port))
+        return cls(hosts=frozenset(h.strip().lower() for h in hosts if h.strip()),
+                   endpoints=frozenset(endpoints))
+
+    def is_endpoint(self, host: str, port: int) -> bool:
+        return (host.lower(), port) in self.endpoints
+
+    def allows_host(self, host: str, port: int) -> bool:
+        host = host.lower()
+        return self.is_endpoint(host, port) or any(_matches(host, p) for p in self.hosts)
+
+
+def _ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def check_url(url: str, policy: MediaPolicy) -> tuple[str, int]:
+    """``(host, port)`` of an http(s) ``url`` the policy allows; :class:`MediaRefused`
+    otherwise. Pure: the resolved addresses are checked by :class:`GuardedResolver`."""
+    shown = shown_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise MediaRefused(f"refused media URL {shown!r}: {exc}") from None
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+        raise MediaRefused(f"refused media URL {shown!r}: not an http(s) URL with a host")
+    host = parts.hostname.lower()
+    port = port or _DEFAULT_PORTS[parts.scheme.lower()]
+    if parts.username is not None or parts.password is not None:
+        raise MediaRefused(f"refused media URL {shown!r}: credentials in the URL")
+    if not policy.allows_host(host, port):
+        raise MediaRefused(f"refused media URL {shown!r}: {host} is not a media host of "
+                           "this provider (nor its configured endpoint)")
+    if _ip_literal(host) and not policy.is_endpoint(host, port) and not is_public_address(host):
+        raise MediaRefused(f"refused media URL {shown!r}: {host} is not a public address")
+    return host, port
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves like aiohttp's default resolver, then refuses a host any of whose
+    addresses is not public (unless it is a configured endpoint of ``policy``)."""
+
+    def __init__(self, policy: MediaPolicy) -> None:
+        self.policy = policy
+        self._inner = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        if self.policy.is_endpoint(host, port):
+            return found
+        bad = [r["host"] for r in found if not is_public_address(r["host"])]
+        if bad or not found:
+            raise MediaRefused(f"refused media host {host}: resolves to a non-public "
+                               f"address ({', '.join(bad) or 'none'})")
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def media_session(policy: MediaPolicy, **kwargs: Any) -> aiohttp.ClientSession:
+    """A session whose every connection goes through :class:`GuardedResolver` (and never
+    through a proxy from the environment)."""
+    connector = aiohttp.TCPConnector(resolver=GuardedResolver(policy), use_dns_cache=False)
+    return aiohttp.ClientSession(connector=connector, trust_env=False, **kwargs)
