@@ -27,7 +27,7 @@ from projections.stats import (
 )
 from projections.timeline import IllegalHistory, TimelineRow, timeline
 
-__all__ = ["AuditReport", "Reservation", "audit_job", "stats"]
+__all__ = ["AuditReport", "Reservation", "audit_job", "jobs_without_call", "stats"]
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,9 +97,11 @@ def _latency(row: DictRow) -> Latency:
 
 
 async def stats(conn: Conn, *, now: datetime, window: timedelta,
-                thresholds: Mapping[str, float]) -> StatsReport:
+                thresholds: Mapping[str, float], legacy_threshold_s: float = 3600.0,
+                legacy_cutoff: datetime | None = None) -> StatsReport:
     """Calls by kind and state, stale counts per kind (``thresholds``: kind -> seconds),
-    and, over ``window`` before ``now``: recoveries, sweeps, time-to-terminal."""
+    and, over ``window`` before ``now``: recoveries, sweeps, time-to-terminal; and the
+    host's jobs waiting without a call with credits reserved."""
     since = now - window
     terminal = await _terminal(conn, since)
     latency = await execute(conn, "audit_stats_time_to_terminal", {"since": since})
@@ -107,4 +109,17 @@ async def stats(conn: Conn, *, now: datetime, window: timedelta,
         now=now, window_s=window.total_seconds(), by_kind_state=await _kind_state(conn),
         stale=await _stale(conn, thresholds, now), recoveries=recoveries(terminal),
         sweeps=sweeps(terminal), terminal_events=terminal,
-        time_to_terminal=[_latency(r) for r in latency])
+        time_to_terminal=[_latency(r) for r in latency],
+        jobs_without_call=await jobs_without_call(
+            conn, now=now, legacy_threshold_s=legacy_threshold_s,
+            legacy_cutoff=legacy_cutoff))
+
+
+async def jobs_without_call(conn: Conn, *, now: datetime, legacy_threshold_s: float,
+                            legacy_cutoff: datetime | None) -> int:
+    """In-flight jobs with reserved credits and no call, older than the legacy threshold
+    but created after the legacy cutoff (the host's: never swept, reported)."""
+    rows = await execute(conn, "audit_stats_jobs_without_call", {
+        "older_than": now - timedelta(seconds=legacy_threshold_s),
+        "legacy_cutoff": legacy_cutoff})
+    return int(rows[0]["n"])

@@ -155,4 +155,6 @@ def stats_tables(s: StatsReport) -> list[Table]:
         _table(f"time to terminal, seconds ({window})", ["kind", "calls", "p50", "p95", "p99"],
                ([x.kind, str(x.calls), _secs(x.p50_s), _secs(x.p95_s), _secs(x.p99_s)]
                 for x in s.time_to_terminal)),
+        _table("jobs waiting without a call, credits reserved (the host's; never swept)",
+               ["jobs"], [[str(s.jobs_without_call)]]),
     ]

@@ -8,10 +8,12 @@ database failed (handled by :mod:`engine.cli`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,11 +25,11 @@ from engine.audit import audit_job, stats
 from engine.db import connect
 from engine.errors import JobNotFound
 from engine.rebuild import rebuild
+from engine.reconcile_config import load_config
 from engine.store import Conn
 from engine.verify_batch import BatchResult, VerifySummary, count_jobs, verify_batches
 from events.codec import EventDecodeError
 from projections.stats import parse_window
-from providers.kinds import KINDS
 
 __all__ = ["parse_since", "register"]
 
@@ -154,10 +156,12 @@ async def _rebuild(args: argparse.Namespace, url: str) -> int:
 
 
 async def _stats(args: argparse.Namespace, url: str) -> int:
-    thresholds = {k.name: k.stale_threshold_s for k in KINDS.values()}
+    config = load_config(args.config, os.environ)
     async with await connect(url) as conn:
         report = await stats(conn, now=datetime.now(UTC), window=args.window,
-                             thresholds=thresholds)
+                             thresholds=config.thresholds,
+                             legacy_threshold_s=config.legacy_threshold_s,
+                             legacy_cutoff=config.legacy_cutoff)
     if args.json:
         _emit_json(report)
     else:
@@ -206,6 +210,8 @@ def _add_stats(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="the statistics as JSON")
     p.add_argument("--window", type=_window, default=parse_window("24h"),
                    help="how far back recoveries, sweeps and latencies look (24h)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="the reconciler's settings file (thresholds, legacy cutoff)")
     p.set_defaults(handler=_stats)
 
 

@@ -28,6 +28,7 @@ from engine.db import default_data_dir, open_pool
 from engine.errors import ConfigError
 from engine.finalize import Finalizer
 from engine.identity import incarnation
+from engine.reconcile_config import load_config
 from engine.web_app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import WebhookConfig
 from providers.base import ProviderSettings
@@ -47,13 +48,22 @@ def register(sub: Any) -> None:
     s.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (default: <data dir>/media)")
     s.add_argument("--pool-size", type=int, default=10)
+    s.add_argument("--config", type=Path, default=None,
+                   help="the reconciler's settings file (stale thresholds, legacy cutoff)")
     s.set_defaults(handler=_serve)
 
 
 def service_config(args: argparse.Namespace, settings: ProviderSettings) -> ServiceConfig:
+    """The service's settings; stale thresholds and the legacy cutoff are the
+    reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
+    dashboard count what the reconciler acts on."""
     env = os.environ
     webhooks = WebhookConfig.from_env(env, settings.elevenlabs.base_url)
-    return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None)
+    reconcile = load_config(args.config, env)
+    return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
+                         thresholds=reconcile.thresholds,
+                         legacy_threshold_s=reconcile.legacy_threshold_s,
+                         legacy_cutoff=reconcile.legacy_cutoff)
 
 
 async def _serve(args: argparse.Namespace, url: str) -> int:

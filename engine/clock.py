@@ -39,22 +39,25 @@ def utcnow() -> datetime:
 class DatabaseClock:
     """The database's time, estimated locally (see the module docstring)."""
 
-    def __init__(self, refresh_s: float = 60.0) -> None:
+    def __init__(self, refresh_s: float = 60.0, *, local: Clock | None = None) -> None:
+        """``local``: this host's clock (default :func:`utcnow`; a test passes a skewed
+        one to stand for another host)."""
         self.refresh_s = refresh_s
+        self.local = local or utcnow
         self.offset = timedelta(0)
         self._synced: float | None = None
 
     def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
+        return self.local() + self.offset
 
     def due(self) -> bool:
         return self._synced is None or time.monotonic() - self._synced >= self.refresh_s
 
     async def sync(self, conn: Conn) -> None:
         """Measure the offset to the database's clock now."""
-        before = datetime.now(UTC)
+        before = self.local()
         rows = await execute(conn, "clock_now", {})
-        after = datetime.now(UTC)
+        after = self.local()
         self.offset = rows[0]["now"] - (before + (after - before) / 2)
         self._synced = time.monotonic()
 

@@ -15,18 +15,24 @@ from events.states import OPEN_STATUSES
 from events.types import HostEnded
 from projections.fold import CallProjection
 
-__all__ = ["host_ended", "host_status_ended"]
+__all__ = ["host_ended", "host_status_ended", "job_ended_by_host"]
 
 
-def host_status_ended(p: CallProjection) -> bool:
-    """The row's status (as read) says host code ended the job while the call is open
-    (or has no event yet). ``NULL`` counts as pending."""
+def job_ended_by_host(p: CallProjection) -> bool:
+    """The row's status (as read) says host code ended the job, and callwarden's call is
+    not terminal (or there is none). ``NULL`` counts as pending."""
     return not p.terminal and p.status is not None and p.status not in OPEN_STATUSES
 
 
+def host_status_ended(p: CallProjection) -> bool:
+    """The host ended the job while callwarden's call is open: the call must end as the
+    host decided (a job with no call is simply the host's; nothing is recorded)."""
+    return p.state is not None and job_ended_by_host(p)
+
+
 def host_ended(p: CallProjection, *, at: datetime, actor: str) -> HostEnded | None:
-    """The event recording the host's decision, or ``None`` when the host has not ended
-    the job."""
+    """The event recording the host's decision on an open call, or ``None`` when the host
+    has not ended it."""
     if not host_status_ended(p):
         return None
     assert p.status is not None

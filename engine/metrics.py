@@ -15,7 +15,8 @@ Metric names: ``callwarden_transitions_total{kind,event,actor}``,
 ``callwarden_webhook_deliveries_total{provider,outcome}``,
 ``callwarden_webhook_handling_seconds{provider}`` (histogram), and at scrape time
 ``callwarden_calls{kind,state}`` (open calls), ``callwarden_calls_ended_recent{kind,state}``
-(calls that ended in the last ``recent_window_s``), ``callwarden_calls_stale{kind}``.
+(calls that ended in the last ``recent_window_s``), ``callwarden_calls_stale{kind}``,
+``callwarden_jobs_without_call``.
 """
 
 from __future__ import annotations
@@ -120,11 +121,15 @@ def _family(name: str, doc: str, labels: list[str],
 class CallGauges:
     """Gauges read from the database at scrape time: open calls by kind and state (partial
     index), calls ended in the last ``recent_window_s`` (events' time index), stale calls
-    per kind (``thresholds``: kind -> seconds)."""
+    per kind (``thresholds``: kind -> seconds), and the host's jobs waiting without a call
+    with credits reserved (older than ``legacy_threshold_s``, newer than the legacy
+    cutoff: never swept, so reported)."""
 
-    def __init__(self, thresholds: Mapping[str, float], *, recent_window_s: float = 3600.0
-                 ) -> None:
+    def __init__(self, thresholds: Mapping[str, float], *, recent_window_s: float = 3600.0,
+                 legacy_threshold_s: float = 3600.0,
+                 legacy_cutoff: datetime | None = None) -> None:
         self.thresholds, self.recent_window_s = dict(thresholds), recent_window_s
+        self.legacy_threshold_s, self.legacy_cutoff = legacy_threshold_s, legacy_cutoff
 
     async def families(self, conn: Conn, now: datetime) -> list[Metric]:
         open_rows = await execute(conn, "metrics_open_calls", {})
@@ -133,6 +138,9 @@ class CallGauges:
         stale = await execute(conn, "metrics_stale_calls", {
             "kinds": list(self.thresholds), "thresholds": list(self.thresholds.values()),
             "now": now})
+        waiting = await execute(conn, "audit_stats_jobs_without_call", {
+            "older_than": now - timedelta(seconds=self.legacy_threshold_s),
+            "legacy_cutoff": self.legacy_cutoff})
         return [
             _family("callwarden_calls", "Open calls by kind and state", ["kind", "state"],
                     (([r["kind"], r["state"]], r["calls"]) for r in open_rows)),
@@ -141,6 +149,10 @@ class CallGauges:
                     ["kind", "state"], (([r["kind"], r["state"]], r["calls"]) for r in ended)),
             _family("callwarden_calls_stale", "Open calls past their kind's stale threshold",
                     ["kind"], self._stale_rows(stale)),
+            _family("callwarden_jobs_without_call",
+                    "In-flight jobs with credits reserved and no call, created after the "
+                    "legacy cutoff (the host's: never swept)", [],
+                    [([], float(waiting[0]["n"]))]),
         ]
 
     def _stale_rows(self, rows: Iterable[Mapping[str, object]]) -> Iterator[

@@ -43,6 +43,7 @@ from engine.config import CallConfig
 from engine.errors import CallwardenError, DatabaseError
 from engine.failpoints import failpoint
 from engine.finalize import Finalizer
+from engine.host import host_status_ended
 from engine.identity import incarnation
 from engine.metrics import record_reconcile
 from engine.reconcile_config import ReconcileConfig
@@ -125,11 +126,15 @@ class Reconciler:
         self.clock = clock if clock is not None else DatabaseClock()
         self.sleep, self.signal = sleep, signal
         self._pass_start = (self.clock(), time.monotonic())
+        self._logical = False
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config)
 
     def _event_clock(self) -> datetime:
-        """The pass's ``now`` advanced by the real time elapsed since it began."""
+        """Now, during a pass: the clock itself, or — when the pass was given a logical
+        ``now`` — that ``now`` advanced by the real time elapsed since it began."""
+        if not self._logical:
+            return self.clock()
         start, mono = self._pass_start
         return start + timedelta(seconds=time.monotonic() - mono)
 
@@ -142,6 +147,7 @@ class Reconciler:
     async def reconcile_once(self, now: datetime | None = None) -> Counts:
         """Claim a batch of stale calls and settle or advance each; see the module doc.
         ``now``: a logical time (tests); by default the database's clock."""
+        self._logical = now is not None
         if now is None:
             await sync_clock(self.clock, self.pool)
             now = self.clock()
@@ -304,6 +310,12 @@ class Reconciler:
         async with self.pool.connection() as conn:
             await self._signal("write", job)
             r = await append(conn, job, p, event)
+        if not r.ok and not isinstance(event, HostEnded) and host_status_ended(r.projection):
+            assert r.projection.status is not None  # the host ended it meanwhile: record it
+            await self._write(job, r.projection, HostEnded(
+                at=event.at, actor=self.owner, status=r.projection.status), counts,
+                "host_ended", f"ended by the host ({r.projection.status})")
+            return None
         if not r.ok:
             state = r.projection.state.value if r.projection.state else "none"
             log.info("job %s: %s skipped: the call moved to %s meanwhile", job,

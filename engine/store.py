@@ -38,7 +38,7 @@ from engine.errors import (
     JobNotFound,
     TaskAlreadyClaimed,
 )
-from engine.host import host_ended
+from engine.host import host_ended, job_ended_by_host
 from engine.queries import QUERIES
 from events.codec import EventDecodeError, decode, encode
 from events.types import CallStarted, Cancelled, Completed, Event, HostEnded
@@ -242,13 +242,16 @@ async def transition(
 
     ``decide`` returns the event to append or ``None`` when nothing should happen (then
     the result is ``ok=False`` with the projection as read). When the host has ended the
-    job, :class:`HostEnded` is recorded instead (stamped like the actor's event) and the
-    result is ``ok=False, host_ended=True``."""
+    job, :class:`HostEnded` is recorded instead (stamped like the actor's event; nothing
+    when the job never had a call) and the result is ``ok=False, host_ended=True``."""
     projection = current if current is not None else await load(conn, job_id)
     for _ in range(max_conflicts):
         event = decide(projection)
         if event is None:
             return AppendResult(ok=False, projection=projection)
+        if projection.state is None and job_ended_by_host(projection):
+            # The host ended a job callwarden never had a call for: nothing to record.
+            return AppendResult(ok=False, projection=projection, host_ended=True)
         ended = host_ended(projection, at=event.at, actor=event.actor)
         result = await append(conn, job_id, projection, ended or event)
         if result.ok and ended is not None:

@@ -57,6 +57,8 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     admin_token: str | None = None
     thresholds: dict[str, float] = msgspec.field(
         default_factory=lambda: {k: s.stale_threshold_s for k, s in KINDS.items()})
+    legacy_threshold_s: float = 3600.0
+    legacy_cutoff: datetime | None = None
     prune_every_s: float = 60.0
     ready_timeout_s: float = 2.0
 
@@ -120,7 +122,9 @@ async def _healthz(request: web.Request) -> web.Response:
 class _Probes:
     def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
         self.pool, self.config, self.now = pool, config, now
-        self.gauges = CallGauges(config.thresholds)
+        self.gauges = CallGauges(config.thresholds,
+                                 legacy_threshold_s=config.legacy_threshold_s,
+                                 legacy_cutoff=config.legacy_cutoff)
 
     async def readyz(self, request: web.Request) -> web.Response:
         try:
@@ -160,7 +164,7 @@ _SECRET_PATH = re.compile(r"^(/webhooks/kie/[^/?]+/)[^/?]+")
 
 def redact_path(path: str) -> str:
     """``path`` with the secret callback token of a KIE callback URL blanked out."""
-    return _SECRET_PATH.sub(r"\1<redacted>", path)
+    return _SECRET_PATH.sub(r"\1redacted", path)
 
 
 class RedactingAccessLogger(AccessLogger):

@@ -2,18 +2,15 @@
 
 No I/O and no clock: the receiver (:mod:`engine.webhooks`) verifies signatures, finds the
 job and records the outcome; this module only reads bodies. It reuses the providers' own
-parsers where the callback has the poll's shape (Replicate's prediction object, KIE market
-``data``, an ElevenLabs dubbing object) and reads the callback-only shapes of the other KIE
-families (reference §3–§8) itself.
+parsers where the callback has the poll's shape (Replicate's prediction object, an
+ElevenLabs dubbing object).
 
 - Replicate: the body is the prediction (or training) object -> ``parse_prediction``.
   ``starting``/``processing`` (the ``start`` and ``output`` events) are intermediate.
   ``data_removed`` -> ``Failed(code="result_gone")``.
-- KIE: ``{"code", "msg", "data"}``. Market: ``data`` is the recordInfo object. Veo:
-  ``data.info.resultUrls``; Kontext: ``data.info.resultImageUrl``; Luma: ``data.resultUrls``;
-  Runway: ``data.video_url`` (snake_case); Suno: ``data.callbackType`` text/first
-  (intermediate), complete (``data.data[].audio_url``), error. A non-200 ``code`` is a failure
-  carrying ``msg``.
+- KIE: ``{"code", "msg", "data"}``: only the task id is read (``data.taskId``, or
+  ``data.task_id`` for Suno and Runway). KIE signs only ``taskId.timestamp``, so the rest of
+  the body is never trusted: the receiver polls the task and records what the poll says.
 - ElevenLabs (workspace webhooks): ``{"type", "data"}``. ``speech_to_text_transcription``
   (``data.transcription_id`` or ``request_id``, ``data.transcription.text``) and
   ``dubbing`` (``data`` is a dubbing object) are read; any other type is ignored.
@@ -29,7 +26,6 @@ import msgspec
 
 from providers.elevenlabs import parse_dubbing_status
 from providers.errors import MediaExpired, ProviderError
-from providers.kie_parse import parse_poll_data
 from providers.outcomes import Failed, PollOutcome, Running, Succeeded
 from providers.replicate import parse_prediction
 from providers.transport import RawResponse
@@ -41,13 +37,11 @@ __all__ = [
     "Parsed",
     "kie_task_id",
     "parse_elevenlabs",
-    "parse_kie",
     "parse_replicate",
 ]
 
 REPLICATE_KINDS: Final = ("replicate-prediction", "replicate-training")
 ELEVENLABS_KINDS: Final = ("elevenlabs-async", "elevenlabs-sync")
-_SUNO_STAGES: Final = frozenset({"text", "first"})
 
 
 class MalformedDelivery(ValueError):
@@ -120,70 +114,6 @@ def kie_task_id(body: bytes) -> str:
     HMAC signs it, not the body."""
     _, _, data = _kie_envelope(body)
     return _text(data.get("taskId") or data.get("task_id"), "data.taskId or data.task_id")
-
-
-def _failed(code: int, msg: str, data: dict[str, Any]) -> Failed:
-    return Failed(error=msg or f"KIE callback code {code}", code=str(code), raw=data)
-
-
-def _success(urls: tuple[str, ...], data: dict[str, Any], family: str) -> Succeeded:
-    if not urls:
-        raise MalformedDelivery(f"{family} callback reports success without result URLs")
-    return Succeeded(media_urls=urls, raw=data)
-
-
-def _info(data: dict[str, Any]) -> dict[str, Any]:
-    info = data.get("info")
-    return info if isinstance(info, dict) else {}
-
-
-def _flat_urls(family: str, data: dict[str, Any]) -> tuple[str, ...]:
-    if family == "veo":
-        return _urls(_info(data).get("resultUrls"))
-    if family == "kontext":
-        url = _info(data).get("resultImageUrl")
-        return (url,) if isinstance(url, str) and url else ()
-    if family == "luma":
-        return _urls(data.get("resultUrls"))
-    url = data.get("video_url")  # runway
-    return (url,) if isinstance(url, str) and url else ()
-
-
-def _suno(code: int, msg: str, data: dict[str, Any]) -> PollOutcome:
-    stage = data.get("callbackType")
-    if stage in _SUNO_STAGES:
-        return Running(raw_state=f"callback:{stage}")
-    if stage == "error" or code != 200:
-        return _failed(code, msg, data)
-    if stage != "complete":
-        raise MalformedDelivery(f"unknown Suno callbackType {stage!r}")
-    tracks = data.get("data")
-    urls = tuple(t.get("audio_url") for t in tracks if isinstance(t, dict)) \
-        if isinstance(tracks, list) else ()
-    return _success(tuple(u for u in urls if isinstance(u, str) and u), data, "suno")
-
-
-def _market(data: dict[str, Any]) -> PollOutcome:
-    try:
-        return parse_poll_data("market", data)
-    except ProviderError as exc:
-        raise MalformedDelivery(str(exc)) from None
-
-
-def parse_kie(family: str, body: bytes) -> Parsed:
-    """A KIE callback of ``family`` (the job's kind's family: market, veo, suno, kontext,
-    luma, runway)."""
-    code, msg, data = _kie_envelope(body)
-    task_id = kie_task_id(body)
-    if family == "market":
-        return Parsed(task_id=task_id, outcome=_market(data))
-    if family == "suno":
-        return Parsed(task_id=task_id, outcome=_suno(code, msg, data))
-    if family not in ("veo", "kontext", "luma", "runway"):
-        raise MalformedDelivery(f"no KIE callback parser for family {family!r}")
-    if code != 200:
-        return Parsed(task_id=task_id, outcome=_failed(code, msg, data))
-    return Parsed(task_id=task_id, outcome=_success(_flat_urls(family, data), data, family))
 
 
 # -- ElevenLabs ------------------------------------------------------------------------------

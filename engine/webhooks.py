@@ -49,7 +49,6 @@ from engine.webhook_parse import (
     Parsed,
     kie_task_id,
     parse_elevenlabs,
-    parse_kie,
     parse_replicate,
 )
 from events.states import CallState
@@ -270,7 +269,6 @@ class Receiver:
                         "worker polls it", status=202)
         if job["provider_task_id"] != task_id:
             raise Reject(400, "malformed", "callback is about another task than the job's")
-        _parse(lambda: parse_kie(KINDS[kind].family, body))  # the shape is checked, not used
         async with self.pool.connection() as conn:
             if delivery is not None and not await _claim_delivery(conn, "kie", delivery,
                                                                   job["id"]):

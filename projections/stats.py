@@ -95,6 +95,9 @@ class StatsReport(msgspec.Struct, frozen=True, kw_only=True):
     sweeps: dict[str, int]  # kind -> Swept events, any actor
     terminal_events: list[TerminalCount]
     time_to_terminal: list[Latency]
+    # In-flight jobs with credits reserved and no call, newer than the legacy cutoff and
+    # older than the legacy threshold: the host's, never swept — reported here.
+    jobs_without_call: int = 0
 
 
 def recoveries(counts: Iterable[TerminalCount]) -> dict[str, int]:

@@ -168,3 +168,18 @@ WHERE call_finished_at >= %(since)s
   AND provider_call_started_at IS NOT NULL
 GROUP BY ROLLUP (provider_kind)
 ORDER BY provider_kind NULLS LAST;
+
+-- name: audit_stats_jobs_without_call
+-- In-flight jobs with credits reserved and no call, created after the legacy cutoff and
+-- older than %(older_than)s: the host's (a pipeline wrapper, a job its queue never ran).
+-- Never swept (only rows from before the call columns are legacy); reported instead.
+SELECT count(*) AS n
+FROM jobs j
+WHERE j.status IN ('pending', 'processing')
+  AND j.provider_call_started_at IS NULL
+  AND j.call_state IS NULL
+  AND j.created_at < %(older_than)s::timestamptz
+  AND j.created_at >= COALESCE(%(legacy_cutoff)s::timestamptz,
+                               (SELECT applied_at FROM callwarden_migrations WHERE version = 2),
+                               '-infinity'::timestamptz)
+  AND EXISTS (SELECT 1 FROM usage_logs u WHERE u.job_id = j.id AND u.status = 'reserved');

@@ -38,6 +38,7 @@ class StoredMedia:
     expires_at: float | None  # simulated unix seconds; None = never
     expired: bool = False
     redirect: str | None = None  # answer 302 to this location instead
+    status: int | None = None  # answer this HTTP status instead
 
 
 class MediaHost:
@@ -58,7 +59,9 @@ class MediaHost:
         if script is not None and script.media_body == "html":
             data, content_type = b"<!doctype html><h1>502 Bad Gateway</h1>", "text/html"
         redirect = script.media_redirect if script is not None else None
-        self._items[token] = StoredMedia(data, content_type, expires, redirect=redirect)
+        status = script.media_status if script is not None else None
+        self._items[token] = StoredMedia(data, content_type, expires, redirect=redirect,
+                                         status=status)
         return f"{self.base_url}/media/{token}"
 
     def expire(self, url: str) -> None:
@@ -88,6 +91,8 @@ class MediaHost:
             return web.Response(status=404, text="Not Found")
         if item.redirect is not None:
             return web.Response(status=302, headers={"Location": item.redirect})
+        if item.status is not None:
+            return web.Response(status=item.status, text=f"HTTP {item.status}")
         return web.Response(body=item.data, content_type=item.content_type)
 
 

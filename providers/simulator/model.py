@@ -88,8 +88,9 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     Hostile results (for the engine's guards): ``result_urls`` replaces the media URLs the
     task reports on success (a foreign host, an internal address, ...); ``media_body``
     ``"html"`` serves an HTML error page (200, ``text/html``) where the media should be;
-    ``media_redirect`` makes every media URL answer ``302`` to that location; ``cost``
-    is the cost reported where the provider reports one (e.g. a negative one)."""
+    ``media_redirect`` makes every media URL answer ``302`` to that location;
+    ``media_status`` makes it answer that HTTP status; ``cost`` is the cost reported where
+    the provider reports one (e.g. a negative one)."""
 
     steps: list[Step] = msgspec.field(default_factory=_default_steps)
     end: Literal["succeeded", "failed", "stuck", "vanished"] = "succeeded"
@@ -98,6 +99,7 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     result_urls: list[str] | None = None
     media_body: MediaBody = "media"
     media_redirect: str | None = None
+    media_status: int | None = None
     cost: float | None = None
     error: str = "generation failed"
     error_code: str | None = None

@@ -1,13 +1,31 @@
-"""Fixtures for provider integration tests: a fresh simulator and an HTTP session."""
+"""Fixtures shared by the integration tests: the provider simulator, an HTTP session, a
+connection pool on the test's database, and factories for the real actors (a worker's
+``CallRunner``, a ``Reconciler``) wired to them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from psycopg.conninfo import make_conninfo
 
+from engine.calls import CallRunner
+from engine.config import CallConfig
+from engine.db import open_pool
+from engine.finalize import Pool
+from engine.reconcile_config import ReconcileConfig
+from engine.reconciler import Reconciler, Signal
 from providers.simulator.core import RunningSimulator, running_simulator
+from providers.storage import LocalFolderStore
+from tests.support import no_sleep
+
+APPLICATION_NAME = "cw-integration-test"  # lets a test find (and kill) the pool's backends
+
+MakeReconciler = Callable[..., Reconciler]
+MakeRunner = Callable[..., CallRunner]
 
 
 @pytest.fixture
@@ -21,3 +39,33 @@ async def sim() -> AsyncIterator[RunningSimulator]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[Pool]:
+    url = make_conninfo(db_url, application_name=APPLICATION_NAME)
+    async with open_pool(url, max_size=6, check=True) as p:
+        yield p
+
+
+@pytest.fixture
+def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                    tmp_path: Path) -> MakeReconciler:
+    """``make(signal=None, call_config=None, **ReconcileConfig fields)``."""
+    def make(signal: Signal | None = None, call_config: CallConfig | None = None,
+             **config: Any) -> Reconciler:
+        return Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                          config=ReconcileConfig(**config), sleep=no_sleep, signal=signal,
+                          call_config=call_config)
+    return make
+
+
+@pytest.fixture
+def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                tmp_path: Path) -> MakeRunner:
+    """``make(**CallConfig fields)``: a worker's runner that never sleeps between polls."""
+    def make(**config: Any) -> CallRunner:
+        return CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                          config=CallConfig(**config), sleep=no_sleep,
+                          callback_url=lambda job, kind: "http://127.0.0.1:9/cb")
+    return make

@@ -4,16 +4,13 @@ the process's metrics port."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.calls import CallRunner
-from engine.db import open_pool
 from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.metrics import start_metrics_server
@@ -23,12 +20,6 @@ from events.types import CallStarted
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with open_pool(db_url, max_size=4) as p:
-        yield p
 
 
 async def _scrape(http: aiohttp.ClientSession, port: int) -> dict[tuple[str, frozenset[

@@ -4,7 +4,6 @@ local media store. (Crashes with SIGKILL are in tests/acceptance.)"""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ import aiohttp
 import pytest
 
 from engine.calls import CallRunner
-from engine.config import CallConfig
-from engine.db import connect, open_pool
+from engine.db import connect
 from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.replay import verify_job
@@ -27,22 +25,6 @@ from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
 
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with open_pool(db_url, max_size=4) as p:
-        yield p
-
-
-@pytest.fixture
-def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
-                tmp_path: Path) -> Any:
-    def make(**config: Any) -> CallRunner:
-        return CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
-                          config=CallConfig(**config), sleep=no_sleep,
-                          callback_url=lambda job, kind: "http://127.0.0.1:9/cb")
-    return make
 
 
 async def _row(conn: Conn, job: uuid.UUID) -> dict[str, Any]:

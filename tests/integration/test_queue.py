@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 
 from engine.calls import CallRunner
 from engine.config import CallConfig
-from engine.db import connect, open_pool
+from engine.db import connect
 from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.queue import JobSpec, ack, claim, input_data, parse_job
@@ -109,12 +109,6 @@ async def test_concurrent_claimers_never_get_the_same_job(conn: Conn, db_url: st
 
 # ------------------------------------------------------------------ the worker loop
 
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with open_pool(db_url, max_size=6) as p:
-        yield p
 
 
 @pytest.fixture

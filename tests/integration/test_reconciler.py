@@ -5,7 +5,7 @@ connection, and the claim query's plan. (Races between actors: test_reconciler_r
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -13,15 +13,11 @@ from typing import Any, cast
 import aiohttp
 import msgspec
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from engine.calls import upstream_event, utcnow
-from engine.db import open_pool
-from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.queries import QUERIES
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Counts, Reconciler, Signal
+from engine.reconciler import Counts
 from engine.replay import load_events, verify_job
 from engine.store import Conn, append, execute, load
 from events.states import CallState
@@ -29,8 +25,7 @@ from events.types import CallStarted, FinalizeClaimed, TaskCreated
 from providers.base import AsyncKindClient
 from providers.registry import client_for
 from providers.simulator.core import Fault, RunningSimulator
-from providers.storage import LocalFolderStore
-from tests.support import no_sleep
+from tests.integration.conftest import MakeReconciler
 
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
 DUB = {"file": b"\x00\x00\x00\x18ftypmp42video", "target_lang": "es", "name": "clip"}
@@ -51,25 +46,6 @@ POLL_ROUTE = {"kie-standard": ("kie", "poll"), "replicate-prediction": ("replica
               "replicate-training": ("replicate", "poll_training"),
               "elevenlabs-async": ("elevenlabs", "poll")}
 NOW_SCRIPT: dict[str, Any] = {"steps": [], "end": "succeeded"}
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    url = make_conninfo(db_url, application_name="cw-reconciler-test")
-    async with open_pool(url, max_size=6, check=True) as p:
-        yield p
-
-
-MakeReconciler = Callable[..., Reconciler]
-
-
-@pytest.fixture
-def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
-                    tmp_path: Path) -> MakeReconciler:
-    def make(signal: Signal | None = None, **config: Any) -> Reconciler:
-        return Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
-                          config=ReconcileConfig(**config), sleep=no_sleep, signal=signal)
-    return make
 
 
 async def upstream_task(http: aiohttp.ClientSession, sim: RunningSimulator, kind: str,
@@ -334,7 +310,7 @@ def _terminator(db_url: str, jobs: set[uuid.UUID]) -> Callable[[str, uuid.UUID],
         async with await connect(db_url) as admin:
             await admin.execute(
                 "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
-                "WHERE application_name = 'cw-reconciler-test' AND pid <> pg_backend_pid()")
+                "WHERE application_name = 'cw-integration-test' AND pid <> pg_backend_pid()")
     return signal
 
 

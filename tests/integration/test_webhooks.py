@@ -10,6 +10,7 @@ the simulator's clock, so ``sim.clock.advance`` moves a task on without making i
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,12 +25,11 @@ import pytest
 from aiohttp import web
 
 from engine.calls import CallRunner
-from engine.db import open_pool
 from engine.finalize import Finalizer, Pool
 from engine.jobs import create_job
 from engine.replay import load_events, verify_job
 from engine.store import Conn, append, cancel, load
-from engine.web_app import RECEIVER, ServiceConfig, build_app
+from engine.web_app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import CallbackUrls, WebhookConfig, callback_url_for, ensure_callback_token
 from events.types import CallStarted, TaskCreated
 from providers.outcomes import PollOutcome
@@ -50,12 +50,6 @@ class Service:
 
     async def drain(self) -> None:
         assert await self.app[RECEIVER].drain() == 0
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with open_pool(db_url, max_size=6) as p:
-        yield p
 
 
 @asynccontextmanager
@@ -420,3 +414,103 @@ async def test_webhook_racing_worker_and_finalizer_settles_once(
     types = await event_types(conn, job)
     assert (types.count("UpstreamSucceeded"), types.count("Completed")) == (1, 1)
     assert await verify_job(conn, job) == []
+
+
+# -- what a delivery is trusted for (issue 11, item 6) ------------------------------------------
+
+def _forged_success(task_id: str, urls: list[str]) -> bytes:
+    data = {"taskId": task_id, "state": "success", "costTime": 1,
+            "resultJson": msgspec.json.encode({"resultUrls": urls}).decode(),
+            "creditsConsumed": -500}
+    return msgspec.json.encode({"code": 200, "msg": "success", "data": data})
+
+
+async def test_forged_kie_callback_body_is_not_trusted_the_poll_is(
+        pool: Pool, conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path) -> None:
+    """KIE signs only taskId.timestamp: a captured signature can carry any body inside the
+    tolerance window. The receiver polls the task instead, and records what the poll says:
+    the forged success (attacker URLs, a negative cost) changes nothing while the task runs,
+    and the real result is the simulator's, not the attacker's."""
+    async with serving(pool, sim, http, tmp_path,
+                       kie_hmac_key=sim.sim.webhook_secrets["kie"]) as hmac_service:
+        kind, path, request_body = KIE_FAMILIES[0]
+        job = await kie_task(conn, sim, http, hmac_service, kind, path, request_body,
+                             webhook={"drop": True})
+        task_id = str((await load(conn, job)).provider_task_id)
+        sim.sim.clock.advance(60)  # the task is done upstream; its callback was dropped
+        [genuine] = await sim.sim.webhooks.wait_for(1, outcome="dropped")
+        forged = _forged_success(task_id, ["http://169.254.169.254/latest/meta-data"])
+        async with http.post(genuine.url, data=forged, headers=genuine.headers) as resp:
+            assert resp.status == 200  # authentic signature: acknowledged
+        await hmac_service.drain()
+        assert await state(conn, job) == ("completed", "committed")
+        result = (await load(conn, job)).output_media or ()
+        assert [m.url.startswith("file://") for m in result] == [True]
+        usage = await (await conn.execute(
+            "SELECT credits_charged FROM usage_logs WHERE job_id = %s", (job,))).fetchone()
+        assert usage is not None
+        assert usage["credits_charged"] >= 0  # the forged -500 was never read
+
+
+async def test_forged_kie_callback_while_the_task_runs_changes_nothing(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    kind, path, request_body = KIE_FAMILIES[0]
+    job = await kie_task(conn, sim, http, service, kind, path, request_body)
+    task_id = str((await load(conn, job)).provider_task_id)
+    token = (await (await conn.execute("SELECT callback_token FROM jobs WHERE id = %s",
+                                       (job,))).fetchone() or {})["callback_token"]
+    url = callback_url_for(service.url, job, kind, token)
+    assert url is not None
+    fail = msgspec.json.encode({"code": 501, "msg": "forged failure",
+                                "data": {"taskId": task_id, "state": "fail"}})
+    for body in (_forged_success(task_id, ["https://evil.example/x.png"]), fail):
+        async with http.post(url, data=body) as resp:
+            assert (resp.status, (await resp.json())["result"]) == (200, "intermediate")
+    assert await state(conn, job) == ("polling", "reserved")
+    assert await event_types(conn, job) == ["CallStarted", "TaskCreated"]
+
+
+async def test_elevenlabs_replay_with_extra_header_parts_is_still_a_duplicate(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        service: Service) -> None:
+    job = await start_call(conn, "elevenlabs-async")
+    client = client_for("elevenlabs-async", http, sim.settings)
+    dub = await client.create({"source_url": "https://x/v.mp4", "target_lang": "es"})  # type: ignore[union-attr]
+    await task_created(conn, job, dub)
+    body = await dubbed_body(sim, http, dub)
+    header = elevenlabs_sign(sim.sim.webhook_secrets["elevenlabs"], int(sim.sim.clock.now()),
+                             body)
+    url = f"{service.url}/webhooks/elevenlabs"
+    results = []
+    for variant in (header, header + ",x=1", f"x=2, {header}"):
+        async with http.post(url, data=body, headers={"ElevenLabs-Signature": variant}) as r:
+            results.append((r.status, (await r.json())["result"]))
+    assert results == [(200, "applied"), (200, "duplicate"), (200, "duplicate")]
+    await service.drain()
+    assert (await event_types(conn, job)).count("UpstreamSucceeded") == 1
+
+
+async def test_callback_token_in_the_url_never_reaches_the_access_log(
+        pool: Pool, conn: Conn, sim: RunningSimulator, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), sim.settings, owner="webhook:t")
+    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig()),
+                           access_log_class=RedactingAccessLogger)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    job = await start_call(conn, "kie-standard")
+    token = await ensure_callback_token(conn, job)
+    assert token is not None
+    try:
+        with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+            async with aiohttp.ClientSession() as client, client.post(
+                    f"http://127.0.0.1:{runner.addresses[0][1]}/webhooks/kie/{job}/{token}",
+                    data=b"{}") as resp:
+                assert resp.status == 400
+    finally:
+        await runner.cleanup()
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "aiohttp.access")
+    assert f"/webhooks/kie/{job}/redacted" in logged
+    assert token not in logged

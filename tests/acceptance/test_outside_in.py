@@ -1,0 +1,173 @@
+"""Issue 11 checked from outside: a fresh database set up by ``callwarden migrate``, every
+row written with plain SQL the way a host's own code writes them (seed columns, statuses,
+settlements, even a worker's events), and ``callwarden reconcile --once --config FILE``
+as a real process against the provider simulator. Every pass exits 0; afterwards each row
+is what the issue says it must be."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from engine.db import connect
+from engine.replay import verify_job
+from engine.store import Conn
+from providers.simulator.core import RunningSimulator
+from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
+
+CONFIG = """
+[reconcile]
+scan_interval_s = 1
+legacy_cutoff = "{cutoff}"
+"""
+
+
+async def cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engine.cli", *args, env=env, cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def environment(db_url: str, sim: RunningSimulator, media: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CALLWARDEN_", "AWS_")) and k not in KEY_VARS}
+    env.update({"DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media)})
+    env.update(dict.fromkeys(KEY_VARS, sim.sim.api_key))
+    for p in PROVIDERS:
+        env[f"CALLWARDEN_{p.upper()}_URL"] = sim.url(p)
+    return env
+
+
+async def kie_task(http: aiohttp.ClientSession, sim: RunningSimulator,
+                   **script: Any) -> str:
+    async with http.post(sim.url("kie", "/api/v1/jobs/createTask"), json={
+            "model": "nano-banana-pro",
+            "input": {"prompt": "x", "_sim": {"steps": [], "end": "succeeded", **script}}},
+            headers={"Authorization": f"Bearer {sim.sim.api_key}"}) as resp:
+        return str((await resp.json())["data"]["taskId"])
+
+
+async def host_job(conn: Conn, *, status: str = "processing", age: str = "20 minutes",
+                   credits: float = 10, **columns: Any) -> uuid.UUID:
+    """A job and its reservation, inserted the way the host's API does (plain SQL)."""
+    job = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO jobs (id, user_id, status, created_at) "
+        "VALUES (%s, 'user-9', %s, now() - %s::interval)", (job, status, age))
+    await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
+                       "VALUES (%s, 'user-9', 'reserved', %s)", (job, credits))
+    for column, value in columns.items():
+        cast = "::jsonb" if column == "output_data" else ""
+        await conn.execute(f"UPDATE jobs SET {column} = %s{cast} WHERE id = %s",
+                           (value, job))
+    return job
+
+
+async def seed_call(conn: Conn, kind: str, task: str | None, age: str = "15 minutes",
+                    **columns: Any) -> uuid.UUID:
+    """The seed's Phase 1 in the host's own worker: kind, task id, call start (§5.2)."""
+    job = await host_job(conn, **columns)
+    await conn.execute(
+        "UPDATE jobs SET provider_kind = %s, provider_task_id = %s, "
+        "provider_call_started_at = now() - %s::interval WHERE id = %s",
+        (kind, task, age, job))
+    return job
+
+
+async def worker_events(conn: Conn, job: uuid.UUID, task: str) -> None:
+    """A callwarden worker's CallStarted + TaskCreated, as rows (then it died)."""
+    events: list[dict[str, Any]] = [
+              {"type": "CallStarted", "at": "2026-01-01T00:00:00Z", "actor": "worker:x",
+               "kind": "kie-standard", "sync": False},
+              {"type": "TaskCreated", "at": "2026-01-01T00:00:01Z", "actor": "worker:x",
+               "task_id": task}]
+    for seq, event in enumerate(events, start=1):
+        await conn.execute(
+            "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
+            "VALUES (%s, %s, %s, 1, %s::jsonb, 'worker:x')",
+            (job, seq, event["type"], msgspec.json.encode(event).decode()))
+    await conn.execute(
+        "UPDATE jobs SET call_state = 'polling', call_version = 2, provider_kind = "
+        "'kie-standard', provider_task_id = %s, provider_call_started_at = "
+        "'2026-01-01T00:00:00Z' WHERE id = %s", (task, job))
+
+
+async def state(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
+    row = await (await conn.execute(
+        "SELECT j.status, j.call_state, j.output_data, u.status AS credits, u.credits_charged "
+        "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s", (job,))).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def test_hostile_host_rows_are_recovered_by_the_reconciler_cli(
+        empty_db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
+    env = environment(empty_db_url, sim, tmp_path / "media")
+    code, _, err = await cli(["migrate"], env)
+    assert code == 0, err
+    async with await connect(empty_db_url) as conn, aiohttp.ClientSession() as http:
+        cutoff = (await (await conn.execute(
+            "SELECT now() - interval '3 hours' AS t")).fetchone() or {})["t"]
+        host_media = msgspec.json.encode({"media": ["https://cdn/x.png"], "k": 1}).decode()
+        jobs = {
+            "host_json": await seed_call(conn, "kie-standard", await kie_task(http, sim),
+                                         output_data=host_media),
+            "host_done": await seed_call(conn, "kie-standard", await kie_task(http, sim),
+                                         status="completed"),
+            "wrapper": await host_job(conn, age="2 hours", job_type="pipeline"),
+            "legacy": await host_job(conn, age="4 hours"),
+            "foreign": await seed_call(conn, "kie-standard", await kie_task(
+                http, sim, result_urls=["http://169.254.169.254/latest/meta-data/"])),
+            "sync_route": await seed_call(conn, "anthropic-sync", None, age="6 minutes",
+                                          status="pending"),
+            "garbage": await host_job(conn),
+            "corrupt": await host_job(conn),
+        }
+        await conn.execute("UPDATE usage_logs SET status = 'committed', credits_charged = 4 "
+                           "WHERE job_id = %s", (jobs["host_done"],))
+        await worker_events(conn, jobs["garbage"], await kie_task(http, sim))
+        await conn.execute("UPDATE jobs SET upstream_result = '\"host garbage\"'::jsonb "
+                           "WHERE id = %s", (jobs["garbage"],))
+        await worker_events(conn, jobs["corrupt"], "t-corrupt")
+        await conn.execute("UPDATE call_events SET payload = '{\"oops\": 1}' "
+                           "WHERE job_id = %s AND seq = 2", (jobs["corrupt"],))
+        await conn.execute("UPDATE jobs SET upstream_result = '[0]'::jsonb WHERE id = %s",
+                           (jobs["corrupt"],))
+        config = tmp_path / "reconcile.toml"
+        config.write_text(CONFIG.format(cutoff=cutoff.isoformat()))
+        passes = []
+        for _ in range(2):
+            code, out, err = await cli(["reconcile", "--once", "--json", "--config",
+                                        str(config)], env)
+            assert code == 0, err
+            passes.append(json.loads(out))
+        assert passes[0]["unreadable"] == 1
+        assert passes[0]["pass_failed"] is False
+        s = {name: await state(conn, job) for name, job in jobs.items()}
+        assert (s["host_json"]["status"], s["host_json"]["credits"]) == (
+            "completed", "committed")
+        assert s["host_json"]["output_data"]["k"] == 1  # the host's own key survived
+        assert (s["host_done"]["status"], s["host_done"]["credits"],
+                s["host_done"]["credits_charged"], s["host_done"]["call_state"]) == (
+            "completed", "committed", 4, None)
+        assert (s["wrapper"]["call_state"], s["wrapper"]["credits"]) == (None, "reserved")
+        assert (s["legacy"]["status"], s["legacy"]["credits"]) == ("failed", "refunded")
+        assert (s["foreign"]["status"], s["foreign"]["credits"]) == ("failed", "refunded")
+        assert (s["sync_route"]["status"], s["sync_route"]["credits"]) == (
+            "failed", "refunded")
+        assert (s["garbage"]["status"], s["garbage"]["credits"]) == ("completed", "committed")
+        assert (s["corrupt"]["call_state"], s["corrupt"]["credits"]) == ("polling", "reserved")
+        for name in ("host_json", "legacy", "foreign", "sync_route", "garbage"):
+            assert await verify_job(conn, jobs[name]) == [], name

@@ -1,0 +1,329 @@
+"""The host shares the jobs table (issue 11): host rows written with plain SQL, at any
+moment, never stop recovery, are never overwritten, and keep what the host wrote.
+
+Each test names the behaviour it holds; rows are written by SQL the way a host's own code
+writes them (the seed's columns, statuses and settlements), on a real Postgres, with the
+provider simulator over HTTP.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from engine.audit import stats
+from engine.clock import utcnow
+from engine.jobs import create_job
+from engine.reconcile_config import ReconcileConfig
+from engine.replay import verify_job
+from engine.store import Conn, append, cancel, execute, load, load_events, transition
+from events.states import CallState
+from events.types import Completed, Event, UpstreamResult, UpstreamSucceeded
+from projections.fold import CallProjection
+from providers.simulator.core import RunningSimulator
+from tests.integration.conftest import MakeReconciler, MakeRunner
+from tests.integration.test_reconciler import (
+    NOW_SCRIPT,
+    OLD,
+    counted,
+    dead_worker_call,
+    row,
+    upstream_task,
+)
+
+HOST_OUTPUT = {"media": ["https://cdn.example/x.png"], "thumbnail": "t.png"}
+
+
+async def events_of(conn: Conn, job: uuid.UUID) -> list[str]:
+    return [type(e).__name__ for e in await load_events(conn, job)]
+
+
+async def seed_row(conn: Conn, task: str | None, *, kind: str = "kie-standard",
+                   age: timedelta = OLD, **columns: Any) -> uuid.UUID:
+    """A job the host's own worker instrumented (seed §5.2), straight onto jobs."""
+    job = await create_job(conn, credits=10, status="processing")
+    await conn.execute(
+        "UPDATE jobs SET provider_kind = %s, provider_task_id = %s, "
+        "provider_call_started_at = now() - %s WHERE id = %s", (kind, task, age, job))
+    for column, value in columns.items():
+        await conn.execute(f"UPDATE jobs SET {column} = %s WHERE id = %s",
+                           (value, job))
+    return job
+
+
+# -- 1. a host row never stops recovery ------------------------------------------------------
+
+async def test_host_json_in_output_data_never_stops_the_reconciler(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    """The host keeps its own shapes in output_data; a call is recovered whatever they
+    are, and the host's keys survive the completion."""
+    shapes = [HOST_OUTPUT, ["a", "list"], "a string", 42]
+    jobs = []
+    for shape in shapes:
+        task = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
+        job = await dead_worker_call(conn, "kie-standard", task)
+        await conn.execute("UPDATE jobs SET output_data = %s::jsonb WHERE id = %s",
+                           (msgspec.json.encode(shape).decode(), job))
+        jobs.append(job)
+    counts = await make_reconciler().reconcile_once()
+    assert counted(counts) == {"claimed": 4, "recovered": 4, "completed": 4}
+    for job in jobs:
+        assert (await row(conn, job))["credits"] == "committed"
+        assert await verify_job(conn, job) == []
+    out = (await (await conn.execute("SELECT output_data FROM jobs WHERE id = %s",
+                                     (jobs[0],))).fetchone() or {})["output_data"]
+    assert out["thumbnail"] == "t.png"  # the host's key kept
+    assert out["media"][0]["key"].startswith(f"media/{jobs[0]}/")  # callwarden's merged in
+
+
+async def test_worker_resumes_a_call_whose_row_holds_host_json(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        make_runner: MakeRunner) -> None:
+    task = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
+    job = await dead_worker_call(conn, "kie-standard", task, age=timedelta(seconds=5))
+    await conn.execute("UPDATE jobs SET output_data = %s::jsonb WHERE id = %s",
+                       (msgspec.json.encode(HOST_OUTPUT).decode(), job))
+    out = await make_runner().run(job, "kie-standard", {"model": "m", "input": {}})
+    assert out.result == "completed"
+    assert sim.sim.journal.count("kie", "create") == 1  # resumed, never re-created
+
+
+async def test_callwarden_column_overwritten_by_the_host_is_read_from_the_log(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    task = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
+    job = await dead_worker_call(conn, "kie-standard", task)
+    p = await load(conn, job)
+    result = UpstreamResult(media_urls=(sim.url("kie", "/nowhere"),))
+    await append(conn, job, p, UpstreamSucceeded(at=utcnow() - OLD, actor="w", result=result))
+    await conn.execute("UPDATE jobs SET upstream_result = '\"not ours\"'::jsonb "
+                       "WHERE id = %s", (job,))
+    counts = await make_reconciler().reconcile_once()
+    assert counts.unreadable == 0
+    assert counts.claimed == 1
+    assert "FinalizeClaimed" in await events_of(conn, job)  # it acted on the log's truth
+    assert await verify_job(conn, job) == []  # and the row was rewritten from the fold
+
+
+async def test_unreadable_row_is_parked_and_counted_and_the_rest_recovered(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    bad = await dead_worker_call(conn, "kie-standard", "t-bad")
+    await conn.execute("UPDATE call_events SET payload = '{\"garbage\": true}' "
+                       "WHERE job_id = %s", (bad,))
+    await conn.execute("UPDATE jobs SET upstream_result = '[1]'::jsonb WHERE id = %s", (bad,))
+    good = await dead_worker_call(conn, "kie-standard",
+                                  await upstream_task(http, sim, "kie-standard", NOW_SCRIPT))
+    reconciler = make_reconciler()
+    now = utcnow()
+    counts = await reconciler.reconcile_once(now)
+    assert (counts.claimed, counts.unreadable, counts.completed) == (2, 1, 1)
+    assert (await row(conn, good))["credits"] == "committed"
+    parked = await (await conn.execute(
+        "SELECT reconcile_owner, reconcile_lease_until FROM jobs WHERE id = %s",
+        (bad,))).fetchone()
+    assert parked is not None
+    assert parked["reconcile_owner"] is None
+    assert parked["reconcile_lease_until"] > now + timedelta(seconds=200)
+    assert counted(await reconciler.reconcile_once(now + timedelta(seconds=10))) == {}
+
+
+async def test_unexpected_error_on_one_row_is_an_attempt_on_that_row_only(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    victim = await dead_worker_call(conn, "kie-standard", "t-1")
+    other = await dead_worker_call(conn, "kie-standard",
+                                   await upstream_task(http, sim, "kie-standard", NOW_SCRIPT))
+
+    async def bug(point: str, job: uuid.UUID) -> None:
+        if point == "decided" and job == victim:
+            raise RuntimeError("a bug in one row's handling")
+
+    counts = await make_reconciler(signal=bug).reconcile_once()
+    assert (counts.errors, counts.completed) == (1, 1)
+    r = await row(conn, victim)
+    assert (r["call_state"], r["reconcile_attempts"]) == ("polling", 1)
+    assert "RuntimeError: a bug in one row's handling" in r["reconcile_last_error"]
+    assert (await row(conn, other))["credits"] == "committed"
+    assert await verify_job(conn, victim) == []
+
+
+# -- 4. never overwrite what the host decided -----------------------------------------------
+
+async def test_seed_row_the_host_completed_after_the_claim_is_never_swept(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    """River #1302: the reconciler claimed a seed row, then the host completed it and
+    committed the credits; the reconciler's Adopted + Swept must not land."""
+    job = await seed_row(conn, None, kind="anthropic-sync", age=timedelta(minutes=6))
+
+    async def host_finishes_first(point: str, claimed: uuid.UUID) -> None:
+        if point == "write" and claimed == job:
+            await conn.execute("UPDATE jobs SET status = 'completed' WHERE id = %s", (job,))
+            await conn.execute("UPDATE usage_logs SET status = 'committed', "
+                               "credits_charged = 3 WHERE job_id = %s", (job,))
+
+    counts = await make_reconciler(signal=host_finishes_first).reconcile_once()
+    assert (counts.swept, counts.adopted, counts.lost_race) == (0, 0, 1)
+    r = await row(conn, job)
+    assert (r["status"], r["credits"], r["credits_charged"], r["call_state"]) == (
+        "completed", "committed", 3, None)
+    assert await events_of(conn, job) == []
+
+
+async def test_call_the_host_failed_and_refunded_is_never_completed(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    """A result in hand, but the host failed and refunded the job first: no media, no
+    commit, the host's failure kept (recorded as HostEnded)."""
+    task = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
+    job = await dead_worker_call(conn, "kie-standard", task)
+
+    async def host_fails_it(point: str, claimed: uuid.UUID) -> None:
+        if point == "write":
+            await conn.execute("UPDATE jobs SET status = 'failed', error_message = "
+                               "'host: user gave up' WHERE id = %s", (job,))
+            await conn.execute("UPDATE usage_logs SET status = 'refunded', "
+                               "credits_charged = 0 WHERE job_id = %s", (job,))
+
+    counts = await make_reconciler(signal=host_fails_it).reconcile_once()
+    assert (counts.completed, counts.host_ended) == (0, 1)
+    r = await row(conn, job)
+    assert (r["status"], r["error_message"], r["credits"], r["assets"]) == (
+        "failed", "host: user gave up", "refunded", 0)
+    assert (await events_of(conn, job))[-1] == "HostEnded"
+    assert r["call_state"] == "failed"
+    assert await verify_job(conn, job) == []
+
+
+async def test_host_completion_before_the_worker_records_is_kept_and_settled_once(
+        conn: Conn) -> None:
+    job = await dead_worker_call(conn, "kie-standard", "t-2", age=timedelta(seconds=5))
+    p = await load(conn, job)
+    await conn.execute("UPDATE jobs SET status = 'completed' WHERE id = %s", (job,))
+    late = UpstreamSucceeded(at=utcnow(), actor="worker", result=UpstreamResult())
+    r = await transition(conn, job, lambda q: late if q.state is CallState.POLLING else None,
+                         current=p)
+    assert (r.ok, r.host_ended, r.projection.state) == (False, True, CallState.COMPLETED)
+    settled = await execute(conn, "reservation_for_job", {"job_id": job})
+    assert [(s["status"], s["credits_charged"]) for s in settled] == [("committed", 10)]
+    assert await events_of(conn, job) == ["CallStarted", "TaskCreated", "HostEnded"]
+
+
+# -- 5. legacy means "before the instrumentation" --------------------------------------------
+
+async def test_call_less_rows_created_after_the_call_columns_are_never_swept(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    """A pipeline wrapper job (no provider_kind on purpose) and a queued job: created after
+    the call columns were installed, they are the host's; only older rows are legacy."""
+    await conn.execute("UPDATE callwarden_migrations SET applied_at = now() - interval "
+                       "'3 hours' WHERE version = 2")  # the columns came 3 hours ago
+    wrapper = await create_job(conn, status="processing", job_type="pipeline")
+    queued = await create_job(conn, status="pending")
+    legacy = await create_job(conn, status="processing")
+    for job, age in ((wrapper, "2 hours"), (queued, "90 minutes"), (legacy, "4 hours")):
+        await conn.execute(f"UPDATE jobs SET created_at = now() - interval '{age}' "
+                           "WHERE id = %s", (job,))
+    counts = await make_reconciler().reconcile_once()
+    assert counted(counts) == {"claimed": 1, "adopted": 1, "swept": 1}
+    assert (await row(conn, legacy))["credits"] == "refunded"
+    for job in (wrapper, queued):
+        r = await row(conn, job)
+        assert (r["call_state"], r["credits"]) == (None, "reserved")
+    report = await stats(conn, now=utcnow(), window=timedelta(hours=1),
+                         thresholds=ReconcileConfig().thresholds)
+    assert report.jobs_without_call == 2
+
+
+async def test_a_configured_legacy_cutoff_wins_over_the_migration_time(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    job = await create_job(conn, status="processing")
+    await conn.execute("UPDATE jobs SET created_at = now() - interval '5 hours' "
+                       "WHERE id = %s", (job,))
+    cutoff = utcnow() - timedelta(hours=6)  # the host instrumented 6 hours ago
+    assert counted(await make_reconciler(legacy_cutoff=cutoff).reconcile_once()) == {}
+    assert (await row(conn, job))["credits"] == "reserved"
+
+
+# -- 10. transient database errors and host cancels ------------------------------------------
+
+# The first three heartbeat writes fail in the database (a sequence is not rolled back
+# with the failed statement, so it counts them).
+FAIL_HEARTBEATS = """
+CREATE SEQUENCE hb_writes;
+CREATE OR REPLACE FUNCTION hb_fail() RETURNS trigger AS $$
+BEGIN
+    IF NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at
+       AND nextval('hb_writes') <= 3 THEN
+        RAISE EXCEPTION 'heartbeat refused (test trigger)';
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER hb_fail BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION hb_fail();
+"""
+
+
+async def test_failed_heartbeat_writes_do_not_abandon_a_polling_call(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    await conn.execute(FAIL_HEARTBEATS.encode())
+    job = await create_job(conn, credits=10)
+    script = {"steps": [{"phase": "running", "polls": 8, "progress": 40}], "end": "succeeded"}
+    out = await make_runner(heartbeat_every_s=0.001).run(
+        job, "kie-standard", {"model": "m", "input": {"_sim": script}})
+    assert out.result == "completed"
+    tries = await (await conn.execute("SELECT last_value FROM hb_writes")).fetchone()
+    assert tries is not None
+    assert tries["last_value"] > 3
+    beat = await (await conn.execute("SELECT heartbeat_at FROM jobs WHERE id = %s",
+                                     (job,))).fetchone()
+    assert beat is not None
+    assert beat["heartbeat_at"] is not None
+    assert (await row(conn, job))["credits"] == "committed"
+
+
+async def test_host_cancel_is_an_outcome_not_a_conflict(conn: Conn) -> None:
+    job = await dead_worker_call(conn, "kie-standard", "t-3", age=timedelta(seconds=5))
+    await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (job,))
+    attempts = []
+
+    def decide(p: CallProjection) -> Event | None:
+        attempts.append(p.version)
+        return Completed(at=utcnow(), actor="worker")
+
+    r = await transition(conn, job, decide)
+    assert (r.ok, r.host_ended, r.projection.state) == (False, True, CallState.CANCELLED)
+    assert len(attempts) == 1  # decided once, then the host's decision was recorded
+    assert (await row(conn, job))["credits"] == "refunded"
+
+
+# -- 11. host data survives adoption and cancel ----------------------------------------------
+
+async def test_adoption_keeps_the_hosts_attempt_counters(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    task = await upstream_task(http, sim, "kie-standard", {"end": "stuck"})
+    job = await seed_row(conn, task, reconcile_attempts=5, reconcile_last_error="host: 502")
+    counts = await make_reconciler().reconcile_once()
+    assert counted(counts) == {"claimed": 1, "adopted": 1, "still_running": 1}
+    r = await row(conn, job)
+    assert r["reconcile_attempts"] == 6  # the host's five, plus this attempt
+    assert await verify_job(conn, job) == []
+
+
+async def test_cancel_of_a_never_adopted_row_keeps_the_hosts_seed_columns(conn: Conn) -> None:
+    job = await seed_row(conn, "host-task-9", reconcile_attempts=2,
+                         reconcile_last_error="host: slow")
+    before = await (await conn.execute(
+        "SELECT provider_kind, provider_task_id, provider_call_started_at, "
+        "reconcile_attempts, reconcile_last_error FROM jobs WHERE id = %s", (job,))).fetchone()
+    assert (await cancel(conn, job, by="admin", now=utcnow())).ok
+    after = await (await conn.execute(
+        "SELECT provider_kind, provider_task_id, provider_call_started_at, "
+        "reconcile_attempts, reconcile_last_error FROM jobs WHERE id = %s", (job,))).fetchone()
+    assert after == before
+    assert (await row(conn, job))["credits"] == "refunded"
+    assert await verify_job(conn, job) == []
