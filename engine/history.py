@@ -56,6 +56,7 @@ class History(msgspec.Struct, kw_only=True):
     job_id: uuid.UUID
     stored: CallProjection | None = None
     statuses: list[str] = msgspec.field(default_factory=list)
+    settled_by: list[int | None] = msgspec.field(default_factory=list)
     folded: CallProjection | None = None
     events: int = 0
     error: JobError | None = None
@@ -128,7 +129,8 @@ def _stored(row: DictRow) -> CallProjection:
 
 
 async def _history(conn: Conn, row: DictRow, sigs: dict[type, str]) -> History:
-    h = History(job_id=row["id"], statuses=list(row["statuses"]))
+    h = History(job_id=row["id"], statuses=list(row["statuses"]),
+                settled_by=list(row["settled_by"]))
     try:
         h.stored = _stored(row)
         events = await _events(conn, row, sigs)

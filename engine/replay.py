@@ -26,4 +26,5 @@ async def verify_job(conn: Conn, job_id: uuid.UUID) -> list[Mismatch]:
                          folded="readable")]
     rows = await execute(conn, "reservation_for_job", {"job_id": job_id})
     return (compare(job_id, stored, folded)
-            + compare_settlement(job_id, [r["status"] for r in rows], folded))
+            + compare_settlement(job_id, [r["status"] for r in rows], folded,
+                                 [r["settled_by_seq"] for r in rows]))

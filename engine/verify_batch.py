@@ -58,7 +58,7 @@ def check(h: History) -> list[Mismatch]:
     if h.stored is None or h.folded is None:
         return []
     return (compare(h.job_id, h.stored, h.folded)
-            + compare_settlement(h.job_id, h.statuses, h.folded))
+            + compare_settlement(h.job_id, h.statuses, h.folded, h.settled_by))
 
 
 def _result(histories: list[History], started: float) -> BatchResult:

@@ -1,12 +1,18 @@
--- Living with the host (issue 11): callwarden's own copy of a completed call's output.
+-- Living with the host (issue 11).
 --
--- call_output: the media (and, later, text) a completed call produced, as callwarden wrote
--- it. The projection is read back from here only; the host's output_data is merged into,
--- never parsed (a host keeps its own shapes there).
--- Existing completed calls kept their output only in output_data: copy it over once.
+-- jobs.call_output: the media (and, later, text) a completed call produced, as callwarden
+-- wrote it. The projection is read back from here only; the host's output_data is merged
+-- into, never parsed (a host keeps its own shapes there). Existing completed calls kept
+-- their output only in output_data: copied over once below.
+-- usage_logs.settled_by_seq: the seq of the call event whose transaction settled the
+-- reservation (NULL: settled by host code, or not yet). verify checks callwarden's own
+-- settlements against the log, and a host's are told apart from them.
 
 ALTER TABLE jobs
     ADD COLUMN IF NOT EXISTS call_output jsonb;
+
+ALTER TABLE usage_logs
+    ADD COLUMN IF NOT EXISTS settled_by_seq int;
 
 UPDATE jobs
 SET call_output = jsonb_build_object('media', output_data -> 'media')

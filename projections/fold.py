@@ -299,5 +299,12 @@ def fold(events: Iterable[Event]) -> CallProjection:
 
 
 def apply(p: CallProjection, e: Event) -> CallProjection:
-    """``p`` after one more event; raises ``InvalidTransition`` if it may not follow."""
+    """``p`` after one more event; raises ``InvalidTransition`` if it may not follow.
+
+    A row with no event yet folds from :data:`EMPTY` (keeping only what was observed on
+    it: the host's status and settled reservations), never from the seed columns the host
+    wrote there — so the projection always equals the fold of the log."""
+    if p.state is None and p.version == 0:
+        p = msgspec.structs.replace(EMPTY, status=p.status,
+                                    settled_reservations=p.settled_reservations)
     return fold_from(p, (e,))

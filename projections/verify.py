@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from events.states import OPEN_STATUSES
 from projections.fold import OBSERVED_FIELDS, CallProjection
 
 __all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_settlement"]
@@ -32,22 +33,39 @@ def compare(job_id: object, stored: CallProjection, folded: CallProjection) -> l
     """Every field where the stored projection differs from the fold."""
     out = []
     owned = folded.provider_kind is not None
+    host_ended = not folded.terminal and stored.status not in (None, *OPEN_STATUSES)
     for f in _FIELDS:
         want = getattr(folded, f)
         if (want is None and f in OPTIONAL_FIELDS) or (not owned and f in SEED_FIELDS):
             continue
+        if f == "status" and host_ended:
+            continue  # the host ended the job; HostEnded will record it
         have = getattr(stored, f)
         if have != want:
             out.append(Mismatch(job_id=str(job_id), column=f, projected=have, folded=want))
     return out
 
 
-def compare_settlement(job_id: object, statuses: list[str],
-                       folded: CallProjection) -> list[Mismatch]:
-    """The job's ``usage_logs`` statuses against what the fold says they must be:
-    ``reserved`` while the call is open, the terminal state's settlement after."""
-    want = folded.settlement if folded.terminal else "reserved"
+def compare_settlement(job_id: object, statuses: list[str], folded: CallProjection,
+                       settled_by: list[int | None] | None = None) -> list[Mismatch]:
+    """The job's ``usage_logs`` rows against the fold. ``statuses[i]`` is a row's status,
+    ``settled_by[i]`` the seq of the call event that settled it (``None``: host code did,
+    or nobody yet). A reservation callwarden settled must have been settled by the
+    terminal event, as its state prescribes; a terminal call may leave none ``reserved``;
+    one the host settled is the host's (the seed's "no reserved log: proceed without
+    commit")."""
     if folded.state is None:
         return []
-    return [Mismatch(job_id=str(job_id), column="usage_logs.status", projected=s, folded=want)
-            for s in statuses if s != want]
+    by = settled_by if settled_by is not None else [None] * len(statuses)
+    out = []
+    for status, seq in zip(statuses, by, strict=True):
+        if seq is not None:
+            want = folded.settlement if folded.terminal and seq == folded.version else None
+            if status != want:
+                out.append(Mismatch(job_id=str(job_id), column="usage_logs.status",
+                                    projected=f"{status} (by seq {seq})",
+                                    folded=want or "not settled by the log"))
+        elif status == "reserved" and folded.terminal:
+            out.append(Mismatch(job_id=str(job_id), column="usage_logs.status",
+                                projected=status, folded=folded.settlement))
+    return out

@@ -59,7 +59,8 @@ SELECT j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provider
        j.call_output::text AS call_output, j.provider_cost, j.call_finished_at,
        j.call_settlement,
        ev.payloads, ev.sig, ev.n, ev.last_seq,
-       coalesce(us.statuses, '{}'::text[]) AS statuses
+       coalesce(us.statuses, '{}'::text[]) AS statuses,
+       coalesce(us.settled_by, '{}'::int[]) AS settled_by
 FROM jobs j
 LEFT JOIN LATERAL (
     SELECT '[' || string_agg(e.payload::text, ',' ORDER BY e.seq) || ']' AS payloads,
@@ -70,7 +71,8 @@ LEFT JOIN LATERAL (
     WHERE e.job_id = j.id
 ) ev ON true
 LEFT JOIN LATERAL (
-    SELECT array_agg(u.status ORDER BY u.id) AS statuses
+    SELECT array_agg(u.status ORDER BY u.id) AS statuses,
+           array_agg(u.settled_by_seq ORDER BY u.id) AS settled_by
     FROM usage_logs u
     WHERE u.job_id = j.id
 ) us ON true

@@ -95,6 +95,7 @@ WITH upd AS (
     UPDATE usage_logs u SET
         status = %(settle_to)s::text,
         settled_at = now(),
+        settled_by_seq = %(new_version)s::int,
         credits_charged = CASE WHEN %(settle_to)s::text = 'committed'
             -- (cost: clamped to >= 0 by the caller; NULL: charge the reservation)
             THEN LEAST(o.credits_reserved, GREATEST(0, COALESCE(
@@ -118,7 +119,7 @@ WHERE job_id = %(job_id)s
 ORDER BY seq;
 
 -- name: reservation_for_job
-SELECT id, status, credits_reserved, credits_charged
+SELECT id, status, credits_reserved, credits_charged, settled_by_seq
 FROM usage_logs
 WHERE job_id = %(job_id)s
 ORDER BY id;

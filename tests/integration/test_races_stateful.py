@@ -5,6 +5,10 @@ webhook, a user cancel) acting *concurrently* on one job, each on its own connec
 either re-deciding on conflict (``transition``) or writing from a stale read (``append``
 after everyone has read). Any actor may simply stop (a crash): nothing forces a sequence
 to finish. A logical clock advances so finalization leases expire and get taken over.
+
+A **host** actor races them with plain SQL, as host code does: it completes and commits,
+fails and refunds, cancels, refunds alone, adds a second reservation, or writes the seed's
+columns — at any moment, concurrently with the others.
 """
 
 from __future__ import annotations
@@ -53,11 +57,47 @@ LEASE = timedelta(seconds=60)
 CAP = 3
 ACTORS = ["worker", "worker-retry", "reconciler-a", "reconciler-b", "webhook", "user"]
 
+# What the host does with plain SQL: the seed's own statements (a job in flight is
+# completed, failed or cancelled; a reservation settled with a compare-and-set on
+# 'reserved'), never through callwarden.
+_IN_FLIGHT = " AND status IN ('pending', 'processing')"
+HOST_WRITES: dict[str, list[str]] = {
+    "complete_and_commit": [
+        "UPDATE jobs SET status = 'completed' WHERE id = %(job)s" + _IN_FLIGHT,
+        "UPDATE usage_logs SET status = 'committed', credits_charged = credits_reserved, "
+        "settled_at = now() WHERE job_id = %(job)s AND status = 'reserved'"],
+    "fail_and_refund": [
+        "UPDATE jobs SET status = 'failed', error_message = 'host: failed' "
+        "WHERE id = %(job)s" + _IN_FLIGHT,
+        "UPDATE usage_logs SET status = 'refunded', credits_charged = 0, settled_at = now() "
+        "WHERE job_id = %(job)s AND status = 'reserved'"],
+    "cancel": ["UPDATE jobs SET status = 'cancelled' WHERE id = %(job)s" + _IN_FLIGHT],
+    "refund_only": [
+        "UPDATE usage_logs SET status = 'refunded', credits_charged = 0, settled_at = now() "
+        "WHERE job_id = %(job)s AND status = 'reserved'"],
+    "second_reservation": [
+        "INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
+        "SELECT id, user_id, 'reserved', 3 FROM jobs WHERE id = %(job)s "
+        "AND status IN ('pending', 'processing')"],
+    "seed_columns": [
+        "UPDATE jobs SET provider_kind = COALESCE(provider_kind, 'kie-standard'), "
+        "provider_call_started_at = COALESCE(provider_call_started_at, now()), "
+        "reconcile_attempts = reconcile_attempts + 1, reconcile_last_error = 'host: retry' "
+        "WHERE id = %(job)s AND call_state IS NULL"],
+    "processing": ["UPDATE jobs SET status = 'processing' WHERE id = %(job)s "
+                   "AND status = 'pending'"],
+}
+HOST_TERMINAL = {"complete_and_commit": "completed", "fail_and_refund": "failed",
+                 "cancel": "cancelled"}
+
 AUDIT_SQL = """
-CREATE TABLE IF NOT EXISTS usage_audit (job_id uuid, old_status text, new_status text);
+CREATE TABLE IF NOT EXISTS usage_audit (usage_id bigint, job_id uuid, old_status text,
+                                        new_status text);
 CREATE OR REPLACE FUNCTION usage_audit_fn() RETURNS trigger AS $$
 BEGIN
-    INSERT INTO usage_audit VALUES (NEW.job_id, OLD.status, NEW.status);
+    IF NEW.status IS DISTINCT FROM OLD.status THEN
+        INSERT INTO usage_audit VALUES (NEW.id, NEW.job_id, OLD.status, NEW.status);
+    END IF;
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS usage_audit_trg ON usage_logs;
@@ -134,11 +174,14 @@ def _user(now: datetime) -> Callable[[CallProjection], Event | None]:
 
 class RaceMachine(RuleBasedStateMachine):
     """Invariants checked after every step, from the database itself:
-    a reservation is never committed twice, refunded twice, or both (every UPDATE of a
-    usage_logs row is audited by a trigger); every terminal call has settled its
-    reservation exactly once, as its terminal state prescribes; terminal states are
-    absorbing; call_version equals the number of events; the projection columns equal
-    the fold of the log."""
+    a reservation is never committed twice, refunded twice, or both, and only ever moves
+    from ``reserved`` (every UPDATE of a usage_logs row is audited by a trigger, the
+    host's included); every terminal call has no reservation left reserved that existed
+    when it ended, and a call callwarden settled settled as its terminal state prescribes;
+    a status the host wrote (completed, failed, cancelled) is never overwritten, and a
+    call the host ended is never completed by callwarden afterwards; terminal states are
+    absorbing; call_version equals the number of events; the projection columns equal the
+    fold of the log."""
 
     loop: ClassVar[asyncio.AbstractEventLoop]
     conns: ClassVar[list[Conn]]
@@ -149,6 +192,7 @@ class RaceMachine(RuleBasedStateMachine):
         self.now = T0
         self.known: list[Job] = []
         self.terminal: dict[uuid.UUID, tuple[CallState, int]] = {}
+        self.host_status: dict[uuid.UUID, str] = {}  # the terminal status the host wrote
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return self.loop.run_until_complete(coro)
@@ -177,14 +221,42 @@ class RaceMachine(RuleBasedStateMachine):
             return _reconciler(actor, job, self.now, flaky)
         return _webhook(job, self.now) if actor == "webhook" else _user(self.now)
 
-    @rule(job=jobs, actors=st.lists(st.sampled_from(ACTORS), min_size=1, max_size=4,
-                                    unique=True), flaky=st.booleans())
-    def race_redeciding(self, job: Job, actors: list[str], flaky: bool) -> None:
+    async def _host(self, job: Job, write: str) -> None:
+        """The host's statements, on its own connection, in one transaction."""
+        conn = self.conns[-1]
+        async with conn.transaction():
+            first, *rest = HOST_WRITES[write]
+            ended = (await conn.execute(first, {"job": job.id})).rowcount > 0
+            if write in HOST_TERMINAL and not ended:
+                return  # the job was no longer in flight: the host's flow stops there
+            for sql in rest:
+                await conn.execute(sql, {"job": job.id})
+        if write in HOST_TERMINAL:
+            self.host_status.setdefault(job.id, HOST_TERMINAL[write])
+
+    @rule(job=jobs, write=st.sampled_from(sorted(HOST_WRITES)))
+    def host_writes(self, job: Job, write: str) -> None:
+        """Alone (not racing): a second reservation is only ever added to an open job,
+        never racing the transition that ends it (that one cannot settle a row inserted
+        after it)."""
+        if job.id in self.host_status and write in HOST_TERMINAL:
+            return  # the host ends a job once
+        self.run(self._host(job, write))
+
+    @rule(job=jobs, actors=st.lists(st.sampled_from(ACTORS), min_size=1, max_size=3,
+                                    unique=True), flaky=st.booleans(),
+          host=st.one_of(st.none(), st.sampled_from(sorted(set(HOST_WRITES)
+                                                           - {"second_reservation"}))))
+    def race_redeciding(self, job: Job, actors: list[str], flaky: bool,
+                        host: str | None) -> None:
         deciders = [self._decider(a, job, flaky) for a in actors]
+        if host is not None and job.id in self.host_status and host in HOST_TERMINAL:
+            host = None
 
         async def go() -> None:
-            await asyncio.gather(*(
-                transition(self.conns[i], job.id, d) for i, d in enumerate(deciders)))
+            writes = [transition(self.conns[i], job.id, d) for i, d in enumerate(deciders)]
+            host_write = [self._host(job, host)] if host is not None else []
+            await asyncio.gather(*writes, *host_write)
         self.run(go())
 
     @rule(job=jobs, actors=st.lists(st.sampled_from(ACTORS), min_size=2, max_size=4,
@@ -211,22 +283,30 @@ class RaceMachine(RuleBasedStateMachine):
         c = self.conns[0]
         for job in self.known:
             row = await (await c.execute(
-                "SELECT call_state, call_version, "
+                "SELECT status, call_state, call_version, "
                 " (SELECT count(*) FROM call_events e WHERE e.job_id = j.id) AS n_events, "
-                " (SELECT array_agg(old_status || '>' || new_status) FROM usage_audit a "
-                "   WHERE a.job_id = j.id) AS moves, "
-                " (SELECT array_agg(status) FROM usage_logs u WHERE u.job_id = j.id) AS st "
+                " (SELECT array_agg(type ORDER BY seq) FROM call_events e "
+                "   WHERE e.job_id = j.id) AS types, "
+                " (SELECT array_agg(a.old_status || '>' || a.new_status) FROM usage_audit a "
+                "   WHERE a.job_id = j.id GROUP BY a.usage_id HAVING count(*) > 1 LIMIT 1) "
+                "   AS twice, "
+                " (SELECT array_agg(old_status) FROM usage_audit a WHERE a.job_id = j.id "
+                "   AND a.old_status <> 'reserved') AS bad_moves, "
+                " (SELECT count(*) FROM usage_logs u WHERE u.job_id = j.id "
+                "   AND u.status = 'reserved') AS left_reserved "
                 "FROM jobs j WHERE id = %s", (job.id,))).fetchone()
             assert row is not None
-            moves = row["moves"] or []
-            assert len(moves) <= 1, f"reservation settled more than once: {moves}"
-            assert all(m.startswith("reserved>") for m in moves), moves
+            assert row["twice"] is None, f"a reservation settled more than once: {row}"
+            assert row["bad_moves"] is None, f"a move not from reserved: {row}"
             assert row["call_version"] == row["n_events"]
             state = CallState(row["call_state"]) if row["call_state"] else None
-            if state is not None and state in SETTLEMENT and row["st"]:
-                assert moves == [f"reserved>{SETTLEMENT[state]}"]
-            elif row["st"]:
-                assert moves == []
+            if state in SETTLEMENT:
+                assert row["left_reserved"] == 0, f"terminal call left credits reserved: {row}"
+            if job.id in self.host_status:
+                assert row["status"] == self.host_status[job.id], "host status overwritten"
+                types = row["types"] or []
+                if "HostEnded" in types:
+                    assert "Completed" not in types[types.index("HostEnded"):]
             if job.id in self.terminal:
                 assert self.terminal[job.id] == (state, row["call_version"])
             elif state in SETTLEMENT:
@@ -239,7 +319,7 @@ def test_racing_actors_settle_every_reservation_exactly_once(db_url: str) -> Non
     loop = asyncio.new_event_loop()
 
     async def setup() -> list[Conn]:
-        conns = [await connect(db_url) for _ in range(4)]
+        conns = [await connect(db_url) for _ in range(5)]  # the last one is the host's
         await conns[0].execute(AUDIT_SQL.encode())
         return conns
 

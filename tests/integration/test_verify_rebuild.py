@@ -59,7 +59,21 @@ async def test_verify_reports_a_tampered_settlement(conn: Conn) -> None:
                        (jobs["completed"],))
     _, batches = await verify(conn)
     (m,) = [m for b in batches for m in b.mismatches]
-    assert (m.column, m.projected, m.folded) == ("usage_logs.status", "refunded", "committed")
+    assert (m.column, m.projected, m.folded) == (
+        "usage_logs.status", "refunded (by seq 5)", "committed")
+
+
+async def test_verify_tells_a_reservation_the_host_settled_from_a_leak(conn: Conn) -> None:
+    """A reservation host code settled (no call seq) is the host's; one left reserved on a
+    terminal call is a leak."""
+    jobs = await _all_paths(conn)
+    await conn.execute("UPDATE usage_logs SET status = 'committed', settled_by_seq = NULL "
+                       "WHERE job_id = %s", (jobs["failed"],))
+    await conn.execute("UPDATE usage_logs SET status = 'reserved', settled_by_seq = NULL "
+                       "WHERE job_id = %s", (jobs["swept"],))
+    _, batches = await verify(conn)
+    found = [(m.job_id, m.projected, m.folded) for b in batches for m in b.mismatches]
+    assert found == [(str(jobs["swept"]), "reserved", "refunded")]
 
 
 async def test_verify_reports_a_missing_event_and_goes_on(conn: Conn) -> None:
