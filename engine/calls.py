@@ -35,6 +35,7 @@ from engine.errors import DatabaseError
 from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.identity import incarnation
+from engine.pricing import Pricing
 from engine.store import Conn, Decide, append, execute, load, transition
 from events.states import CallState
 from events.types import (
@@ -87,7 +88,8 @@ def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
     if isinstance(outcome, Succeeded):
         return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
             media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
-            raw=outcome.raw, stored_keys=stored_keys))
+            raw=outcome.raw, stored_keys=stored_keys, usage=outcome.usage,
+            stop_reason=outcome.stop_reason))
     if isinstance(outcome, Failed):
         return UpstreamFailed(at=now, actor=actor, error=outcome.error, code=outcome.code)
     if isinstance(outcome, NotFound):
@@ -101,14 +103,15 @@ class CallRunner:
     def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
                  store: MediaStore, *, owner: str | None = None, clock: Clock | None = None,
                  config: CallConfig | None = None, sleep: Sleep = asyncio.sleep,
-                 callback_url: Callable[[uuid.UUID, str], str | None] | None = None) -> None:
+                 callback_url: Callable[[uuid.UUID, str], str | None] | None = None,
+                 pricing: Pricing | None = None) -> None:
         self.pool, self.session, self.settings, self.store = pool, session, settings, store
         self.owner = owner or incarnation("worker")
         self.clock = clock if clock is not None else DatabaseClock()
         self.config, self.sleep = config or CallConfig(), sleep
         self.callback_url = callback_url
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
-                                   clock=self.clock, config=self.config)
+                                   clock=self.clock, config=self.config, pricing=pricing)
         self._last_beat: dict[uuid.UUID, float] = {}
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,

@@ -58,7 +58,7 @@ def service_config(args: argparse.Namespace, settings: ProviderSettings) -> Serv
     reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
     dashboard count what the reconciler acts on."""
     env = os.environ
-    webhooks = WebhookConfig.from_env(env, settings.elevenlabs.base_url)
+    webhooks = WebhookConfig.from_env(env)
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
                          thresholds=reconcile.thresholds,

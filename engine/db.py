@@ -14,11 +14,42 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["EmbeddedServer", "connect", "default_data_dir", "open_pool", "resolve_database_url"]
+__all__ = ["EmbeddedServer", "TolerantTimestamptz", "configure", "connect", "default_data_dir",
+           "open_pool", "resolve_database_url"]
+
+_FAST_TIMESTAMPTZ = psycopg.adapters.get_loader(
+    psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+
+
+class TolerantTimestamptz(TimestamptzLoader):
+    """``timestamptz`` values Python cannot hold (``infinity``, ``-infinity``, years past
+    9999 — a host may write them in its own columns) load as ``None`` instead of failing
+    the whole statement: one such row must never stop a claim or a read of other rows."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._fast = _FAST_TIMESTAMPTZ(oid, context) if _FAST_TIMESTAMPTZ else None
+
+    def load(self, data: Any) -> Any:
+        try:
+            return self._fast.load(data) if self._fast is not None else super().load(data)
+        except psycopg.DataError:
+            return None
+
+
+def configure(conn: psycopg.BaseConnection[Any]) -> None:
+    """What every callwarden connection loads differently (see :class:`TolerantTimestamptz`)."""
+    conn.adapters.register_loader("timestamptz", TolerantTimestamptz)
+
+
+async def _configure(conn: AsyncConnection[DictRow]) -> None:
+    configure(conn)
 
 
 def default_data_dir() -> Path:
@@ -60,7 +91,9 @@ def resolve_database_url(data_dir: Path | None = None) -> str:
 
 async def connect(url: str) -> AsyncConnection[DictRow]:
     """One autocommit connection returning rows as dicts."""
-    return await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+    conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+    configure(conn)
+    return conn
 
 
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
@@ -71,6 +104,6 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
     return AsyncConnectionPool(
         url, min_size=min_size, max_size=max_size, open=False,
         kwargs={"autocommit": True, "row_factory": dict_row},
-        connection_class=AsyncConnection[DictRow],
+        connection_class=AsyncConnection[DictRow], configure=_configure,
         check=AsyncConnectionPool.check_connection if check else None,
     )

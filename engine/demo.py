@@ -129,8 +129,7 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
     finalizer = Finalizer(pool, LocalFolderStore(media), rs.settings,
                           owner=incarnation("webhook"), config=DEMO_CALLS)
     config = ServiceConfig(webhooks=WebhookConfig(
-        replicate_secret=rs.sim.webhook_secrets["replicate"],
-        elevenlabs_base_url=rs.settings.elevenlabs.base_url))
+        replicate_secret=rs.sim.webhook_secrets["replicate"]))
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, rs.settings, created_at=created_at)
 

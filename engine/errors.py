@@ -4,7 +4,9 @@
 
     CallwardenError
     ├── DatabaseError               the database failed us
-    │   └── DatabaseUnavailable     cannot connect / connection lost (transient)
+    │   ├── DatabaseUnavailable     cannot connect / connection lost (transient)
+    │   └── WriteConflict           a deadlock or serialization failure rolled back the
+    │                               caller's own transaction: decide again in a new one
     ├── JobNotFound                 no ``jobs`` row with that id
     ├── TaskAlreadyClaimed          another job already holds this (kind, task id)
     ├── ConflictExhausted           lost the race too many times in a row
@@ -33,6 +35,7 @@ __all__ = [
     "MigrationError",
     "TaskAlreadyClaimed",
     "TerminalStateError",
+    "WriteConflict",
 ]
 
 
@@ -46,6 +49,11 @@ class DatabaseError(CallwardenError):
 
 class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached, or the connection dropped mid-statement."""
+
+
+class WriteConflict(DatabaseError):
+    """A deadlock or serialization failure rolled back a write made inside the caller's
+    own transaction (nothing was written): decide again in a new transaction."""
 
 
 class JobNotFound(CallwardenError):

@@ -8,9 +8,10 @@
    :mod:`providers.media_guard`) and store it under a deterministic per-job key, so a
    repeat after a crash overwrites the same object — all within a deadline inside the
    lease, so nobody takes over a finalization that is still working.
-3. In one transaction: ``Completed`` (commit at the actual cost, never above the
-   reservation), the ``assets`` rows, progress 100, and the sole-cause reopen of the
-   parent ``workflow_executions`` row (compare-and-set on ``failed``).
+3. In one transaction: ``Completed`` (with the text result and stop reason, if any;
+   commit at the pricing hook's charge — :mod:`engine.pricing`, default the reservation
+   — never above the reservation), the ``assets`` rows, progress 100, and the sole-cause
+   reopen of the parent ``workflow_executions`` row (compare-and-set on ``failed``).
 
 What a failure means::
 
@@ -37,9 +38,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from engine.clock import Clock, DatabaseClock, sync_clock
 from engine.config import CallConfig
+from engine.errors import WriteConflict
 from engine.failpoints import failpoint
 from engine.host import host_ended
-from engine.store import AppendResult, Conn, Decide, append, execute, transition
+from engine.pricing import ChargeReservation, Pricing
+from engine.store import AppendResult, Conn, Decide, append, execute, load, transition
 from events.states import CallState
 from events.types import (
     Completed,
@@ -83,11 +86,14 @@ class Finalizer:
 
     def __init__(self, pool: Pool, store: MediaStore, settings: ProviderSettings, *,
                  owner: str, clock: Clock | None = None,
-                 config: CallConfig | None = None) -> None:
+                 config: CallConfig | None = None, pricing: Pricing | None = None) -> None:
+        """``pricing``: what a completed call is charged (default: its reservation;
+        :mod:`engine.pricing`)."""
         self.pool, self.store, self.settings = pool, store, settings
         self.owner = owner
         self.clock = clock if clock is not None else DatabaseClock()
         self.config = config or CallConfig()
+        self.pricing: Pricing = pricing if pricing is not None else ChargeReservation()
 
     async def finalize(self, job_id: uuid.UUID,
                        current: CallProjection | None = None) -> FinalizeResult:
@@ -202,15 +208,22 @@ class Finalizer:
 
     async def _complete(self, job_id: uuid.UUID, p: CallProjection,
                         media: tuple[StoredMedia, ...], claim_owner: str) -> FinalizeResult:
-        cost = p.upstream_result.cost if p.upstream_result else None
-        event = Completed(at=self.clock(), actor=self.owner, media=media, cost=cost)
+        result = p.upstream_result or UpstreamResult()
+        cost = self.pricing.charge(p.provider_kind or "", result.usage, result.cost)
+        event = Completed(at=self.clock(), actor=self.owner, media=media, cost=cost,
+                          text=result.text, stop_reason=result.stop_reason)
         for _ in range(_MAX_COMPLETE_TRIES):
             ended = host_ended(p, at=event.at, actor=event.actor)
-            async with self.pool.connection() as conn, conn.transaction():
-                r = await append(conn, job_id, p, ended or event)
-                if r.ok and ended is None:
-                    await _record_assets(conn, job_id, media)
-                    await execute(conn, "reopen_workflow", {"job_id": job_id})
+            try:
+                async with self.pool.connection() as conn, conn.transaction():
+                    r = await append(conn, job_id, p, ended or event)
+                    if r.ok and ended is None:
+                        await _record_assets(conn, job_id, media)
+                        await execute(conn, "reopen_workflow", {"job_id": job_id})
+            except WriteConflict:  # a deadlock rolled the transaction back: read, retry
+                async with self.pool.connection() as conn:
+                    p = await load(conn, job_id)
+                continue
             if r.ok:
                 return FinalizeResult(outcome="host_ended" if ended else "completed",
                                       projection=r.projection)

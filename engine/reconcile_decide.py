@@ -34,8 +34,9 @@ call columns were installed): a newer one belongs to the host (a pipeline wrappe
 job still queued) and is never swept.
 
 Finalization counts towards the cap: each failed attempt records ``ReconcileAttempted``, so
-a result that can never be stored ends ``exhausted`` (and refunded) like any other call —
-no path keeps a call open past its horizon.
+a result that can never be stored ends ``exhausted`` (and refunded) like any other call.
+Past its horizon a call gets one last poll or finalization (``final``): anything but a
+result ends it exhausted — no path keeps a call open past its horizon.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import msgspec
 
 from engine.host import host_status_ended
 from engine.reconcile_config import ReconcileConfig
-from events.states import NON_TERMINAL, CallState
+from events.states import LEGACY_KIND, NON_TERMINAL, CallState
 from events.types import Adopted
 from projections.columns import from_row
 from projections.fold import CallProjection, apply
@@ -74,14 +75,13 @@ __all__ = [
     "past_horizon",
 ]
 
-LEGACY_KIND = "legacy"  # the kind recorded when adopting a row that names none
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """A claimed ``jobs`` row: the call as stored (``call``, the same projection every
     writer folds onto; its ``status`` is the host's column), the heartbeat, the host's own
-    timestamps (to age rows with no events) and the legacy cutoff (``None``: every
-    call-less row counts as legacy)."""
+    timestamps (to age rows with no events) and the legacy cutoff (``None``: none is
+    known, so no call-less row counts as legacy)."""
 
     id: uuid.UUID
     call: CallProjection
@@ -110,11 +110,13 @@ class Sweep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class PollUpstream(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """One poll of ``task_id``; ``call_started_at`` tells the client how long the task has
-    existed (KIE's "recordInfo is null" grace window is counted from creation)."""
+    existed (KIE's "recordInfo is null" grace window is counted from creation). ``final``:
+    the call is past its horizon — anything but an upstream result ends it, exhausted."""
 
     kind: str
     task_id: str
     call_started_at: datetime | None = None
+    final: bool = False
 
 
 class RecordHostEnded(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -124,7 +126,10 @@ class RecordHostEnded(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Finalize(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    pass
+    """Finalize the result in hand; ``final``: past the horizon, a failure to store it
+    ends the call (exhausted) instead of being retried."""
+
+    final: bool = False
 
 
 class Exhaust(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -214,9 +219,10 @@ def decide(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:
         return Skip(reason="not stale yet")
     if row.call.reconcile_attempts >= config.attempt_cap:
         return _exhaust(row)
+    final = past_horizon(row, now, config)
     if row.call.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
-        return Finalize()
-    return _recover(row)
+        return Finalize(final=final)
+    return _recover(row, final)
 
 
 def _held(row: Candidate, now: datetime, config: ReconcileConfig) -> str | None:
@@ -234,7 +240,7 @@ def _lease_live(row: Candidate, now: datetime) -> bool:
     return row.call.finalize_lease_until is not None and now < row.call.finalize_lease_until
 
 
-def _recover(row: Candidate) -> Sweep | PollUpstream:
+def _recover(row: Candidate, final: bool = False) -> Sweep | PollUpstream:
     """A created/polling call: poll it if it can be polled, else sweep it."""
     kind = row.call.provider_kind
     if kind is None or kind not in KINDS:
@@ -244,14 +250,15 @@ def _recover(row: Candidate) -> Sweep | PollUpstream:
     if row.call.provider_task_id is None:
         return Sweep(why="no task id past threshold")
     return PollUpstream(kind=kind, task_id=row.call.provider_task_id,
-                        call_started_at=row.call.provider_call_started_at)
+                        call_started_at=row.call.provider_call_started_at, final=final)
 
 
 def is_legacy(row: Candidate) -> bool:
-    """A call-less row created before the instrumentation (the legacy cutoff)."""
+    """A call-less row created before the instrumentation (the legacy cutoff). With no
+    cutoff known, no row is legacy (fail closed: the host's rows are never swept)."""
     created = row.created_at or row.started_at
     cutoff = row.legacy_cutoff
-    return cutoff is None or (created is not None and created < cutoff)
+    return cutoff is not None and created is not None and created < cutoff
 
 
 def _decide_unadopted(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:

@@ -40,12 +40,13 @@ from psycopg_pool import AsyncConnectionPool
 from engine.calls import upstream_event
 from engine.clock import DatabaseClock, sync_clock
 from engine.config import CallConfig
-from engine.errors import CallwardenError, DatabaseError
+from engine.errors import CallwardenError, DatabaseError, DatabaseUnavailable
 from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.host import host_status_ended
 from engine.identity import incarnation
 from engine.metrics import record_reconcile
+from engine.pricing import Pricing
 from engine.reconcile_config import ReconcileConfig
 from engine.reconcile_decide import (
     Action,
@@ -119,7 +120,7 @@ class Reconciler:
                  owner: str | None = None, clock: Clock | None = None,
                  call_config: CallConfig | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 signal: Signal | None = None) -> None:
+                 signal: Signal | None = None, pricing: Pricing | None = None) -> None:
         self.pool, self.session, self.settings = pool, session, settings
         self.config = config or ReconcileConfig()
         self.owner = owner or incarnation("reconciler")
@@ -128,7 +129,8 @@ class Reconciler:
         self._pass_start = (self.clock(), time.monotonic())
         self._logical = False
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
-                                   clock=self._event_clock, config=call_config)
+                                   clock=self._event_clock, config=call_config,
+                                   pricing=pricing)
 
     def _event_clock(self) -> datetime:
         """Now, during a pass: the clock itself, or — when the pass was given a logical
@@ -223,7 +225,7 @@ class Reconciler:
             log.error("job %s: cannot be read (%s); parked until the next re-poll", job, exc)
             counts.unreadable += 1
             park = True
-        except DatabaseError as exc:
+        except DatabaseUnavailable as exc:  # an outage: the claim expires, nothing lost
             log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
             counts.errors += 1
         except Exception as exc:  # any other failure is this row's outcome, not the pass's
@@ -288,7 +290,7 @@ class Reconciler:
                 last_error=action.last_error), counts, "exhausted",
                 f"exhausted after {action.attempts} attempts")
         elif isinstance(action, Finalize):
-            await self._finalize(job, counts)
+            await self._finalize(job, counts, final=action.final)
         elif isinstance(action, RecordHostEnded):
             await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
                               counts, "host_ended", f"ended by the host ({action.status})")
@@ -328,11 +330,17 @@ class Reconciler:
         record_reconcile(p.provider_kind or r.projection.provider_kind, count)
         return r
 
-    async def _finalize(self, job: uuid.UUID, counts: Counts) -> None:
+    async def _finalize(self, job: uuid.UUID, counts: Counts, *, final: bool = False) -> None:
         done = await self.finalizer.finalize(job)
         log.info("job %s: finalize -> %s%s", job, done.outcome,
                  f" ({done.error})" if done.error else "")
-        if done.outcome == "retry_later":  # FinalizeFailed recorded: retry after re-poll
+        if done.outcome == "retry_later" and final:  # past the horizon: it ends here
+            p = done.projection
+            await self._write(job, p, Exhausted(
+                at=self._event_clock(), actor=self.owner, attempts=p.reconcile_attempts,
+                last_error=done.error), counts, "exhausted",
+                "exhausted: the result could not be stored before the horizon")
+        elif done.outcome == "retry_later":  # FinalizeFailed recorded: retry after re-poll
             await self._attempted(job, done.projection, "finalize_failed", done.error,
                                   self._event_clock(), counts, count="errors")
         else:
@@ -342,6 +350,12 @@ class Reconciler:
     async def _poll(self, job: uuid.UUID, p: CallProjection, action: PollUpstream,
                     now: datetime, counts: Counts) -> None:
         outcome, error = await self._poll_once(action)
+        if action.final and (outcome is None or isinstance(outcome, Running)):
+            await self._write(job, p, Exhausted(
+                at=now, actor=self.owner, attempts=p.reconcile_attempts,
+                last_error=error or p.reconcile_last_error), counts, "exhausted",
+                "exhausted: past its horizon without an upstream result")
+            return
         if outcome is None or isinstance(outcome, Running):
             kind = "error" if outcome is None else "still_running"
             await self._attempted(job, p, kind, error, now, counts,

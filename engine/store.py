@@ -37,6 +37,7 @@ from engine.errors import (
     DatabaseUnavailable,
     JobNotFound,
     TaskAlreadyClaimed,
+    WriteConflict,
 )
 from engine.host import host_ended, job_ended_by_host
 from engine.queries import QUERIES
@@ -47,7 +48,7 @@ from projections.fold import CallProjection, apply, fold
 
 __all__ = [
     "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "from_log", "load",
-    "load_events", "load_stored", "observe", "transition",
+    "load_events", "load_stored", "observe", "transition", "without_nul",
 ]
 
 Conn = AsyncConnection[DictRow]
@@ -56,6 +57,8 @@ Settled = Literal["settled", "no_reservation", "already_settled"]
 
 # SQLSTATEs after which the statement did nothing and may be decided again.
 _RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# What the write path moves a reservation to ("host": left to the host, see HostEnded).
+_SETTLES = frozenset({"committed", "refunded"})
 
 
 class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,14 +174,30 @@ async def from_log(conn: Conn, job_id: uuid.UUID, row: DictRow) -> CallProjectio
 
 
 def _cost(new: CallProjection) -> float | None:
-    """The cost a commit charges: the one recorded, or the upstream's; never negative or
-    non-finite (the parsers refuse those; this is the last line)."""
+    """The credits a commit charges: the ``Completed`` event's (the pricing hook's), or
+    ``None`` (the reservation); never negative or non-finite (the last line)."""
     cost = new.provider_cost
-    if cost is None and new.upstream_result is not None:
-        cost = new.upstream_result.cost
     if cost is None or not math.isfinite(cost):
         return None
     return max(cost, 0.0)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    return value
+
+
+def without_nul(event: Event) -> Event:
+    """``event`` with every NUL character (which Postgres refuses in text and jsonb) made
+    U+FFFD: a provider's answer that carries one must still be recordable."""
+    if b"\\u0000" not in msgspec.json.encode(event):
+        return event
+    return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
 
 
 def _params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
@@ -194,7 +213,7 @@ def _params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
         owns_seed=new.provider_kind is not None,
         host_status=event.status if isinstance(event, HostEnded) else None,
         expected_settled=None if is_start else current.settled_reservations,
-        settle_to=new.settlement if settling else None,
+        settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
         cost=_cost(new),
     )
     return params
@@ -216,11 +235,15 @@ async def append(
     Raises ``InvalidTransition`` (nothing written) if the event may not follow
     ``current``; returns ``ok=False`` with the fresh projection if someone else wrote
     first, or if the host's state changed since ``current`` was read."""
+    event = without_nul(event)
     new = apply(current, event)
     params = _params(job_id, current, new, event)
     try:
         rows = await _run(conn, "append_event", params)
-    except _Retry:
+    except _Retry as exc:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
+                                "rolled back; decide again in a new one)") from exc
         rows = []  # rolled back: as if someone else wrote first
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))

@@ -12,8 +12,10 @@ ElevenLabs dubbing object).
   ``data.task_id`` for Suno and Runway). KIE signs only ``taskId.timestamp``, so the rest of
   the body is never trusted: the receiver polls the task and records what the poll says.
 - ElevenLabs (workspace webhooks): ``{"type", "data"}``. ``speech_to_text_transcription``
-  (``data.transcription_id`` or ``request_id``, ``data.transcription.text``) and
-  ``dubbing`` (``data`` is a dubbing object) are read; any other type is ignored.
+  (``data.request_id``, ``data.transcription.text``) is read; any other type is ignored.
+  There is no dubbing webhook: the SDK's workspace event types are
+  ``voice_library_removal_notice``, ``speech_to_text`` and ``agent_qa``, and
+  ``POST /v1/dubbing`` takes no webhook (docs/providers.md) — dubs are polled.
 
 Anything else raises :class:`MalformedDelivery` (the receiver answers 400, changes nothing).
 """
@@ -24,7 +26,6 @@ from typing import Any, Final
 
 import msgspec
 
-from providers.elevenlabs import parse_dubbing_status
 from providers.errors import MediaExpired, ProviderError
 from providers.outcomes import Failed, PollOutcome, Running, Succeeded
 from providers.replicate import parse_prediction
@@ -119,8 +120,8 @@ def kie_task_id(body: bytes) -> str:
 # -- ElevenLabs ------------------------------------------------------------------------------
 
 def _transcription(data: dict[str, Any]) -> Parsed:
-    task_id = _text(data.get("transcription_id") or data.get("request_id"),
-                    "data.transcription_id")
+    task_id = _text(data.get("request_id") or data.get("transcription_id"),
+                    "data.request_id")
     error = data.get("error")
     if isinstance(error, str) and error:
         return Parsed(task_id=task_id, outcome=Failed(error=error, raw=data))
@@ -131,25 +132,13 @@ def _transcription(data: dict[str, Any]) -> Parsed:
     return Parsed(task_id=task_id, outcome=Succeeded(text=text, raw=data))
 
 
-def _dubbing(data: dict[str, Any], base_url: str) -> Parsed:
-    task_id = _text(data.get("dubbing_id"), "data.dubbing_id")
-    raw = RawResponse(status=200, headers={}, body=msgspec.json.encode(data))
-    try:
-        return Parsed(task_id=task_id, outcome=parse_dubbing_status(raw, base_url=base_url))
-    except ProviderError as exc:
-        raise MalformedDelivery(str(exc)) from None
-
-
-def parse_elevenlabs(body: bytes, *, base_url: str) -> Parsed | None:
+def parse_elevenlabs(body: bytes) -> Parsed | None:
     """An ElevenLabs workspace webhook; ``None`` for an event type that concerns no call
-    (voice removal notices, agent transcripts...). ``base_url``: the ElevenLabs API base the
-    dubbing result URLs are built on."""
+    (voice removal notices, agent transcripts...)."""
     doc = _json_object(body)
     kind, data = doc.get("type"), doc.get("data")
     if not isinstance(kind, str) or not isinstance(data, dict):
         raise MalformedDelivery("ElevenLabs webhook is not a {type, data: {...}} object")
     if kind == "speech_to_text_transcription":
         return _transcription(data)
-    if kind == "dubbing":
-        return _dubbing(data, base_url)
     return None

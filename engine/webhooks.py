@@ -75,18 +75,16 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
     replicate_secret: str | None = None
     kie_hmac_key: str | None = None
     elevenlabs_secret: str | None = None
-    elevenlabs_base_url: str = "https://api.elevenlabs.io"
     max_body_bytes: int = MiB
     tolerance_s: float = 300.0
     elevenlabs_tolerance_s: float = 1800.0
     poll_timeout_s: float = 10.0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], elevenlabs_base_url: str) -> WebhookConfig:
+    def from_env(cls, env: Mapping[str, str]) -> WebhookConfig:
         return cls(replicate_secret=env.get("CALLWARDEN_REPLICATE_WEBHOOK_SECRET") or None,
                    kie_hmac_key=env.get("CALLWARDEN_KIE_WEBHOOK_HMAC_KEY") or None,
-                   elevenlabs_secret=env.get("CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET") or None,
-                   elevenlabs_base_url=elevenlabs_base_url)
+                   elevenlabs_secret=env.get("CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET") or None)
 
 
 # -- callback URLs ---------------------------------------------------------------------------
@@ -251,7 +249,7 @@ class Receiver:
                                            tolerance_s=self.config.elevenlabs_tolerance_s)
         except SignatureError as exc:
             raise _signature_reject(exc) from None
-        parsed = _parse(lambda: parse_elevenlabs(body, base_url=self.config.elevenlabs_base_url))
+        parsed = _parse(lambda: parse_elevenlabs(body))
         if parsed is None:
             return "ignored", "event type concerns no call"
         return await self._deliver("elevenlabs", f"sig:{replay_key}", ELEVENLABS_KINDS, parsed)

@@ -14,6 +14,8 @@ from enum import StrEnum
 import msgspec
 
 __all__ = [
+    "HOST_SETTLES",
+    "LEGACY_KIND",
     "LEGAL",
     "NON_TERMINAL",
     "OPEN_STATUSES",
@@ -89,6 +91,14 @@ TRANSITIONS: tuple[Transition, ...] = (
 # The ``jobs.status`` values of a job the host still considers open; any other status on
 # an open call was written by host code: the host decided (DESIGN §10).
 OPEN_STATUSES = frozenset({"pending", "processing"})
+
+# The kind an ``Adopted`` event names for a legacy row (one that names no provider_kind):
+# such a call owns none of the host's seed columns.
+LEGACY_KIND = "legacy"
+
+# The settlement of a call the host completed itself: its reservation is the host's to
+# commit (only the host knows the amount); callwarden moves nothing.
+HOST_SETTLES = "host"
 
 
 def _table() -> dict[tuple[CallState | None, str], CallState]:

@@ -42,7 +42,9 @@ class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 class UpstreamResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What upstream produced: URLs to download at once, text, the cost it reported.
+    """What upstream produced: URLs to download at once, text, the cost it reported (in
+    the provider's own units), the usage it reported (normalised keys, see
+    ``providers.outcomes.Usage``) and, for a language model, why it stopped.
 
     ``stored_keys``: media a sync call returned inline (TTS audio), already stored by the
     worker under the job's own keys before the outcome was recorded. It is callwarden's
@@ -53,6 +55,8 @@ class UpstreamResult(msgspec.Struct, frozen=True, kw_only=True):
     cost: float | None = None
     raw: dict[str, Any] = msgspec.field(default_factory=dict)
     stored_keys: tuple[str, ...] = ()
+    usage: dict[str, float | str] = msgspec.field(default_factory=dict)
+    stop_reason: str | None = None
 
 
 class StoredMedia(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,10 +127,15 @@ class FinalizeFailed(_Base, frozen=True, kw_only=True, tag=True):
 
 
 class Completed(_Base, frozen=True, kw_only=True, tag=True):
-    """finalizing → completed (commit at ``cost``, never above the reservation)."""
+    """finalizing → completed (commit at ``cost`` credits — the pricing hook's answer, or
+    ``None``: the reservation — never above the reservation). ``text`` and
+    ``stop_reason``: a text result, and why the model stopped, as they go into the job's
+    output."""
 
     media: tuple[StoredMedia, ...] = ()
     cost: float | None = None
+    text: str | None = None
+    stop_reason: str | None = None
 
 
 class Swept(_Base, frozen=True, kw_only=True, tag=True):
@@ -154,8 +163,10 @@ class HostEnded(_Base, frozen=True, kw_only=True, tag=True):
     The host wrote a terminal ``status`` on the row (``completed``, ``cancelled``, or any
     other value that is not ``pending``/``processing``: ``failed``) before callwarden's
     own transition could land. The call ends that way; the row's ``status`` and
-    ``error_message`` stay as the host wrote them; a reservation the host left
-    ``reserved`` is settled as the state prescribes (never one it settled itself)."""
+    ``error_message`` stay as the host wrote them. A job the host cancelled or failed has
+    what it left ``reserved`` refunded (what the host's own refund would do); one it
+    *completed* is the host's to commit (settlement ``"host"``: only it knows the amount),
+    and callwarden moves nothing. Never a reservation the host settled itself."""
 
     status: str
 

@@ -20,3 +20,12 @@ WHERE call_state = 'completed'
   AND call_output IS NULL
   AND jsonb_typeof(output_data) = 'object'
   AND jsonb_typeof(output_data -> 'media') = 'array';
+
+-- Calls in flight across the upgrade: UpstreamSucceeded v2 moved inline-stored media keys
+-- from result.raw.prestored_keys to result.stored_keys (the log is upcast on read); the
+-- cached column is moved the same way, so finalizing such a call still finds its media.
+UPDATE jobs
+SET upstream_result = jsonb_set(upstream_result #- '{raw,prestored_keys}', '{stored_keys}',
+                                upstream_result -> 'raw' -> 'prestored_keys')
+WHERE jsonb_typeof(upstream_result -> 'raw' -> 'prestored_keys') = 'array'
+  AND upstream_result -> 'stored_keys' IS NULL;

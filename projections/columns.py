@@ -29,8 +29,12 @@ _enc = msgspec.json.Encoder()
 _result_dec = msgspec.json.Decoder(UpstreamResult)
 
 
-class _Output(msgspec.Struct, frozen=True):
+class _Output(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``call_output`` (and what is merged into the host's ``output_data``)."""
+
     media: tuple[StoredMedia, ...]
+    text: str | None = None
+    stop_reason: str | None = None
 
 
 _out_dec = msgspec.json.Decoder(_Output)
@@ -49,7 +53,8 @@ def call_output(p: CallProjection) -> str | None:
     ``output_data`` by the append statement)."""
     if p.output_media is None:
         return None
-    return _enc.encode(_Output(p.output_media)).decode()
+    out = _Output(p.output_media, text=p.output_text, stop_reason=p.output_stop_reason)
+    return _enc.encode(out).decode()
 
 
 def to_columns(p: CallProjection) -> dict[str, Any]:
@@ -57,7 +62,9 @@ def to_columns(p: CallProjection) -> dict[str, Any]:
     return {
         "call_state": p.state.value if p.state is not None else None,
         "new_version": p.version,
-        "status": p.status,
+        # A created call leaves the host's pending/processing as it is (the status read
+        # may be stale: writing it back would undo a host's flip to processing).
+        "status": p.status if p.state not in (None, CallState.CREATED) else None,
         "provider_kind": p.provider_kind,
         "provider_task_id": p.provider_task_id,
         "provider_call_started_at": p.provider_call_started_at,
@@ -82,11 +89,11 @@ def as_float(value: Decimal | float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _media(raw: str | None) -> tuple[StoredMedia, ...] | None:
+def _output(raw: str | None) -> _Output | None:
     if raw is None:
         return None
     try:
-        return _out_dec.decode(raw).media
+        return _out_dec.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProjectionUnreadable("call_output", str(exc)) from exc
 
@@ -110,6 +117,7 @@ def _state(raw: str | None) -> CallState | None:
 def from_row(row: Mapping[str, Any]) -> CallProjection:
     """The projection stored in a ``jobs`` row (as read by ``load_projection``);
     :class:`ProjectionUnreadable` if one of callwarden's columns does not decode."""
+    output = _output(row["call_output"])
     return CallProjection(
         state=_state(row["call_state"]),
         version=row["call_version"],
@@ -125,7 +133,9 @@ def from_row(row: Mapping[str, Any]) -> CallProjection:
         finalize_owner=row["finalize_owner"],
         finalize_lease_until=row["finalize_lease_until"],
         upstream_result=_result(row["upstream_result"]),
-        output_media=_media(row["call_output"]),
+        output_media=output.media if output is not None else None,
+        output_text=output.text if output is not None else None,
+        output_stop_reason=output.stop_reason if output is not None else None,
         provider_cost=as_float(row["provider_cost"]),
         call_finished_at=row["call_finished_at"],
         settlement=row["call_settlement"],

@@ -17,7 +17,16 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import astuple
 
-from events.states import LEGAL, SETTLEMENT, TERMINAL, CallState, InvalidTransition, next_state
+from events.states import (
+    HOST_SETTLES,
+    LEGACY_KIND,
+    LEGAL,
+    SETTLEMENT,
+    TERMINAL,
+    CallState,
+    InvalidTransition,
+    next_state,
+)
 from events.types import (
     Adopted,
     CallStarted,
@@ -83,6 +92,8 @@ class CallProjection(msgspec.Struct, frozen=True, kw_only=True):
     finalize_lease_until: datetime | None = None
     upstream_result: UpstreamResult | None = None
     output_media: tuple[StoredMedia, ...] | None = None
+    output_text: str | None = None
+    output_stop_reason: str | None = None
     provider_cost: float | None = None
     call_finished_at: datetime | None = None
     settlement: str | None = None  # "committed" | "refunded" once terminal
@@ -118,6 +129,8 @@ class _Acc:
     finalize_lease_until: datetime | None
     upstream_result: UpstreamResult | None
     output_media: tuple[StoredMedia, ...] | None
+    output_text: str | None
+    output_stop_reason: str | None
     provider_cost: float | None
     call_finished_at: datetime | None
     settlement: str | None
@@ -129,8 +142,8 @@ class _Acc:
          self.provider_call_started_at, self.call_sync, self.reconcile_attempts,
          self.reconcile_last_error, self.reconcile_next_at, self.error_message,
          self.finalize_owner, self.finalize_lease_until, self.upstream_result,
-         self.output_media, self.provider_cost, self.call_finished_at,
-         self.settlement, self.settled_reservations) = astuple(p)
+         self.output_media, self.output_text, self.output_stop_reason, self.provider_cost,
+         self.call_finished_at, self.settlement, self.settled_reservations) = astuple(p)
 
     def freeze(self) -> CallProjection:
         return CallProjection(
@@ -143,6 +156,7 @@ class _Acc:
             finalize_owner=self.finalize_owner,
             finalize_lease_until=self.finalize_lease_until,
             upstream_result=self.upstream_result, output_media=self.output_media,
+            output_text=self.output_text, output_stop_reason=self.output_stop_reason,
             provider_cost=self.provider_cost, call_finished_at=self.call_finished_at,
             settlement=self.settlement, settled_reservations=self.settled_reservations,
         )
@@ -160,15 +174,15 @@ def _call_started(a: _Acc, e: CallStarted) -> None:
 
 
 def _adopted(a: _Acc, e: Adopted) -> None:
-    a.provider_kind = e.kind
     a.call_sync = e.sync
-    a.provider_call_started_at = e.call_started_at or e.at
-    a.reconcile_attempts = e.reconcile_attempts
-    a.reconcile_last_error = e.reconcile_last_error
+    if e.kind != LEGACY_KIND:  # a legacy row keeps the host's (empty) seed columns
+        a.provider_kind = e.kind
+        a.provider_call_started_at = e.call_started_at or e.at
+        a.reconcile_attempts = e.reconcile_attempts
+        a.reconcile_last_error = e.reconcile_last_error
     if e.task_id:
         a.provider_task_id = e.task_id
         a.state = CallState.POLLING
-    a.status = e.observed_status if a.state is CallState.CREATED else "processing"
 
 
 def _task_created(a: _Acc, e: TaskCreated) -> None:
@@ -201,6 +215,8 @@ def _finalize_failed(a: _Acc, e: FinalizeFailed) -> None:
 
 def _completed(a: _Acc, e: Completed) -> None:
     a.output_media = e.media
+    a.output_text = e.text
+    a.output_stop_reason = e.stop_reason
     a.provider_cost = e.cost
     a.finalize_owner = None
     a.finalize_lease_until = None
@@ -290,6 +306,8 @@ def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
             _enter(a, e, a.state or dest)
         if type(e) is HostEnded:
             a.status = e.status  # the host's own word stays on the row
+            if a.state is CallState.COMPLETED:
+                a.settlement = HOST_SETTLES  # the host commits its own amount
     return a.freeze()
 
 

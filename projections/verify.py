@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from events.states import OPEN_STATUSES
+from events.states import HOST_SETTLES, OPEN_STATUSES
 from projections.fold import OBSERVED_FIELDS, CallProjection
 
 __all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_settlement"]
@@ -65,7 +65,7 @@ def compare_settlement(job_id: object, statuses: list[str], folded: CallProjecti
                 out.append(Mismatch(job_id=str(job_id), column="usage_logs.status",
                                     projected=f"{status} (by seq {seq})",
                                     folded=want or "not settled by the log"))
-        elif status == "reserved" and folded.terminal:
+        elif status == "reserved" and folded.terminal and folded.settlement != HOST_SETTLES:
             out.append(Mismatch(job_id=str(job_id), column="usage_logs.status",
                                 projected=status, folded=folded.settlement))
     return out

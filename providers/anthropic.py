@@ -16,7 +16,10 @@ HTTP  ``error.type``          raised
 403   permission_error        AuthenticationError
 404   not_found_error         BadRequest (a wrong model or path, not a task)
 413   request_too_large       BadRequest
-429   rate_limit_error        RateLimited (``retry-after-ms``, else ``retry-after``)
+429   rate_limit_error        RateLimited (``retry-after-ms``, else ``retry-after``) — but
+                              a spend cap (``error.details.error_code =
+                              enforced_spend_limit_reached``, or ``billing_error``) is
+                              InsufficientCredits: no retry succeeds before it resets
 500   api_error               TransientError
 504   timeout_error           TransientError
 529   overloaded_error        TransientError
@@ -47,7 +50,8 @@ from providers.errors import (
     TransientError,
     UnknownProviderKind,
 )
-from providers.outcomes import Failed, Succeeded
+from providers.llm_stop import StopPolicy, failure_code, judge
+from providers.outcomes import Failed, Succeeded, Usage, reported_number
 from providers.transport import (
     DEFAULT_POLICY,
     RawResponse,
@@ -64,6 +68,8 @@ __all__ = [
     "anthropic_client_for",
     "build_messages_request",
     "classify_anthropic",
+    "judged",
+    "message_usage",
     "parse_message",
 ]
 
@@ -126,9 +132,52 @@ def _text_of(content: list[Any], raw: RawResponse) -> str:
     return "".join(parts)
 
 
-def parse_message(raw: RawResponse) -> Succeeded | Failed:
-    """A message object as an outcome: ``text`` is the text blocks joined, ``raw`` the
-    whole message (with ``usage``); ``stop_reason == "refusal"`` is a failure."""
+def _tool_calls(content: list[Any]) -> str | None:
+    """The tool calls of an answer that has no text, as JSON (for one call, the output)."""
+    calls = [{"name": b.get("name"), "input": b.get("input")} for b in content
+             if isinstance(b, dict) and b.get("type") == "tool_use"]
+    return msgspec.json.encode(calls).decode() if calls else None
+
+
+def message_usage(body: dict[str, Any]) -> Usage:
+    """Tokens (and the model) an Anthropic-shaped message reports it used."""
+    usage: Usage = {}
+    reported = body.get("usage")
+    if isinstance(reported, dict):
+        for key in ("input_tokens", "output_tokens"):
+            number = reported_number(reported.get(key))
+            if number is not None:
+                usage[key] = number
+    if isinstance(body.get("model"), str) and body["model"]:
+        usage["model"] = body["model"]
+    return usage
+
+
+def _failure_text(body: dict[str, Any], stop_reason: str | None, text: str) -> str:
+    details = body.get("stop_details")
+    if isinstance(details, dict) and isinstance(details.get("explanation"), str):
+        return f"{stop_reason}: {details['explanation']}"
+    tail = f": {text[:200]}" if text else ""
+    return f"the model stopped ({stop_reason or 'no stop_reason'}){tail}"
+
+
+def judged(body: dict[str, Any], text: str, policy: StopPolicy | None,
+           usage: Usage) -> Succeeded | Failed:
+    """The outcome of a message that answered ``text``, by its ``stop_reason`` and the
+    policy (:mod:`providers.llm_stop`); the stop reason is kept either way."""
+    stop = body.get("stop_reason")
+    stop_reason = stop if isinstance(stop, str) else None
+    if judge(stop_reason, policy) == "succeed":
+        return Succeeded(text=text, cost=None, raw=body, usage=usage, stop_reason=stop_reason)
+    return Failed(error=_failure_text(body, stop_reason, text),
+                  code=failure_code(stop_reason), raw=body)
+
+
+def parse_message(raw: RawResponse, policy: StopPolicy | None = None) -> Succeeded | Failed:
+    """A message object as an outcome: ``text`` is the text blocks joined (or, with no
+    text, its tool calls as JSON), ``raw`` the whole message (with ``usage``), ``usage``
+    its token counts; whether it is a result is the stop-reason ``policy``'s call
+    (:mod:`providers.llm_stop`: truncated, unfinished, refused or unknown answers fail)."""
     body = raw.json(PROVIDER)
     if isinstance(body, dict) and body.get("type") == "error":
         raise _error_from(raw)  # an error envelope with a 2xx status
@@ -137,27 +186,36 @@ def parse_message(raw: RawResponse) -> Succeeded | Failed:
     content = body.get("content")
     if not isinstance(content, list):
         raise _malformed("message without a content list", raw)
-    text = _text_of(content, raw)
-    if body.get("stop_reason") == "refusal":
-        return Failed(error="refusal", code="refusal", raw=body)
-    return Succeeded(text=text, cost=None, raw=body)
+    text = _text_of(content, raw) or _tool_calls(content) or ""
+    return judged(body, text, policy, message_usage(body))
 
 
-def _envelope(raw: RawResponse) -> tuple[str, str, str | None]:
-    """(error type, message, request id) of an error response, whatever its body."""
+def _envelope(raw: RawResponse) -> tuple[str, str, str | None, str | None]:
+    """(error type, message, request id, ``error.details.error_code``) of an error
+    response, whatever its body."""
     rid = raw.headers.get("request-id")
     try:
         body = msgspec.json.decode(raw.body)
     except msgspec.DecodeError:
-        return "", raw.body[:200].decode("utf-8", "replace").strip() or f"HTTP {raw.status}", rid
+        text = raw.body[:200].decode("utf-8", "replace").strip() or f"HTTP {raw.status}"
+        return "", text, rid, None
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
-        return "", str(body)[:200], rid
+        return "", str(body)[:200], rid, None
     rid = body.get("request_id") or rid
-    return str(error.get("type") or ""), str(error.get("message") or ""), rid
+    details = error.get("details")
+    code = details.get("error_code") if isinstance(details, dict) else None
+    return (str(error.get("type") or ""), str(error.get("message") or ""),
+            rid if isinstance(rid, str) else None, code if isinstance(code, str) else None)
 
 
-def _error_class(status: int, etype: str, should_retry: str | None) -> type[ProviderError]:
+_SPEND_CAP_CODES = frozenset({"enforced_spend_limit_reached"})
+
+
+def _error_class(status: int, etype: str, should_retry: str | None,
+                 detail_code: str | None = None) -> type[ProviderError]:
+    if detail_code in _SPEND_CAP_CODES or etype == "billing_error":
+        return InsufficientCredits  # a spend cap: no retry succeeds before the cap resets
     cls = (_BY_STATUS.get(status) or _BY_TYPE.get(etype)
            or (TransientError if status >= 500 else BadRequest))
     if should_retry == "false" and issubclass(cls, TransientError):
@@ -175,11 +233,11 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def _error_from(raw: RawResponse) -> ProviderError:
-    etype, message, rid = _envelope(raw)
+    etype, message, rid, detail_code = _envelope(raw)
     text = f"{etype}: {message}" if etype else message
     if rid:
         text += f" (request_id {rid})"
-    cls = _error_class(raw.status, etype, raw.headers.get("x-should-retry"))
+    cls = _error_class(raw.status, etype, raw.headers.get("x-should-retry"), detail_code)
     if cls is RateLimited:
         return RateLimited(text, retry_after=_retry_after(raw.headers), provider=PROVIDER,
                            status=raw.status, code=etype or None)
@@ -194,14 +252,17 @@ def classify_anthropic(raw: RawResponse) -> ProviderError | None:
 
 
 class AnthropicClient:
-    """``anthropic-sync``: one Messages call per job."""
+    """``anthropic-sync``: one Messages call per job; ``stop_policy`` overrides which
+    stop reasons are results (:mod:`providers.llm_stop`)."""
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint,
                  kind: str = KIND, policy: RetryPolicy = DEFAULT_POLICY,
-                 sleep: Sleep = asyncio.sleep) -> None:
+                 sleep: Sleep = asyncio.sleep, *,
+                 stop_policy: StopPolicy | None = None) -> None:
         self.kind = kind
         self._session, self._endpoint = session, endpoint
         self._policy, self._sleep = policy, sleep
+        self._stop_policy = stop_policy
 
     async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
         req = build_messages_request(request)
@@ -210,14 +271,15 @@ class AnthropicClient:
                          provider=PROVIDER, classify=classify_anthropic, policy=self._policy,
                          idempotent=False, sleep=self._sleep, headers=headers,
                          data=msgspec.json.encode(req.body))
-        return parse_message(raw)
+        return parse_message(raw, self._stop_policy)
 
 
 def anthropic_client_for(
     kind: str, session: aiohttp.ClientSession, endpoint: Endpoint, *,
     policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+    stop_policy: StopPolicy | None = None,
 ) -> AnthropicClient:
     """The client for ``anthropic-sync``; :class:`UnknownProviderKind` for anything else."""
     if kind != KIND:
         raise UnknownProviderKind(f"no Anthropic client for kind {kind!r}", provider=PROVIDER)
-    return AnthropicClient(session, endpoint, kind, policy, sleep)
+    return AnthropicClient(session, endpoint, kind, policy, sleep, stop_policy=stop_policy)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from providers.llm_stop import StopPolicy
 from providers.outcomes import PollOutcome, SyncOutcome
 from providers.transport import RetryPolicy
 
@@ -63,13 +64,17 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Where each provider lives and how to authenticate. Defaults are the real APIs."""
+    """Where each provider lives and how to authenticate. Defaults are the real APIs.
+    ``stop_policy``: per language-model kind (``anthropic-sync``, ``kie-llm``), which stop
+    reasons are results (``{"max_tokens": "succeed"}`` accepts truncated answers); the
+    defaults and why: :mod:`providers.llm_stop`."""
 
     kie: Endpoint = Endpoint(base_url="https://api.kie.ai", api_key="")
     replicate: Endpoint = Endpoint(base_url="https://api.replicate.com", api_key="")
     elevenlabs: Endpoint = Endpoint(base_url="https://api.elevenlabs.io", api_key="")
     anthropic: Endpoint = Endpoint(base_url="https://api.anthropic.com", api_key="")
     retry: RetryPolicy = RetryPolicy()
+    stop_policy: Mapping[str, StopPolicy] = msgspec.field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProviderSettings:

@@ -52,6 +52,7 @@ from providers.outcomes import (
     PollOutcome,
     Running,
     Succeeded,
+    Usage,
     reported_cost,
 )
 from providers.polling import poll_until_done
@@ -205,6 +206,10 @@ def _cost(raw: RawResponse) -> float | None:
                          field="character-cost header")
 
 
+def _usage(cost: float | None) -> Usage:
+    return {"characters": cost} if cost is not None else {}
+
+
 def parse_audio(raw: RawResponse) -> Succeeded:
     """TTS / SFX: the body is the audio; ``character-cost`` is the cost."""
     content_type = raw.headers.get("content-type", "audio/mpeg").split(";")[0].strip()
@@ -212,7 +217,9 @@ def parse_audio(raw: RawResponse) -> Succeeded:
         raise MalformedResponse(f"expected audio, got {content_type!r} "
                                 f"({len(raw.body)} bytes)", provider=PROVIDER,
                                 status=raw.status)
-    return Succeeded(blobs=(Blob(content_type=content_type, data=raw.body),), cost=_cost(raw))
+    cost = _cost(raw)
+    return Succeeded(blobs=(Blob(content_type=content_type, data=raw.body),), cost=cost,
+                     usage=_usage(cost))
 
 
 def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...],
@@ -227,7 +234,9 @@ def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...],
 def parse_stt(raw: RawResponse) -> Succeeded:
     """Speech-to-text: the transcript as ``text``, the whole JSON as ``raw``."""
     body = json_object(raw)
-    return Succeeded(text=_field(body, "text", str, raw), raw=body, cost=_cost(raw))
+    cost = _cost(raw)
+    return Succeeded(text=_field(body, "text", str, raw), raw=body, cost=cost,
+                     usage=_usage(cost))
 
 
 def parse_voice_clone(raw: RawResponse) -> Succeeded:

@@ -145,14 +145,17 @@ def json_object(raw: RawResponse) -> dict[str, Any]:
     return body
 
 
-def _detail_message(detail: Mapping[str, Any]) -> tuple[str, str | None]:
-    code = detail.get("code") or detail.get("status")
-    message = str(detail.get("message") or code or "unknown error")
+def _detail_message(detail: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
+    """(message, code, legacy status): a live 401 carries ``code: unauthorized`` beside
+    the legacy ``status: invalid_api_key``, so both are kept for classification."""
+    code, legacy = detail.get("code"), detail.get("status")
+    message = str(detail.get("message") or code or legacy or "unknown error")
     if detail.get("param"):
         message += f" (param {detail['param']})"
     if detail.get("request_id"):
         message += f" (request_id {detail['request_id']})"
-    return message, str(code) if code else None
+    return (message, str(code) if code else (str(legacy) if legacy else None),
+            str(legacy) if legacy else None)
 
 
 def _validation_message(items: list[Any]) -> str:
@@ -166,23 +169,31 @@ def _validation_message(items: list[Any]) -> str:
 
 def error_fields(raw: RawResponse) -> tuple[str, str | None]:
     """(message, code) of an error response, whatever its shape."""
+    message, code, _ = _error_parts(raw)
+    return message, code
+
+
+def _error_parts(raw: RawResponse) -> tuple[str, str | None, str | None]:
     try:
         body = msgspec.json.decode(raw.body)
     except msgspec.DecodeError:
         text = raw.body[:200].decode("utf-8", "replace").strip()
-        return text or f"HTTP {raw.status}", None
+        return text or f"HTTP {raw.status}", None, None
     detail = body.get("detail") if isinstance(body, dict) else None
     if isinstance(detail, dict):
         return _detail_message(detail)
     if isinstance(detail, list):
-        return _validation_message(detail), "validation_error"
-    return str(detail if detail is not None else body), None
+        return _validation_message(detail), "validation_error", None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        # the dubbed-audio endpoint's flat {"error", "message"} (425, 404)
+        return str(body.get("message") or body["error"]), body["error"], None
+    return str(detail if detail is not None else body), None, None
 
 
-def _error_class(status: int, code: str | None) -> type[ProviderError]:
-    if code in CREDIT_CODES or status == 402:
+def _error_class(status: int, *codes: str | None) -> type[ProviderError]:
+    if status == 402 or any(c in CREDIT_CODES for c in codes):
         return InsufficientCredits
-    if status == 429 or code in RATE_LIMIT_CODES:
+    if status == 429 or any(c in RATE_LIMIT_CODES for c in codes):
         return RateLimited
     if status in (401, 403):
         return AuthenticationError
@@ -197,8 +208,8 @@ def classify_elevenlabs(raw: RawResponse) -> ProviderError | None:
     """``None`` for a 2xx response, else the typed error it means."""
     if 200 <= raw.status < 300:
         return None
-    message, code = error_fields(raw)
-    cls = _error_class(raw.status, code)
+    message, code, legacy = _error_parts(raw)
+    cls = _error_class(raw.status, code, legacy)
     if cls is RateLimited:
         retry_after = parse_retry_after(raw.headers.get("retry-after"))
         return RateLimited(message, retry_after=retry_after, provider=PROVIDER,

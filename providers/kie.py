@@ -29,6 +29,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from providers.anthropic import judged, message_usage
 from providers.base import AsyncKindClient, Endpoint, OnPoll, SyncKindClient
 from providers.errors import BadRequest, MalformedResponse, UnknownProviderKind
 from providers.kie_parse import (
@@ -39,7 +40,17 @@ from providers.kie_parse import (
     parse_task_id,
 )
 from providers.kinds import KINDS
-from providers.outcomes import NotFound, PollOutcome, Running, Succeeded, reported_cost
+from providers.llm_stop import CHAT_FINISH, StopPolicy
+from providers.outcomes import (
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    Usage,
+    reported_cost,
+    reported_number,
+)
 from providers.polling import poll_until_done
 from providers.transport import DEFAULT_POLICY, Classify, RawResponse, RetryPolicy, Sleep, send
 
@@ -228,33 +239,60 @@ def build_llm_request(request: Mapping[str, Any], *, api_key: str) -> Request:
                    headers=auth_headers(api_key), json=body)
 
 
-def _llm_text(body: dict[str, Any]) -> str | None:
-    content = body.get("content")
-    if isinstance(content, list):
-        return "".join(str(b.get("text", "")) for b in content
-                       if isinstance(b, dict) and b.get("type") == "text")
+def _chat_answer(body: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(text, stop reason) of a ``chat.completion``, or ``None`` if it is not one."""
     choices = body.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        if isinstance(message, dict):
-            text = message.get("content")
-            return text if isinstance(text, str) else ""
-    return None
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
+        return None
+    message, finish = choices[0].get("message"), choices[0].get("finish_reason")
+    text = message.get("content") if isinstance(message, dict) else None
+    stop = CHAT_FINISH.get(finish, finish) if isinstance(finish, str) else None
+    return (text if isinstance(text, str) else ""), stop
 
 
-def parse_llm(raw: RawResponse) -> Succeeded:
-    """The text of an Anthropic message or a ``chat.completion``; cost = ``credits_consumed``."""
+def _chat_usage(body: dict[str, Any]) -> Usage:
+    usage: Usage = {}
+    reported = body.get("usage")
+    if isinstance(reported, dict):
+        for ours, theirs in (("input_tokens", "prompt_tokens"),
+                             ("output_tokens", "completion_tokens")):
+            number = reported_number(reported.get(theirs))
+            if number is not None:
+                usage[ours] = number
+    if isinstance(body.get("model"), str) and body["model"]:
+        usage["model"] = body["model"]
+    return usage
+
+
+def parse_llm(raw: RawResponse, stop_policy: StopPolicy | None = None) -> Succeeded | Failed:
+    """An Anthropic message (``/claude/v1/messages``) or a ``chat.completion``: its text,
+    judged by its stop reason (:mod:`providers.llm_stop`); ``cost`` is KIE's top-level
+    ``credits_consumed`` (KIE credits), also in ``usage["provider_credits"]``."""
     err = classify_kie(raw)
     if err is not None:
         raise err
     body = raw.json(PROVIDER)
-    text = _llm_text(body) if isinstance(body, dict) else None
-    if text is None:
-        raise MalformedResponse(f"kie-llm answer has neither content nor choices: "
-                                f"{raw.body[:200]!r}", provider=PROVIDER, status=raw.status)
+    if not isinstance(body, dict):
+        raise MalformedResponse(f"kie-llm answer is not an object: {raw.body[:200]!r}",
+                                provider=PROVIDER, status=raw.status)
     cost = reported_cost(body.get("credits_consumed"), provider=PROVIDER,
                          field="credits_consumed")
-    return Succeeded(text=text, cost=cost, raw=body)
+    if isinstance(body.get("content"), list):
+        text = "".join(str(b.get("text", "")) for b in body["content"]
+                       if isinstance(b, dict) and b.get("type") == "text")
+        usage = message_usage(body)
+    elif (chat := _chat_answer(body)) is not None:
+        text, stop = chat
+        body = {**body, "stop_reason": stop}
+        usage = _chat_usage(body)
+    else:
+        raise MalformedResponse(f"kie-llm answer has neither content nor choices: "
+                                f"{raw.body[:200]!r}", provider=PROVIDER, status=raw.status)
+    if cost is not None:
+        usage["provider_credits"] = cost
+    outcome = judged(body, text, stop_policy, usage)
+    return msgspec.structs.replace(outcome, cost=cost) if isinstance(outcome, Succeeded) \
+        else outcome
 
 
 class KieLlmClient:
@@ -267,18 +305,21 @@ class KieLlmClient:
         kind: str = "kie-llm",
         policy: RetryPolicy = DEFAULT_POLICY,
         sleep: Sleep = asyncio.sleep,
+        *,
+        stop_policy: StopPolicy | None = None,
     ) -> None:
         if kind != "kie-llm":
             raise UnknownProviderKind(f"not kie-llm: {kind!r}", provider=PROVIDER)
         self.kind = kind
         self._session, self._endpoint = session, endpoint
         self._policy, self._sleep = policy, sleep
+        self._stop_policy = stop_policy
 
-    async def call(self, request: Mapping[str, Any]) -> Succeeded:
+    async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
         req = build_llm_request(request, api_key=self._endpoint.api_key)
         raw = await _send(self._session, self._endpoint, req, classify=classify_kie,
                           policy=self._policy, sleep=self._sleep, idempotent=False)
-        return parse_llm(raw)
+        return parse_llm(raw, self._stop_policy)
 
 
 def kie_client_for(
@@ -288,11 +329,12 @@ def kie_client_for(
     policy: RetryPolicy = DEFAULT_POLICY,
     sleep: Sleep = asyncio.sleep,
     callback_url: str | None = None,
+    stop_policy: StopPolicy | None = None,
 ) -> AsyncKindClient | SyncKindClient:
     """The client for a ``kie-*`` kind; :class:`UnknownProviderKind` for any other kind."""
     spec = KINDS.get(kind)
     if spec is None or spec.provider != PROVIDER:
         raise UnknownProviderKind(f"not a KIE kind: {kind!r}", provider=PROVIDER)
     if not spec.is_async:
-        return KieLlmClient(session, endpoint, kind, policy, sleep)
+        return KieLlmClient(session, endpoint, kind, policy, sleep, stop_policy=stop_policy)
     return KieTaskClient(session, endpoint, kind, policy, sleep, callback_url=callback_url)

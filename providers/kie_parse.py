@@ -36,7 +36,7 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded, reported_cost
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded, Usage
 from providers.transport import RawResponse, parse_retry_after
 
 __all__ = [
@@ -255,16 +255,22 @@ def _decode_result_json(value: object) -> dict[str, Any]:
     return result
 
 
+def _usage(data: dict[str, Any]) -> Usage:
+    model = data.get("model")
+    return {"model": model} if isinstance(model, str) and model else {}
+
+
 def _market_success(data: dict[str, Any]) -> Succeeded:
+    # No cost: live recordInfo answers carry no cost field at all (595 recorded answers,
+    # docs/providers.md); the cost KIE puts in a market callback (consumeCredits) is in an
+    # unsigned body, which is never trusted.
     result = _decode_result_json(data.get("resultJson"))
-    cost = reported_cost(data.get("creditsConsumed"), provider=PROVIDER,
-                         field="creditsConsumed")
     urls = _urls(result.get("resultUrls"))
     if urls:
-        return Succeeded(media_urls=urls, cost=cost, raw=data)
+        return Succeeded(media_urls=urls, raw=data, usage=_usage(data))
     if result.get("resultObject") is not None:
         text = msgspec.json.encode(result["resultObject"]).decode()
-        return Succeeded(text=text, cost=cost, raw=data)
+        return Succeeded(text=text, raw=data, usage=_usage(data))
     raise _malformed("market task succeeded without resultUrls or resultObject")
 
 
@@ -284,6 +290,9 @@ def _runway(data: dict[str, Any]) -> PollOutcome:
     if state in ("wait", "queueing", "generating"):
         return Running(raw_state=state)
     if state == "success":
+        if data.get("expireFlag") == 1:  # the video is gone (kept 14 days): fail, refund
+            return Failed(error="runway result expired (expireFlag 1)", code="result_gone",
+                          raw=data)
         info = data.get("videoInfo")
         url = info.get("videoUrl") if isinstance(info, dict) else None
         if not isinstance(url, str) or not url:

@@ -292,7 +292,7 @@ async def download(
                                           allowed_types=allowed_types, headers=headers)
     except TimeoutError as exc:
         raise ProviderTimeout(f"GET {shown} timed out after {timeout_s}s") from exc
-    except aiohttp.InvalidURL as exc:
+    except (aiohttp.InvalidURL, UnicodeError, ValueError) as exc:
         raise MediaError(f"invalid media URL {shown!r}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise TransientError(f"GET {shown} failed: {exc!r}") from exc

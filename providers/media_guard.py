@@ -50,15 +50,36 @@ def shown_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
+
+
+def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, IPv4-compatible)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def is_public_address(address: str) -> bool:
     """Whether ``address`` (an IP literal) is globally routable: not loopback, private,
-    link-local (metadata), shared, multicast, reserved or unspecified."""
+    link-local (metadata), shared, site-local, multicast, reserved or unspecified — nor
+    an IPv6 address carrying such an IPv4 one (mapped, 6to4, NAT64, IPv4-compatible)."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _SITE_LOCAL:
+            return False
+        inner = _embedded_v4(ip)
+        if inner is not None:
+            return inner.is_global and not inner.is_multicast
     return ip.is_global and not ip.is_multicast
 
 
@@ -118,6 +139,11 @@ def check_url(url: str, policy: MediaPolicy) -> tuple[str, int]:
         raise MediaRefused(f"refused media URL {shown!r}: not an http(s) URL with a host")
     host = parts.hostname.lower()
     port = port or _DEFAULT_PORTS[parts.scheme.lower()]
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise MediaRefused(f"refused media URL {shown!r}: host is not a valid name ({exc})"
+                           ) from None
     if parts.username is not None or parts.password is not None:
         raise MediaRefused(f"refused media URL {shown!r}: credentials in the URL")
     if not policy.allows_host(host, port):

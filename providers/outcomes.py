@@ -14,7 +14,7 @@ import msgspec
 from providers.errors import MalformedResponse
 
 __all__ = ["Blob", "Failed", "NotFound", "PollOutcome", "Running", "Succeeded", "SyncOutcome",
-           "reported_cost"]
+           "Usage", "reported_cost", "reported_number"]
 
 
 class Blob(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,15 +31,27 @@ class Running(msgspec.Struct, frozen=True, kw_only=True, tag="running"):
     progress: float | None = None
 
 
+Usage = dict[str, float | str]
+"""What the provider reported the call used, under normalised keys: ``model``,
+``input_tokens``, ``output_tokens`` (Anthropic, KIE's LLM proxy), ``predict_time_s``
+(Replicate), ``characters`` (ElevenLabs' ``character-cost``), ``provider_credits``
+(KIE's ``credits_consumed``). Only keys the answer carried are present; the pricing hook
+(:mod:`engine.pricing`) turns them into credits."""
+
+
 class Succeeded(msgspec.Struct, frozen=True, kw_only=True, tag="succeeded"):
-    """Upstream finished. ``media_urls`` to download now; ``text`` for LLM answers;
-    ``cost`` as the provider reported it (credits or USD, provider-specific), if any."""
+    """Upstream finished. ``media_urls`` to download now (``http(s)`` or ``data:``);
+    ``text`` for text answers; ``cost`` as the provider reported it (its own units:
+    credits, characters), if any; ``usage`` what it reported using; ``stop_reason`` why a
+    language model stopped (kept in the event and the job's output)."""
 
     media_urls: tuple[str, ...] = ()
     text: str | None = None
     cost: float | None = None
     blobs: tuple[Blob, ...] = ()
     raw: dict[str, Any] = msgspec.field(default_factory=dict)
+    usage: Usage = msgspec.field(default_factory=dict)
+    stop_reason: str | None = None
 
 
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
@@ -77,3 +89,12 @@ def reported_cost(value: object, *, provider: str, field: str) -> float | None:
         raise MalformedResponse(f"{field} must be a finite number >= 0, got {value!r}",
                                 provider=provider)
     return cost
+
+
+def reported_number(value: object) -> float | None:
+    """A usage figure the provider reported: a finite number ``>= 0``, else ``None`` (a
+    usage figure is informational: an odd one is dropped, not an error)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and number >= 0 else None

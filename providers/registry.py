@@ -43,14 +43,16 @@ def client_for(
     policy = settings.retry
     if spec.provider == "kie":
         return kie_client_for(kind, session, settings.kie, policy=policy, sleep=sleep,
-                              callback_url=callback_url)
+                              callback_url=callback_url,
+                              stop_policy=settings.stop_policy.get(kind))
     if spec.provider == "replicate":
         return replicate_client_for(kind, session, settings.replicate, policy=policy,
                                     sleep=sleep)
     if spec.provider == "elevenlabs":
         return elevenlabs_client_for(kind, session, settings.elevenlabs, operation,
                                      policy=policy, sleep=sleep)
-    return anthropic_client_for(kind, session, settings.anthropic, policy=policy, sleep=sleep)
+    return anthropic_client_for(kind, session, settings.anthropic, policy=policy, sleep=sleep,
+                                stop_policy=settings.stop_policy.get(kind))
 
 
 async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,

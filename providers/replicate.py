@@ -8,19 +8,25 @@ Replicate's own ``detail``. The two client classes only glue them to
 Mapping of a prediction/training object (reference §11, §14):
 
 - ``starting`` / ``processing``                 -> ``Running``
-- ``succeeded``                                 -> ``Succeeded`` (every http(s) URL in
-  ``output``: a string, a list, or object values such as ``weights``)
+- ``succeeded``                                 -> ``Succeeded``: ``output`` is any JSON.
+  As the official SDKs read it, every ``https:`` (or ``http:``) URL and ``data:`` URI
+  anywhere in it is a file to store (a string, a list, object values such as a
+  training's ``weights``); with no file, the output is text: a string, a list of string
+  tokens joined (a language model), anything else as JSON
 - ``succeeded`` with ``data_removed: true``     -> :class:`MediaExpired` (the output is
   gone after one hour: fail and refund)
 - ``failed`` / ``canceled`` / ``aborted``       -> ``Failed(error=error or status)``
 - HTTP 404 on GET                               -> ``NotFound``
-- problem+json errors: 401/403 auth, 402 credits, 429 ``RateLimited`` (``Retry-After``),
-  5xx transient, other 4xx ``BadRequest``; anything else is :class:`MalformedResponse`.
+- problem+json errors: 401/403 auth, 402 credits, 429 ``RateLimited`` (``Retry-After``, or
+  the body's ``retry_after`` / "Expected available in N seconds" when the header is
+  absent), 5xx transient, other 4xx ``BadRequest``; anything else is
+  :class:`MalformedResponse`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
@@ -42,7 +48,15 @@ from providers.errors import (
     UnknownProviderKind,
 )
 from providers.kinds import KINDS
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.outcomes import (
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    Usage,
+    reported_number,
+)
 from providers.polling import poll_until_done
 from providers.transport import (
     DEFAULT_POLICY,
@@ -65,10 +79,12 @@ __all__ = [
     "build_training_request",
     "classify_replicate",
     "classify_replicate_poll",
+    "output_text",
     "output_urls",
     "parse_created",
     "parse_prediction",
     "replicate_client_for",
+    "throttle_delay",
 ]
 
 PROVIDER: Final = "replicate"
@@ -174,12 +190,34 @@ def _detail(raw: RawResponse) -> tuple[str, str | None]:
     return str(body), None
 
 
+_THROTTLE = re.compile(r"(?:available in|resets in)\s*~?\s*(\d+(?:\.\d+)?)\s*s", re.I)
+
+
+def throttle_delay(raw: RawResponse) -> float | None:
+    """How long a 429 asks to wait: ``Retry-After`` when sent, else the body's numeric
+    ``retry_after``, else the delay in its ``detail`` text (``Request was throttled.
+    Expected available in 3 seconds.`` / ``... Your rate limit resets in ~5s.``)."""
+    header = parse_retry_after(raw.headers.get("retry-after"))
+    if header is not None:
+        return header
+    try:
+        body = msgspec.json.decode(raw.body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    number = reported_number(body.get("retry_after"))
+    if number is not None:
+        return number
+    found = _THROTTLE.search(str(body.get("detail") or ""))
+    return float(found.group(1)) if found else None
+
+
 def _error_for(raw: RawResponse) -> ProviderError:
     message, title = _detail(raw)
     kw: dict[str, Any] = {"provider": PROVIDER, "status": raw.status, "code": title}
     if raw.status == 429:
-        return RateLimited(message, retry_after=parse_retry_after(raw.headers.get("retry-after")),
-                           **kw)
+        return RateLimited(message, retry_after=throttle_delay(raw), **kw)
     if raw.status >= 500:
         return TransientError(message, **kw)
     if raw.status in (401, 403):
@@ -218,33 +256,82 @@ def parse_created(raw: RawResponse) -> str:
     return task_id
 
 
-def _walk_urls(value: Any) -> Iterator[str]:
+_FILE_PREFIXES: Final = ("https://", "http://", "data:")
+
+
+def _is_file(value: str) -> bool:
+    # The official SDKs' rule: an https: or data: string anywhere in the output is a file
+    # (http: too here, for a simulator or a proxy).
+    return value[:8].lower().startswith(_FILE_PREFIXES)
+
+
+def _walk_files(value: Any) -> Iterator[str]:
     if isinstance(value, str):
-        if value.startswith(("https://", "http://")):
+        if _is_file(value):
             yield value
     elif isinstance(value, list):
         for item in value:
-            yield from _walk_urls(item)
+            yield from _walk_files(item)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _walk_urls(item)
+            yield from _walk_files(item)
 
 
 def output_urls(output: Any) -> tuple[str, ...]:
-    """Every http(s) URL in ``output`` (string, list, or object values), in order."""
-    return tuple(dict.fromkeys(_walk_urls(output)))
+    """Every file in ``output`` — an ``http(s)`` URL or a ``data:`` URI, anywhere in a
+    string, a list or an object's values — in order, without repeats."""
+    return tuple(dict.fromkeys(_walk_files(output)))
+
+
+def output_text(output: Any) -> str | None:
+    """A result with no file as text: a string as is, a list of string tokens joined (a
+    language model's output), anything else as JSON; ``None`` for no output."""
+    if output is None:
+        return None
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and all(isinstance(t, str) for t in output):
+        return "".join(output)
+    return msgspec.json.encode(output).decode()
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with ``data:`` URIs cut to their header (the bytes are in the outcome's
+    media, not worth a second copy in ``raw``)."""
+    if isinstance(value, str) and value[:5].lower() == "data:":
+        return value.split(",", 1)[0] + f",... ({len(value)} characters)"
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value
+
+
+def _usage(doc: dict[str, Any]) -> Usage:
+    usage: Usage = {}
+    metrics = doc.get("metrics")
+    if isinstance(metrics, dict):
+        for ours, theirs in (("predict_time_s", "predict_time"),
+                             ("input_tokens", "input_token_count"),
+                             ("output_tokens", "output_token_count")):
+            number = reported_number(metrics.get(theirs))
+            if number is not None:
+                usage[ours] = number
+    for key in ("model", "version"):
+        if isinstance(doc.get(key), str) and doc[key]:
+            usage[key] = doc[key]
+    return usage
 
 
 def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
     if doc.get("data_removed") is True:
         raise MediaExpired(f"output of {doc.get('id')} was removed (data_removed)",
                            provider=PROVIDER, status=raw.status)
-    urls = output_urls(doc.get("output"))
-    if not urls:
-        raise MalformedResponse(f"succeeded without output URLs: {doc.get('output')!r}",
-                                provider=PROVIDER, status=raw.status)
-    trimmed = {k: v for k, v in doc.items() if k != "logs"}
-    return Succeeded(media_urls=urls, cost=None, raw=trimmed)
+    output = doc.get("output")
+    files = output_urls(output)
+    trimmed = {k: _redacted(v) for k, v in doc.items() if k != "logs"}
+    return Succeeded(media_urls=files, text=None if files else output_text(output),
+                     cost=None, raw=trimmed, usage=_usage(doc))
 
 
 def parse_prediction(raw: RawResponse) -> PollOutcome:

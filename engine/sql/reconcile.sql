@@ -12,7 +12,8 @@
 --   seed_rows: rows with no events (the host's own workers wrote the seed columns, or a
 --              legacy row with none), through jobs_inflight_idx (status pending/processing);
 --              a row with no call at all is legacy only when created before the legacy
---              cutoff (%(legacy_cutoff)s, or when migration 0002 installed the call columns).
+--              cutoff (%(legacy_cutoff)s, or when migration 0002 installed the call columns;
+--              with neither known, no row is legacy: fail closed).
 -- Every mutable predicate (state, heartbeat, next attempt, claim lease, finalization lease)
 -- sits on the locked relation itself, so a row changed by a concurrent commit is re-checked
 -- on its newest version before it is locked (no stale-snapshot claim, River #1302).
@@ -56,8 +57,7 @@ WITH cut AS (
     WHERE j.status IN ('pending', 'processing')
       AND j.call_state IS NULL
       AND (j.provider_call_started_at < %(cutoff)s::timestamptz
-           OR (j.provider_call_started_at IS NULL
-               AND (cut.legacy_cutoff IS NULL OR j.created_at < cut.legacy_cutoff)))
+           OR (j.provider_call_started_at IS NULL AND j.created_at < cut.legacy_cutoff))
       AND (j.reconcile_lease_until IS NULL OR j.reconcile_lease_until <= %(now)s::timestamptz)
       AND CASE
             WHEN j.provider_call_started_at IS NULL THEN

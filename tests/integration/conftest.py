@@ -16,6 +16,7 @@ from engine.calls import CallRunner
 from engine.config import CallConfig
 from engine.db import open_pool
 from engine.finalize import Pool
+from engine.pricing import Pricing
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Reconciler, Signal
 from providers.simulator.core import RunningSimulator, running_simulator
@@ -63,9 +64,10 @@ def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSessi
 @pytest.fixture
 def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
                 tmp_path: Path) -> MakeRunner:
-    """``make(**CallConfig fields)``: a worker's runner that never sleeps between polls."""
-    def make(**config: Any) -> CallRunner:
+    """``make(pricing=None, **CallConfig fields)``: a worker's runner that never sleeps
+    between polls."""
+    def make(pricing: Pricing | None = None, **config: Any) -> CallRunner:
         return CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
-                          config=CallConfig(**config), sleep=no_sleep,
+                          config=CallConfig(**config), sleep=no_sleep, pricing=pricing,
                           callback_url=lambda job, kind: "http://127.0.0.1:9/cb")
     return make

@@ -18,11 +18,19 @@ import msgspec
 from engine.audit import stats
 from engine.clock import utcnow
 from engine.jobs import create_job
+from engine.migrate import available
 from engine.reconcile_config import ReconcileConfig
 from engine.replay import verify_job
 from engine.store import Conn, append, cancel, execute, load, load_events, transition
 from events.states import CallState
-from events.types import Completed, Event, UpstreamResult, UpstreamSucceeded
+from events.types import (
+    CallStarted,
+    Completed,
+    Event,
+    ReconcileAttempted,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
 from projections.fold import CallProjection
 from providers.simulator.core import RunningSimulator
 from tests.integration.conftest import MakeReconciler, MakeRunner
@@ -200,7 +208,7 @@ async def test_call_the_host_failed_and_refunded_is_never_completed(
     assert await verify_job(conn, job) == []
 
 
-async def test_host_completion_before_the_worker_records_is_kept_and_settled_once(
+async def test_host_completion_before_the_worker_records_is_kept_and_left_to_the_host(
         conn: Conn) -> None:
     job = await dead_worker_call(conn, "kie-standard", "t-2", age=timedelta(seconds=5))
     p = await load(conn, job)
@@ -210,7 +218,7 @@ async def test_host_completion_before_the_worker_records_is_kept_and_settled_onc
                          current=p)
     assert (r.ok, r.host_ended, r.projection.state) == (False, True, CallState.COMPLETED)
     settled = await execute(conn, "reservation_for_job", {"job_id": job})
-    assert [(s["status"], s["credits_charged"]) for s in settled] == [("committed", 10)]
+    assert [(s["status"], s["credits_charged"]) for s in settled] == [("reserved", None)]
     assert await events_of(conn, job) == ["CallStarted", "TaskCreated", "HostEnded"]
 
 
@@ -327,3 +335,93 @@ async def test_cancel_of_a_never_adopted_row_keeps_the_hosts_seed_columns(conn: 
     assert after == before
     assert (await row(conn, job))["credits"] == "refunded"
     assert await verify_job(conn, job) == []
+
+
+# -- found by the adversarial review -----------------------------------------------------------
+
+async def test_a_host_timestamp_python_cannot_hold_never_stops_the_claim(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    await conn.execute("UPDATE callwarden_migrations SET applied_at = now() - interval "
+                       "'3 hours' WHERE version = 2")
+    odd = await create_job(conn, status="processing")
+    await conn.execute("UPDATE jobs SET started_at = 'infinity', created_at = '-infinity' "
+                       "WHERE id = %s", (odd,))
+    far = await create_job(conn, status="processing")
+    await conn.execute("UPDATE jobs SET created_at = '12026-01-01' WHERE id = %s", (far,))
+    legacy = await create_job(conn, status="processing")
+    await conn.execute("UPDATE jobs SET created_at = now() - interval '4 hours' "
+                       "WHERE id = %s", (legacy,))
+    counts = await make_reconciler().reconcile_once()
+    assert counts.pass_failed is False
+    assert (await row(conn, legacy))["credits"] == "refunded"
+
+
+async def test_a_job_the_host_completed_is_left_for_the_host_to_commit(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    """The host writes completed, then (a statement later) commits its own amount: the
+    reconciler records the host's decision at once but settles nothing — only the host
+    knows the charge — and the host's commit then lands, once."""
+    job = await dead_worker_call(conn, "kie-standard", "t-host", age=timedelta(minutes=11))
+    await conn.execute("UPDATE jobs SET status = 'completed' WHERE id = %s", (job,))
+    assert (await make_reconciler().reconcile_once()).host_ended == 1
+    assert (await row(conn, job))["credits"] == "reserved"
+    await conn.execute("UPDATE usage_logs SET status = 'committed', credits_charged = 3 "
+                       "WHERE job_id = %s AND status = 'reserved'", (job,))
+    r = await row(conn, job)
+    assert (r["call_state"], r["credits"], r["credits_charged"]) == ("completed", "committed", 3)
+    assert await verify_job(conn, job) == []
+
+
+async def test_with_no_known_cutoff_no_row_is_legacy(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    await conn.execute("DELETE FROM callwarden_migrations WHERE version = 2")
+    wrapper = await create_job(conn, status="processing", job_type="pipeline")
+    await conn.execute("UPDATE jobs SET created_at = now() - interval '2 hours' "
+                       "WHERE id = %s", (wrapper,))
+    assert counted(await make_reconciler().reconcile_once()) == {}
+    assert (await row(conn, wrapper))["credits"] == "reserved"
+
+
+async def test_a_legacy_sweep_leaves_the_hosts_empty_seed_columns_empty(
+        conn: Conn, make_reconciler: MakeReconciler) -> None:
+    job = await create_job(conn, status="processing")
+    await conn.execute("UPDATE jobs SET created_at = now() - interval '1 day', started_at = "
+                       "now() - interval '2 hours' WHERE id = %s", (job,))
+    assert counted(await make_reconciler().reconcile_once()) == {
+        "claimed": 1, "adopted": 1, "swept": 1}
+    seed = await (await conn.execute(
+        "SELECT provider_kind, provider_call_started_at FROM jobs WHERE id = %s",
+        (job,))).fetchone()
+    assert seed == {"provider_kind": None, "provider_call_started_at": None}
+    assert await verify_job(conn, job) == []
+
+
+async def test_a_write_on_a_created_call_keeps_the_hosts_flip_to_processing(
+        conn: Conn) -> None:
+    job = await create_job(conn, credits=10)  # pending
+    p = await load(conn, job)
+    p = (await append(conn, job, p, CallStarted(at=utcnow(), actor="w",
+                                                kind="anthropic-sync", sync=True))).projection
+    await conn.execute("UPDATE jobs SET status = 'processing' WHERE id = %s", (job,))
+    r = await append(conn, job, p, ReconcileAttempted(at=utcnow(), actor="r",
+                                                      outcome="still_running"))
+    assert r.ok
+    assert (await row(conn, job))["status"] == "processing"
+    assert await verify_job(conn, job) == []
+
+
+async def test_calls_in_flight_across_the_upgrade_keep_their_inline_media(
+        conn: Conn) -> None:
+    """A v1 UpstreamSucceeded cached its inline keys in upstream_result.raw: migration
+    0006 moves them where v2 reads them, so the finalizer still finds the media."""
+    job = await create_job(conn, credits=10)
+    await conn.execute(
+        "UPDATE jobs SET upstream_result = %s::jsonb WHERE id = %s",
+        (msgspec.json.encode({"raw": {"prestored_keys": [f"media/{job}/0.mp3"]}}).decode(),
+         job))
+    (sql,) = [m.sql for m in available() if m.version == 6]
+    await conn.execute(sql.encode())  # idempotent: applying it again is what an upgrade did
+    cached = await (await conn.execute("SELECT upstream_result FROM jobs WHERE id = %s",
+                                       (job,))).fetchone()
+    assert cached is not None
+    assert cached["upstream_result"] == {"raw": {}, "stored_keys": [f"media/{job}/0.mp3"]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from engine.clock import utcnow
 from engine.config import CallConfig
 from engine.finalize import Finalizer, Pool
 from engine.jobs import create_job
+from engine.pricing import Rate, RateTable
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Reconciler
 from engine.replay import verify_job
@@ -31,7 +33,7 @@ from events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamS
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.integration.conftest import MakeRunner
-from tests.integration.test_reconciler import OLD, dead_worker_call, row, upstream_task
+from tests.integration.test_reconciler import dead_worker_call, row, upstream_task
 from tests.support import no_sleep
 
 LLM = {"model": "claude-sonnet-4-6", "max_tokens": 16,
@@ -114,11 +116,11 @@ async def test_storage_that_keeps_refusing_ends_exhausted_at_the_cap(
                             config=ReconcileConfig(attempt_cap=2, repoll_interval_s=3000),
                             sleep=no_sleep)
     task = await upstream_task(http, sim, "kie-standard", {"steps": [], "end": "succeeded"})
-    job = await dead_worker_call(conn, "kie-standard", task)
+    job = await dead_worker_call(conn, "kie-standard", task, age=timedelta(minutes=11))
     now = utcnow()
     outcomes = []
-    for i in range(4):
-        counts = await reconciler.reconcile_once(now + i * (OLD + OLD))
+    for i in range(4):  # one pass per re-poll interval
+        counts = await reconciler.reconcile_once(now + timedelta(seconds=3001 * i))
         outcomes.append((counts.errors, counts.exhausted))
     assert outcomes[:3] == [(1, 0), (1, 0), (0, 1)]
     r = await row(conn, job)
@@ -182,13 +184,19 @@ async def test_negative_cost_from_the_provider_is_refused_never_charged(
     assert (r["credits"], r["credits_charged"]) == ("refunded", 0)
 
 
+# The host's price list: one credit per KIE credit the LLM proxy reports it consumed.
+PER_KIE_CREDIT = RateTable(rates=(Rate(kind="kie-llm", unit="provider_credits",
+                                       credits=1.0),))
+
+
 @pytest.mark.parametrize(("cost", "charged"), [(7.0, [4, 3]), (20.0, [4, 6]), (0.0, [0, 0])])
 async def test_charge_is_split_over_a_jobs_reservations_never_above_the_total(
         conn: Conn, make_runner: MakeRunner, cost: float, charged: list[int]) -> None:
     job = await create_job(conn, credits=4)
     await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
                        "VALUES (%s, 'user-1', 'reserved', 6)", (job,))  # the host's second
-    out = await make_runner().run(job, "kie-llm", {**LLM, "_sim": {"cost": cost}})
+    out = await make_runner(pricing=PER_KIE_CREDIT).run(
+        job, "kie-llm", {**LLM, "_sim": {"cost": cost}})
     assert out.result == "completed"
     rows = await (await conn.execute(
         "SELECT status, credits_charged FROM usage_logs WHERE job_id = %s ORDER BY id",
@@ -261,3 +269,56 @@ async def test_claim_lease_fits_the_media_to_store(
     await finalizer.finalize(job)
     claim = next(e for e in await load_events(conn, job) if isinstance(e, FinalizeClaimed))
     assert (claim.lease_until - claim.at).total_seconds() == 3 * (100 + 20) + 5
+
+
+async def test_without_a_price_list_the_reservation_is_committed(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    """A provider's own cost (KIE credits here) is not the host's credits: by default the
+    reservation is committed, whatever the provider reports."""
+    job = await create_job(conn, credits=10)
+    out = await make_runner().run(job, "kie-llm", {**LLM, "_sim": {"cost": 2.5}})
+    assert out.result == "completed"
+    assert (await row(conn, job))["credits_charged"] == 10
+
+
+async def test_nul_characters_from_a_provider_are_still_recorded(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    """Postgres refuses NUL in text and jsonb; a provider's answer carrying one must not
+    keep the call from ending (it is recorded as U+FFFD)."""
+    job = await create_job(conn, credits=10)
+    out = await make_runner().run(job, "kie-standard", {"model": "m", "input": {"_sim": {
+        "steps": [], "end": "failed", "error": "upstream \u0000 said no"}}})
+    assert out.result == "failed"
+    r = await row(conn, job)
+    assert (r["credits"], r["error_message"]) == ("refunded", "upstream \ufffd said no")
+
+
+async def test_a_host_name_that_is_not_a_valid_name_fails_at_once(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    job = await create_job(conn, credits=10)
+    bad = "https://a..replicate.delivery/x.png"
+    out = await make_runner().run(job, "kie-standard", kie({"result_urls": [bad]}))
+    assert out.result == "failed"
+    assert await error_code(conn, job) == "media_unusable"
+
+
+DEADLOCK_ONCE = """
+CREATE SEQUENCE completions;
+CREATE OR REPLACE FUNCTION deadlock_once() RETURNS trigger AS $$
+BEGIN
+    IF NEW.type = 'Completed' AND nextval('completions') = 1 THEN
+        RAISE EXCEPTION 'deadlock (test trigger)' USING ERRCODE = '40P01';
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER deadlock_once BEFORE INSERT ON call_events
+    FOR EACH ROW EXECUTE FUNCTION deadlock_once();
+"""
+
+
+async def test_a_deadlock_while_completing_is_retried_in_a_new_transaction(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    await conn.execute(DEADLOCK_ONCE.encode())
+    job = await create_job(conn, credits=10)
+    assert (await make_runner().run(job, "kie-standard", kie({}))).result == "completed"
+    assert (await row(conn, job))["assets"] == 1

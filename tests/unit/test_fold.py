@@ -104,7 +104,7 @@ def test_exhausted_sets_the_seed_error() -> None:
 
 
 @pytest.mark.parametrize(("status", "state", "settlement"), [
-    ("completed", CallState.COMPLETED, "committed"),
+    ("completed", CallState.COMPLETED, "host"),  # the host commits its own amount
     ("cancelled", CallState.CANCELLED, "refunded"),
     ("failed", CallState.FAILED, "refunded"),
     ("timed_out", CallState.FAILED, "refunded"),

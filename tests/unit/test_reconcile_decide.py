@@ -131,7 +131,8 @@ def test_seed_columns_only_row_is_adopted_then_polled() -> None:
 
 def test_legacy_row_without_kind_is_adopted_then_swept_after_the_legacy_threshold() -> None:
     legacy = row(call_state=None, call_version=0, provider_kind=None, provider_task_id=None,
-                 provider_call_started_at=None, started_at=ago(3601), created_at=ago(7200))
+                 provider_call_started_at=None, started_at=ago(3601), created_at=ago(7200),
+                 legacy_cutoff=ago(7000))
     action = decide(legacy, NOW, CFG)
     assert isinstance(action, Adopt)
     assert (action.kind, action.call_started_at) == (LEGACY_KIND, ago(3601))

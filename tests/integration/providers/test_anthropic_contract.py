@@ -61,7 +61,7 @@ async def test_refusal_is_failed(sim: RunningSimulator, http: aiohttp.ClientSess
     outcome = await client(sim, http).call(
         {**REQUEST, "_sim": {"end": "failed", "error_code": "refusal"}})
     assert isinstance(outcome, Failed)
-    assert outcome.error == "refusal"
+    assert outcome.code == "refusal"
 
 
 async def test_overloaded_is_transient_with_request_id(

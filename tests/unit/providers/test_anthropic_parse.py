@@ -83,7 +83,7 @@ def test_text_blocks_are_concatenated_and_usage_kept() -> None:
 def test_refusal_is_a_failure() -> None:
     out = parse_message(resp(message({"type": "text", "text": "no"}, stop_reason="refusal")))
     assert isinstance(out, Failed)
-    assert out.error == "refusal"
+    assert (out.code, out.error) == ("refusal", "the model stopped (refusal): no")
 
 
 @pytest.mark.parametrize("body", [

@@ -59,13 +59,15 @@ def test_market_pending_states_are_running(state: str) -> None:
     assert parse_poll("market", market(state=state)) == Running(raw_state=state)
 
 
-def test_market_success_decodes_result_json_string_and_keeps_cost() -> None:
+def test_market_success_decodes_result_json_string_and_reports_no_cost() -> None:
+    """Live recordInfo answers carry no cost field (docs/providers.md): none is read, not
+    even a field an old simulator invented."""
     out = parse_poll("market", market(
         state="success", resultJson=msgspec.json.encode({"resultUrls": MARKET_URLS}).decode(),
         costTime=12, completeTime=1776323928526, creditsConsumed=18))
     assert isinstance(out, Succeeded)
     assert out.media_urls == tuple(MARKET_URLS)
-    assert out.cost == 18.0
+    assert out.cost is None
     assert out.raw["costTime"] == 12
 
 
@@ -396,14 +398,26 @@ def test_llm_anthropic_answer_gives_text_and_credits() -> None:
                          "stop_reason": "end_turn",
                          "usage": {"input_tokens": 13, "output_tokens": 17},
                          "credits_consumed": 0.02}))
-    assert (out.text, out.cost) == ("Hello! Hi.", 0.02)
+    assert isinstance(out, Succeeded)
+    assert (out.text, out.cost, out.stop_reason) == ("Hello! Hi.", 0.02, "end_turn")
+    assert out.usage == {"input_tokens": 13, "output_tokens": 17,
+                         "model": "claude-sonnet-4-6", "provider_credits": 0.02}
 
 
 def test_llm_chat_completion_answer_gives_text() -> None:
     out = parse_llm(raw({"object": "chat.completion",
-                         "choices": [{"index": 0, "message": {"role": "assistant",
-                                                              "content": "ok"}}]}))
-    assert (out.text, out.cost) == ("ok", None)
+                         "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": "ok"}}]}))
+    assert isinstance(out, Succeeded)
+    assert (out.text, out.cost, out.stop_reason) == ("ok", None, "end_turn")
+
+
+def test_llm_chat_completion_cut_at_the_length_limit_is_truncated() -> None:
+    out = parse_llm(raw({"object": "chat.completion",
+                         "choices": [{"index": 0, "finish_reason": "length",
+                                      "message": {"role": "assistant", "content": "o"}}]}))
+    assert isinstance(out, Failed)
+    assert out.code == "truncated:max_tokens"
 
 
 @pytest.mark.parametrize(("answer", "kind"), [

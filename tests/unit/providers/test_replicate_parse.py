@@ -125,9 +125,24 @@ def test_data_removed_means_the_media_has_expired() -> None:
         parse_prediction(_raw(doc))
 
 
-def test_success_without_urls_is_malformed() -> None:
-    with pytest.raises(MalformedResponse):
-        parse_prediction(_raw(_doc(status="succeeded", output="just text")))
+@pytest.mark.parametrize(("output", "text"), [
+    ("just text", "just text"),
+    (["", " Sure", "!", " Here", ""], " Sure! Here"),  # a language model's tokens
+    ({"answer": 42, "ok": True}, '{"answer":42,"ok":true}'),
+    (None, None),
+])
+def test_success_without_a_file_is_a_text_result(output: Any, text: str | None) -> None:
+    outcome = parse_prediction(_raw(_doc(status="succeeded", output=output)))
+    assert isinstance(outcome, Succeeded)
+    assert (outcome.media_urls, outcome.text) == ((), text)
+
+
+def test_data_uri_outputs_are_files_and_are_not_copied_into_raw() -> None:
+    uri = "data:image/png;base64," + "A" * 4000
+    outcome = parse_prediction(_raw(_doc(status="succeeded", output=[uri])))
+    assert isinstance(outcome, Succeeded)
+    assert outcome.media_urls == (uri,)
+    assert len(msgspec.json.encode(outcome.raw)) < 2000
 
 
 @pytest.mark.parametrize(("status", "error", "expected"), [

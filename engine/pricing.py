@@ -1,0 +1,107 @@
+"""What a completed call costs the user, in credits: the one pricing hook (pure).
+
+Providers report usage in their own terms (``providers.outcomes.Usage``): tokens
+(Anthropic, KIE's LLM proxy), predict seconds (Replicate), characters (ElevenLabs), KIE
+credits (its LLM proxy's ``credits_consumed``), or nothing at all (KIE task polls carry no
+cost). None of that is the host's credits. The finalizer asks one :class:`Pricing` for
+the charge when it records ``Completed``; the write path then commits ``min(charge,
+reserved)`` (split over the job's reservations) and releases the rest.
+
+- :class:`ChargeReservation` (the default): ``None`` — commit the reservation as made.
+- :class:`RateTable`: a host's price list (the seed's host keeps one in ``model_pricing``)
+  as rates per usage unit, matched by kind and (optionally) model; load one from a file
+  with :func:`load_pricing`, or build it from the host's rows.
+- Anything else with a ``charge`` method: a host's own function.
+
+A charge that is negative or not finite is refused (:class:`~engine.errors.ConfigError`
+for a table; the write path clamps at 0 as a last line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from engine.errors import ConfigError
+from providers.kinds import KINDS
+
+__all__ = ["ChargeReservation", "Pricing", "Rate", "RateTable", "load_pricing"]
+
+Usage = dict[str, float | str]
+
+
+class Pricing(Protocol):
+    def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
+        """Credits to commit for a completed call of ``kind`` that reported ``usage``
+        (and ``reported_cost`` in the provider's units); ``None``: the reservation."""
+        ...
+
+
+class ChargeReservation:
+    """The default: commit what was reserved."""
+
+    def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
+        return None
+
+
+class Rate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``credits`` per ``per`` units of ``unit`` (a usage key: ``input_tokens``,
+    ``output_tokens``, ``predict_time_s``, ``characters``, ``provider_credits``), for calls
+    of ``kind`` (and of ``model`` when given; a rate naming a model wins over one that
+    does not). ``unit = "call"`` charges ``credits`` once per call."""
+
+    kind: str
+    unit: str
+    credits: float
+    per: float = 1.0
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"pricing rate for unknown provider_kind {self.kind!r}")
+        if not (math.isfinite(self.credits) and self.credits >= 0 and self.per > 0):
+            raise ConfigError(f"pricing rate {self.kind}/{self.unit}: credits must be a "
+                              f"finite number >= 0 and per > 0")
+
+
+class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A price list; a call whose kind (and model) no rate matches, or whose usage lacks
+    every unit its rates name, is charged its reservation (``None``)."""
+
+    rates: tuple[Rate, ...] = ()
+
+    def _rates_for(self, kind: str, model: object) -> list[Rate]:
+        exact = [r for r in self.rates if r.kind == kind and r.model is not None
+                 and r.model == model]
+        return exact or [r for r in self.rates if r.kind == kind and r.model is None]
+
+    def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
+        total, matched = 0.0, False
+        for rate in self._rates_for(kind, usage.get("model")):
+            if rate.unit == "call":
+                total += rate.credits
+                matched = True
+                continue
+            amount = usage.get(rate.unit)
+            if isinstance(amount, int | float) and math.isfinite(amount) and amount >= 0:
+                total += amount / rate.per * rate.credits
+                matched = True
+        return round(total, 6) if matched else None
+
+
+def load_pricing(path: Path) -> RateTable:
+    """A :class:`RateTable` from a TOML or JSON file: ``[[rates]]`` entries with
+    ``kind``, ``unit``, ``credits``, optional ``per`` and ``model``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        return msgspec.convert(data, RateTable)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read pricing {path}: {exc}") from exc
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid pricing {path}: {exc}") from exc
