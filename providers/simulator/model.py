@@ -10,6 +10,8 @@ script; :meth:`Task.peek` answers the same question without counting.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,14 +43,34 @@ class Clock:
         self._start = time.time() if start is None else start
         self._mono = time.monotonic()
         self._offset = 0.0
+        self._waiters: set[asyncio.Event] = set()
 
     def now(self) -> float:
         return self._start + (time.monotonic() - self._mono) * self.factor + self._offset
 
     def advance(self, seconds: float) -> float:
-        """Jump forward ``seconds`` of simulated time; return the new ``now()``."""
+        """Jump forward ``seconds`` of simulated time; return the new ``now()`` (waking
+        every :meth:`sleep` whose deadline it passes)."""
         self._offset += seconds
+        for waiter in list(self._waiters):
+            waiter.set()
         return self.now()
+
+    async def sleep(self, sim_seconds: float, *, scale: float = 1.0) -> None:
+        """Wait until ``sim_seconds`` of simulated time have passed (real time at the
+        clock's factor, times ``scale``, or sooner when :meth:`advance` jumps past)."""
+        deadline = self.now() + sim_seconds
+        woken = asyncio.Event()
+        self._waiters.add(woken)
+        try:
+            while (left := deadline - self.now()) > 0:
+                woken.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), self.real_seconds(left) * scale)
+                if scale != 1.0:
+                    return  # a scaled wait ends on its (scaled) real time
+        finally:
+            self._waiters.discard(woken)
 
     def real_seconds(self, sim_seconds: float) -> float:
         """How many real seconds ``sim_seconds`` of simulated time take at this factor."""

@@ -4,13 +4,20 @@ Each :meth:`Webhooks.deliver` runs as a background task that the simulator track
 cancels on close. Every attempt (and every decision not to send) is recorded in
 ``deliveries``; tests wait on them with :meth:`Webhooks.wait_for` (an
 ``asyncio.Condition``, no polling) or :meth:`Webhooks.drain`.
+
+Retries follow the provider's own schedule when one is given (``schedule``: the delays
+before each retry, in simulated seconds — KIE's 1, 5 and 15 minutes; Replicate's backoff),
+waited on the simulator's clock (real time at its factor, times ``schedule_scale``, which
+a demo sets to compress minutes into seconds); otherwise a short exponential backoff.
+``headers`` may be a function of the attempt's timestamp: then every attempt, retries
+included, is signed afresh with its own timestamp, as the providers do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -18,9 +25,19 @@ import msgspec
 
 from providers.simulator.model import Clock, WebhookPlan
 
-__all__ = ["Delivery", "Outcome", "Webhooks"]
+__all__ = ["Delivery", "Outcome", "Sign", "Webhooks"]
 
 Outcome = Literal["delivered", "rejected", "error", "dropped", "simulated_failure"]
+Sign = Callable[[int], dict[str, str]]
+"""The headers of one attempt, signed at its (simulated, unix seconds) timestamp."""
+
+
+def _fixed(headers: Mapping[str, str]) -> Sign:
+    copy = dict(headers)
+
+    def sign(_ts: int) -> dict[str, str]:
+        return copy
+    return sign
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,21 +62,28 @@ class Webhooks:
     """Schedules callback deliveries and records what happened to each attempt."""
 
     def __init__(self, clock: Clock, *, retry_base_s: float = 0.05, hold_s: float = 0.3,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, schedule_scale: float = 1.0) -> None:
         self._clock = clock
         self.retry_base_s = retry_base_s
         self.hold_s = hold_s
         self.timeout_s = timeout_s
+        self.schedule_scale = schedule_scale
         self.deliveries: list[Delivery] = []
         self._cond = asyncio.Condition()
         self._sent: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
 
-    def deliver(self, url: str, body: bytes, headers: Mapping[str, str], plan: WebhookPlan,
-                *, retries: int = 3) -> None:
-        """Schedule a POST of ``body`` to ``url``; retried ``retries`` times on non-2xx."""
-        self._spawn(self._run(url, body, dict(headers), plan, retries))
+    def deliver(self, url: str, body: bytes, headers: Mapping[str, str] | Sign,
+                plan: WebhookPlan, *, retries: int = 3,
+                schedule: Sequence[float] | None = None) -> None:
+        """Schedule a POST of ``body`` to ``url``; retried on non-2xx ``retries`` times, or
+        once per delay of ``schedule`` (simulated seconds) when given. ``headers``: fixed,
+        or signed per attempt (a :data:`Sign`)."""
+        sign: Sign = headers if callable(headers) else _fixed(headers)
+        delays = list(schedule) if schedule is not None else None
+        self._spawn(self._run(url, body, sign, plan,
+                              retries if delays is None else len(delays), delays))
 
     async def wait_for(self, count: int, timeout: float = 5.0, *,  # noqa: ASYNC109
                        outcome: Outcome | None = None) -> list[Delivery]:
@@ -99,16 +123,19 @@ class Webhooks:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, url: str, body: bytes, headers: dict[str, str], plan: WebhookPlan,
-                   retries: int) -> None:
+    def _now(self) -> int:
+        return int(self._clock.now())
+
+    async def _run(self, url: str, body: bytes, sign: Sign, plan: WebhookPlan,
+                   retries: int, delays: list[float] | None) -> None:
         if plan.drop:
-            await self._record(url, None, 0, "dropped", body, headers)
+            await self._record(url, None, 0, "dropped", body, sign(self._now()))
             return
         if plan.out_of_order:
             await self._hold(url)
-        if await self._attempts(url, body, headers, plan, retries):
+        if await self._attempts(url, body, sign, plan, retries, delays):
             for _ in range(plan.duplicates):
-                await self._post(url, body, headers, attempt=1, duplicate=True)
+                await self._post(url, body, sign(self._now()), attempt=1, duplicate=True)
 
     async def _hold(self, url: str) -> None:
         """Hold this delivery until another one to ``url`` was sent (or ``hold_s``)."""
@@ -118,16 +145,23 @@ class Webhooks:
                 await asyncio.wait_for(
                     self._cond.wait_for(lambda: self._sent.get(url, 0) > seen), self.hold_s)
 
-    async def _attempts(self, url: str, body: bytes, headers: dict[str, str],
-                        plan: WebhookPlan, retries: int) -> bool:
+    async def _attempts(self, url: str, body: bytes, sign: Sign, plan: WebhookPlan,
+                        retries: int, delays: list[float] | None) -> bool:
         for attempt in range(1, retries + 2):
+            headers = sign(self._now())  # each attempt signed with its own timestamp
             if attempt <= plan.fail_first:
                 await self._record(url, None, attempt, "simulated_failure", body, headers)
             elif await self._post(url, body, headers, attempt=attempt):
                 return True
             if attempt <= retries:
-                await asyncio.sleep(self.retry_base_s * 2 ** (attempt - 1))
+                await self._pause(attempt, delays)
         return False
+
+    async def _pause(self, attempt: int, delays: list[float] | None) -> None:
+        if delays is None:
+            await asyncio.sleep(self.retry_base_s * 2 ** (attempt - 1))
+        else:
+            await self._clock.sleep(delays[attempt - 1], scale=self.schedule_scale)
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], *, attempt: int,
                     duplicate: bool = False) -> bool:
