@@ -112,7 +112,12 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     ``"html"`` serves an HTML error page (200, ``text/html``) where the media should be;
     ``media_redirect`` makes every media URL answer ``302`` to that location;
     ``media_status`` makes it answer that HTTP status; ``cost`` is the cost reported where
-    the provider reports one (e.g. a negative one)."""
+    the provider reports one (e.g. a negative one).
+
+    Other result shapes: ``output`` is the task's output as the provider's JSON (a
+    Replicate language model's token list, a string, ``data:`` URIs) instead of minted
+    media; ``stop_reason`` is how a language model's answer stops (``max_tokens``,
+    ``tool_use``, ``pause_turn``, ...)."""
 
     steps: list[Step] = msgspec.field(default_factory=_default_steps)
     end: Literal["succeeded", "failed", "stuck", "vanished"] = "succeeded"
@@ -123,6 +128,8 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     media_redirect: str | None = None
     media_status: int | None = None
     cost: float | None = None
+    output: Any = None
+    stop_reason: str | None = None
     error: str = "generation failed"
     error_code: str | None = None
     webhook: WebhookPlan = WebhookPlan()
