@@ -20,6 +20,8 @@ from engine.db import connect, resolve_database_url
 from engine.errors import CallwardenError
 from engine.migrate import migrate
 from engine.status import print_status
+from providers.simulator.core import KEY_HELP
+from providers.simulator.core import add_arguments as add_simulator_arguments
 
 __all__ = ["COMMAND_MODULES", "main"]
 
@@ -48,9 +50,9 @@ async def _status(args: argparse.Namespace, url: str) -> int:
 
 
 def _simulator(args: argparse.Namespace) -> int:
-    from providers.simulator import main as sim_main
+    from providers.simulator.core import forwarded, main
 
-    return sim_main(["--host", args.host, "--port", str(args.port)])
+    return main(forwarded(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(handler=_migrate)
     sub.add_parser("status", help="migrations applied; jobs by status and call state"
                    ).set_defaults(handler=_status)
-    sim = sub.add_parser("simulator", help="run the provider simulator on 127.0.0.1")
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=8080)
+    sim = sub.add_parser("simulator", help="run the provider simulator on 127.0.0.1",
+                         description="Run the provider simulator (KIE, Replicate, "
+                                     "ElevenLabs, Anthropic) on one port.",
+                         epilog=KEY_HELP)
+    add_simulator_arguments(sim, default_port=8080)
     sim.set_defaults(sync_handler=_simulator)
     for name in COMMAND_MODULES:
         try:

@@ -30,6 +30,7 @@ from engine.cli_worker import media_allow_hosts
 from engine.config import CallConfig
 from engine.db import default_data_dir, open_pool
 from engine.metrics import start_metrics_server
+from engine.pricing import pricing_from_env
 from engine.reconcile_config import load_config
 from engine.reconciler import Counts, Reconciler
 from providers.base import ProviderSettings
@@ -74,6 +75,7 @@ def _print(counts: Counts, as_json: bool) -> None:
 
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
+    pricing = pricing_from_env(os.environ)
     _log_to_stderr()
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
@@ -82,7 +84,8 @@ async def handler(args: argparse.Namespace, url: str) -> int:
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
                                 config=config, call_config=CallConfig(
-                                    media_allow_hosts=media_allow_hosts(os.environ)))
+                                    media_allow_hosts=media_allow_hosts(os.environ)),
+                                pricing=pricing)
         if args.once:
             counts = await reconciler.reconcile_once()
             _print(counts, args.json)

@@ -28,6 +28,7 @@ from engine.db import default_data_dir, open_pool
 from engine.errors import ConfigError
 from engine.finalize import Finalizer
 from engine.identity import incarnation
+from engine.pricing import pricing_from_env
 from engine.reconcile_config import load_config
 from engine.web_app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import WebhookConfig
@@ -77,6 +78,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
     store = store_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
     config = service_config(args, settings)
+    pricing = pricing_from_env(env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -84,7 +86,8 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=args.pool_size) as pool, \
             aiohttp.ClientSession() as session:
         finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
-                              config=CallConfig(media_allow_hosts=media_allow_hosts(env)))
+                              config=CallConfig(media_allow_hosts=media_allow_hosts(env)),
+                              pricing=pricing)
 
         async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
             return await poll_task(kind, task_id, session, settings, created_at=created_at)

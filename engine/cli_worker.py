@@ -25,6 +25,7 @@ from engine.db import connect, default_data_dir
 from engine.errors import ConfigError
 from engine.jobs import create_job
 from engine.metrics import start_metrics_server
+from engine.pricing import pricing_from_env
 from engine.queue import input_data
 from engine.worker import run_worker
 from providers.base import ProviderSettings
@@ -152,7 +153,8 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,
                             grace_s=args.grace, max_deliveries=args.max_deliveries,
-                            callback_base_url=os.environ.get("CALLWARDEN_CALLBACK_BASE_URL"))
+                            callback_base_url=os.environ.get("CALLWARDEN_CALLBACK_BASE_URL"),
+                            pricing=pricing_from_env(os.environ))
 
 
 async def _enqueue(args: argparse.Namespace, url: str) -> int:

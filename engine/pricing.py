@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +31,12 @@ import msgspec
 from engine.errors import ConfigError
 from providers.kinds import KINDS
 
-__all__ = ["ChargeReservation", "Pricing", "Rate", "RateTable", "load_pricing"]
+__all__ = ["PRICING_ENV", "ChargeReservation", "Pricing", "Rate", "RateTable", "load_pricing",
+           "pricing_from_env"]
+
+#: The environment variable naming a price list for the CLI processes (worker,
+#: reconcile, serve): all three must charge alike, so they read the same file.
+PRICING_ENV = "CALLWARDEN_PRICING_FILE"
 
 Usage = dict[str, float | str]
 
@@ -105,3 +111,11 @@ def load_pricing(path: Path) -> RateTable:
         raise ConfigError(f"cannot read pricing {path}: {exc}") from exc
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid pricing {path}: {exc}") from exc
+
+
+def pricing_from_env(env: Mapping[str, str]) -> Pricing:
+    """The price list named by ``CALLWARDEN_PRICING_FILE``, else
+    :class:`ChargeReservation`. A file that cannot be read or validated is a
+    :class:`~engine.errors.ConfigError` at start, never a silent fall back to the default."""
+    path = env.get(PRICING_ENV, "").strip()
+    return load_pricing(Path(path)) if path else ChargeReservation()

@@ -34,6 +34,7 @@ from engine.config import CallConfig
 from engine.db import open_pool
 from engine.errors import CallwardenError
 from engine.finalize import Pool
+from engine.pricing import Pricing
 from engine.queue import Claimed, JobSpec, ack, claim, extend, parse_job, reject
 from engine.store import load
 from engine.webhooks import CallbackUrls
@@ -50,15 +51,17 @@ async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
                      concurrency: int, visibility_s: float, poll_empty_s: float,
                      stop: asyncio.Event, config: CallConfig | None = None,
                      grace_s: float = 30.0, max_deliveries: int = 5,
-                     callback_base_url: str | None = None) -> int:
+                     callback_base_url: str | None = None,
+                     pricing: Pricing | None = None) -> int:
     """Run the worker until ``stop`` is set; 0 once in-flight calls are done.
     ``callback_base_url``: where ``callwarden serve`` receives webhooks (then each call
-    gets a per-job callback URL with a secret token); unset, calls are only polled."""
+    gets a per-job callback URL with a secret token); unset, calls are only polled.
+    ``pricing``: what a completed call is charged (:mod:`engine.pricing`)."""
     callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
     async with open_pool(url, max_size=concurrency + 2) as pool, \
             aiohttp.ClientSession() as session:
         runner = CallRunner(pool, session, settings, store, config=config,
-                            callback_url=callbacks)
+                            callback_url=callbacks, pricing=pricing)
         worker = Worker(pool, runner, concurrency=concurrency, visibility_s=visibility_s,
                         poll_empty_s=poll_empty_s, grace_s=grace_s,
                         max_deliveries=max_deliveries, callbacks=callbacks)

@@ -319,16 +319,60 @@ async def running_simulator(
         await runner.cleanup()
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m providers.simulator",
-                                     description="Run the provider simulator.")
+#: How each provider's client presents the key, so a user can point any client here.
+KEY_HEADERS: Mapping[str, str] = {
+    "anthropic": "x-api-key: {key}",
+    "elevenlabs": "xi-api-key: {key}",
+    "kie": "Authorization: Bearer {key}",
+    "replicate": "Authorization: Bearer {key}",
+}
+
+KEY_HELP = ("Every provider route wants the one key given by --api-key (default 'sim-key'), "
+            "sent the way the real API wants it: " + "; ".join(
+                f"{name} '{header.format(key='<key>')}'" for name, header in KEY_HEADERS.items())
+            + ". A request without it, or with another, is answered 401 in that provider's "
+            "own error shape (KIE: code 401 in its 200 envelope; KIE, like its Cloudflare "
+            "front, also wants a User-Agent). The URLs, key headers and webhook signing "
+            "secrets are printed at start.")
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    """The simulator's options, shared by ``python -m providers.simulator`` and
+    ``callwarden simulator``."""
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--api-key", default="sim-key")
+    parser.add_argument("--port", type=int, default=default_port)
+    parser.add_argument("--api-key", default="sim-key",
+                        help="the key every provider route accepts (default: sim-key)")
     parser.add_argument("--clock-factor", type=float, default=1.0,
                         help="simulated seconds per real second (e.g. 60 for demos)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the simulator's randomness (ids, webhook secrets)")
+
+
+def forwarded(args: argparse.Namespace) -> list[str]:
+    """``args`` (parsed by :func:`add_arguments`) as an argv for :func:`main`."""
+    return ["--host", args.host, "--port", str(args.port), "--api-key", args.api_key,
+            "--clock-factor", str(args.clock_factor), "--seed", str(args.seed)]
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m providers.simulator",
+                                     description="Run the provider simulator.",
+                                     epilog=KEY_HELP)
+    add_arguments(parser, default_port=8765)
     return parser.parse_args(argv)
+
+
+def describe(sim: Simulator) -> list[str]:
+    """What a client needs to talk to ``sim``: each provider's URL and key header, and
+    the secret each provider signs its webhooks with."""
+    lines = []
+    for name in sorted(sim.modules):
+        header = KEY_HEADERS.get(name, "{key}").format(key=sim.api_key)
+        lines.append(f"  {name:<11} {sim.provider_url(name)}  key header '{header}'")
+    for name, secret in sorted(sim.webhook_secrets.items()):
+        lines.append(f"  {name:<11} webhook signing secret {secret}")
+    return lines
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -336,6 +380,7 @@ async def _serve(args: argparse.Namespace) -> None:
                                  clock_factor=args.clock_factor, seed=args.seed) as rs:
         print(f"simulator listening on {rs.base_url} "
               f"(providers: {', '.join(sorted(rs.sim.modules)) or 'none'})", flush=True)
+        print("\n".join(describe(rs.sim)), flush=True)
         await asyncio.Event().wait()
 
 

@@ -61,7 +61,8 @@ class Workers:
         self.db_url, self.sim, self.tmp_path = db_url, sim, tmp_path
         self.started: list[WorkerProcess] = []
 
-    def env(self, failpoints: str | None) -> dict[str, str]:
+    def env(self, failpoints: str | None, extra: dict[str, str] | None = None
+            ) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("CALLWARDEN_", "AWS_")) and k not in KEY_VARS}
         env["DATABASE_URL"] = self.db_url
@@ -70,15 +71,16 @@ class Workers:
         env.update(dict.fromkeys(KEY_VARS, self.sim.sim.api_key))
         if failpoints:
             env["CALLWARDEN_FAILPOINTS"] = failpoints
+        env.update(extra or {})
         return env
 
-    async def start(self, args: Sequence[str], *, failpoints: str | None = None
-                    ) -> WorkerProcess:
+    async def start(self, args: Sequence[str], *, failpoints: str | None = None,
+                    env: dict[str, str] | None = None) -> WorkerProcess:
         log = self.tmp_path / f"worker-{len(self.started) + 1}.log"
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "engine.cli", "worker", *args,
-                env=self.env(failpoints), cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+                env=self.env(failpoints, env), cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
                 stdout=err, stderr=err)
         worker = WorkerProcess(proc, log)
         self.started.append(worker)

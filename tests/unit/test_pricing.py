@@ -1,0 +1,111 @@
+"""The pricing hook (pure): price lists, their files, and the environment variable."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.errors import ConfigError
+from engine.pricing import (
+    PRICING_ENV,
+    ChargeReservation,
+    Rate,
+    RateTable,
+    load_pricing,
+    pricing_from_env,
+)
+
+TABLE = RateTable(rates=(
+    Rate(kind="anthropic-sync", unit="input_tokens", credits=1, per=1000),
+    Rate(kind="anthropic-sync", unit="output_tokens", credits=5, per=1000),
+    Rate(kind="anthropic-sync", model="claude-opus-4-1", unit="output_tokens", credits=25,
+         per=1000),
+    Rate(kind="replicate-prediction", unit="predict_time_s", credits=2),
+    Rate(kind="kie-standard", unit="call", credits=3),
+))
+
+
+def test_rates_add_up_per_unit() -> None:
+    usage: dict[str, float | str] = {"input_tokens": 2000, "output_tokens": 400,
+                                     "model": "claude-sonnet-4-6"}
+    assert TABLE.charge("anthropic-sync", usage, None) == 2 + 2
+
+
+def test_a_rate_naming_the_model_wins_over_the_generic_ones() -> None:
+    usage: dict[str, float | str] = {"input_tokens": 2000, "output_tokens": 400,
+                                     "model": "claude-opus-4-1"}
+    assert TABLE.charge("anthropic-sync", usage, None) == 10
+
+
+def test_a_per_call_rate_needs_no_usage() -> None:
+    assert TABLE.charge("kie-standard", {}, None) == 3
+
+
+def test_no_matching_rate_or_unit_charges_the_reservation() -> None:
+    assert TABLE.charge("elevenlabs-sync", {"characters": 100}, None) is None
+    assert TABLE.charge("replicate-prediction", {"model": "x"}, None) is None
+    assert ChargeReservation().charge("kie-standard", {"x": 1}, 5.0) is None
+
+
+@given(st.dictionaries(st.sampled_from(["input_tokens", "output_tokens", "model",
+                                        "predict_time_s", "other"]),
+                       st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                                 st.integers(-10**9, 10**9), st.text(max_size=5))))
+def test_a_charge_is_never_negative_or_not_finite(usage: dict[str, float | str]) -> None:
+    """Invariant: whatever usage a provider reports (negative, NaN, infinite, strings),
+    a price list charges ``None`` (the reservation) or a finite amount >= 0."""
+    for kind in ("anthropic-sync", "replicate-prediction", "kie-standard"):
+        charge = TABLE.charge(kind, usage, None)
+        assert charge is None or (math.isfinite(charge) and charge >= 0)
+
+
+@pytest.mark.parametrize("rate", [
+    {"kind": "kie-nonesuch", "unit": "call", "credits": 1},
+    {"kind": "kie-standard", "unit": "call", "credits": -1},
+    {"kind": "kie-standard", "unit": "call", "credits": float("inf")},
+    {"kind": "kie-standard", "unit": "call", "credits": 1, "per": 0},
+])
+def test_a_bad_rate_is_a_config_error(tmp_path: Path, rate: dict[str, object]) -> None:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"rates": [rate]}), encoding="utf-8")
+    with pytest.raises(ConfigError):
+        load_pricing(path)
+
+
+def test_price_lists_load_from_toml_and_json(tmp_path: Path) -> None:
+    toml = tmp_path / "p.toml"
+    toml.write_text('[[rates]]\nkind = "kie-standard"\nunit = "call"\ncredits = 3\n',
+                    encoding="utf-8")
+    js = tmp_path / "p.json"
+    js.write_text('{"rates": [{"kind": "kie-standard", "unit": "call", "credits": 3}]}',
+                  encoding="utf-8")
+    assert load_pricing(toml) == load_pricing(js)
+    assert load_pricing(toml).charge("kie-standard", {}, None) == 3
+
+
+@pytest.mark.parametrize("text", ["not toml [", '[[rates]]\nkind = "kie-standard"\n',
+                                  '[[rates]]\nkind = "kie-standard"\nunit = "call"\n'
+                                  'credits = 1\nsurprise = 2\n'])
+def test_an_unreadable_price_list_is_a_config_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError):
+        load_pricing(path)
+    with pytest.raises(ConfigError):
+        load_pricing(tmp_path / "missing.toml")
+
+
+def test_the_environment_names_the_price_list(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[[rates]]\nkind = "kie-standard"\nunit = "call"\ncredits = 3\n',
+                    encoding="utf-8")
+    assert isinstance(pricing_from_env({}), ChargeReservation)
+    assert isinstance(pricing_from_env({PRICING_ENV: "  "}), ChargeReservation)
+    assert pricing_from_env({PRICING_ENV: str(path)}) == load_pricing(path)
+    with pytest.raises(ConfigError):
+        pricing_from_env({PRICING_ENV: str(tmp_path / "missing.toml")})
