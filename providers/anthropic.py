@@ -16,14 +16,17 @@ HTTP  ``error.type``          raised
 403   permission_error        AuthenticationError
 404   not_found_error         BadRequest (a wrong model or path, not a task)
 413   request_too_large       BadRequest
-429   rate_limit_error        RateLimited (``retry-after-ms``, else ``retry-after``) — but
+429   rate_limit_error        RateLimited (``retry-after``; ``retry-after-ms`` first, as the
+                              SDK reads it, though the API was never seen sending it) — but
                               a spend cap (``error.details.error_code =
                               enforced_spend_limit_reached``, or ``billing_error``) is
                               InsufficientCredits: no retry succeeds before it resets
 500   api_error               TransientError
 504   timeout_error           TransientError
-529   overloaded_error        TransientError
+529   overloaded_error        TransientError (often without ``retry-after``)
 ====  ======================  =======================
+
+A ``retry-after`` on a 200 (recorded live) is ignored: only error answers are read for it.
 
 ``x-should-retry: false`` makes any of them terminal (a plain ``ProviderError`` in place of
 a transient one); ``x-should-retry: true`` makes a terminal one transient. The message keeps

@@ -82,8 +82,10 @@ async def test_unknown_model_is_a_bad_request_not_a_task(
     assert (info.value.status, info.value.code) == (404, "not_found_error")
 
 
-async def test_rate_limited_then_succeeds_after_retry_after_ms(
+async def test_rate_limited_then_succeeds_after_retry_after(
         sim: RunningSimulator, http: aiohttp.ClientSession) -> None:
+    # The API sends ``retry-after`` in seconds on a 429; ``retry-after-ms`` is read by the
+    # SDK but was never seen from the API, so the simulator does not send it.
     sim.sim.faults.arm("anthropic", "call", Fault(kind="rate_limit", retry_after=3))
     sleep = FakeSleep()
     outcome = await client(sim, http, sleep=sleep).call(REQUEST)
