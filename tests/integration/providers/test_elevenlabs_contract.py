@@ -28,6 +28,7 @@ from providers.errors import (
 )
 from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.simulator.core import Fault, RunningSimulator
+from providers.simulator.elevenlabs import CHARACTER_COST
 from providers.transport import RetryPolicy, send
 
 POLICY = RetryPolicy(timeout_s=5.0, base_delay_s=0.01)
@@ -82,8 +83,9 @@ async def test_dub_progresses_to_dubbed_and_its_audio_downloads_with_the_key(
     assert url == sim.url("elevenlabs", f"/v1/dubbing/{dubbing_id}/audio/es")
     async with http.get(url, headers=media_auth_headers(sim.settings.elevenlabs)) as resp:
         assert resp.status == 200
-        assert resp.content_type == "audio/mpeg"
-        assert (await resp.read()).startswith(b"ID3")
+        # DUB's file is an MP4 video: the OpenAPI serves such a dub as video/mp4
+        assert resp.content_type == "video/mp4"
+        assert (await resp.read())[4:8] == b"ftyp"
     async with http.get(url) as resp:
         assert resp.status == 401
 
@@ -97,7 +99,8 @@ async def test_dub_audio_is_not_ready_before_dubbed(
         await send(http, "GET", url, provider="elevenlabs", classify=classify_elevenlabs,
                    policy=RetryPolicy(max_attempts=1),
                    headers=media_auth_headers(sim.settings.elevenlabs))
-    assert (info.value.status, info.value.code) == (425, "dubbing_not_ready")
+    # the OpenAPI's flat 425 body: {"error": "dubbing_not_dubbed", "message": ...}
+    assert (info.value.status, info.value.code) == (425, "dubbing_not_dubbed")
 
 
 async def test_resume_from_the_journal_never_posts_a_second_dub(
@@ -178,7 +181,8 @@ async def test_wrong_key_is_an_authentication_error(
         sim: RunningSimulator, http: aiohttp.ClientSession) -> None:
     with pytest.raises(AuthenticationError) as info:
         await dubbing(sim, http, api_key="wrong").create(DUB)
-    assert info.value.code == "invalid_api_key"
+    # live: code "unauthorized", legacy status "invalid_api_key" (fixture error_401)
+    assert info.value.code == "unauthorized"
 
 
 # ------------------------------------------------------------------ sync operations
@@ -200,7 +204,8 @@ async def test_sync_operation_succeeds(sim: RunningSimulator, http: aiohttp.Clie
     assert isinstance(outcome, Succeeded)
     if expect == "blob":
         assert outcome.blobs[0].content_type == "audio/mpeg"
-        assert outcome.cost == len(request_["text"])
+        # the reported character-cost header, not the text's length
+        assert outcome.cost == CHARACTER_COST[request_["operation"]]
     elif expect == "text":
         assert outcome.text
     elif expect == "previews":
@@ -283,8 +288,11 @@ async def test_sync_hang_times_out(sim: RunningSimulator, http: aiohttp.ClientSe
 
 async def test_responses_carry_concurrency_headers(
         sim: RunningSimulator, http: aiohttp.ClientSession) -> None:
-    url = sim.url("elevenlabs", "/v1/sound-generation")
-    async with http.post(url, json={"text": "boom"},
+    # recorded on speech-to-text (the live sound-generation answer has none)
+    url = sim.url("elevenlabs", "/v1/speech-to-text")
+    form = aiohttp.FormData({"model_id": "scribe_v1"})
+    form.add_field("file", b"RIFFaudio", filename="a.wav")
+    async with http.post(url, data=form,
                          headers=media_auth_headers(sim.settings.elevenlabs)) as resp:
         assert resp.status == 200
         assert resp.headers["current-concurrent-requests"] == "1"
