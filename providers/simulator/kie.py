@@ -1,11 +1,17 @@
-"""Simulated KIE.ai (reference §1–§10, §15 items 6–12): the six task families, ``kie-llm``
-and the credit endpoint, byte-shape faithful.
+"""Simulated KIE.ai: the six task families, ``kie-llm`` and the credit endpoint, in the
+shapes of ``tests/fixtures/providers/kie`` (bodies: :mod:`providers.simulator.kie_render`;
+sources and evidence: each fixture and the research notes, ``/work/notes/kie.md``).
 
-- API errors are HTTP 200 with ``{"code", "msg", "data"}``; a wrong or missing
-  ``Authorization: Bearer`` answers in-body ``code 401``; no ``User-Agent`` at all gets
-  Cloudflare's bare HTTP 403 ``error code: 1010``.
-- Unknown ids: ``code 422 "recordInfo is null"`` (Suno: ``code 200, data null``); the same
-  answer for a ``vanished`` script end and, transiently, for the first
+- API errors are HTTP 200 with ``{"code", "msg"[, "data"]}`` as the recordInfo OpenAPI
+  examples give them [C]: a wrong or missing ``Authorization: Bearer`` is
+  ``{"code": 401, "msg": "Unauthorized"}``, a poll without ``taskId`` is
+  ``{"code": 400, "msg": "taskId parameter is required"}``, an in-body rate limit
+  ``{"code": 429, "msg": "Rate limit exceeded"}`` (no ``data`` key in these three), a
+  server error ``{"code": 500, "msg": "Server Error - ...", "data": null}``. No
+  ``User-Agent`` at all gets Cloudflare's bare HTTP 403 ``error code: 1010``. Envelopes are
+  sent as ``application/json;charset=UTF-8``, as recorded live [O].
+- Unknown ids: ``code 422 "recordInfo is null"`` [C] (Suno: ``code 200, data null`` [O]);
+  the same answer for a ``vanished`` script end and, transiently, for the first
   ``script.not_found_first_polls`` polls after creation.
 - Script phases map to each family's vocabulary (:mod:`providers.simulator.kie_render`).
   ``script.error_code`` picks variants: Luma ``"4"`` on success (CALLBACK_FAILED with URLs),
@@ -13,17 +19,30 @@ and the credit endpoint, byte-shape faithful.
   failure status, ``"2"`` for successFlag 2; otherwise it is the family's error code.
 - Callbacks: a task created with a ``callBackUrl`` is driven in the background (without
   counting polls, so time-based steps progress when nobody polls) and also checked on
-  every poll; the terminal callback (Suno: ``text`` stage, then ``complete`` or ``error``)
-  is sent once, signed with ``kie_sign`` (``X-Webhook-Timestamp``/``X-Webhook-Signature``),
-  through ``sim.webhooks`` with the script's webhook plan.
+  every poll. Each callback is sent once: the terminal one, and for Suno every stage the
+  task reaches (``text``, ``first``, ``complete``) or ``error``. Delivery follows KIE's
+  schedule through ``sim.webhooks``: a failed attempt is retried after 1, 5 and 15 minutes
+  of simulated time (:data:`RETRY_SCHEDULE_S`), then given up ("after 3 consecutive failed
+  retries the system stops sending" [C]). The intervals are what the issue and
+  providers.md:24 state for KIE; the research could not find them in any reachable copy of
+  KIE's callback pages (only the 3 retries and the 15 s answer deadline are documented), so
+  they are unverified. Every attempt is signed afresh with its own
+  ``X-Webhook-Timestamp`` and ``X-Webhook-Signature`` = base64(HMAC-SHA256(key,
+  ``taskId.timestamp``)) [C: docs.kie.ai/common-api/webhook-verification]; whether KIE
+  re-signs a retry is not documented. The 15 s answer deadline is not applied per
+  delivery: ``Webhooks`` has one client timeout for every provider.
 - ``kie-llm``: ``/claude/v1/messages`` answers an Anthropic message plus
-  ``credits_consumed`` (SSE unless ``"stream": false``, KIE's default being true),
-  ``/{model}/v1/chat/completions`` a ``chat.completion``; ``script.hang_s`` hangs first.
+  ``credits_consumed`` [O] without ``stop_sequence`` (SSE unless ``"stream": false``, KIE's
+  default being true [C]); ``/{model}/v1/chat/completions`` a ``chat.completion`` with a
+  top-level ``credits_consumed`` [C]; errors are real HTTP statuses with
+  ``{"error": {"message", "type"}}`` [C]; ``script.hang_s`` hangs first. (The live Claude
+  answer had no ``Content-Type`` at all; aiohttp always sends one, so it stays JSON.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -33,19 +52,24 @@ from aiohttp import web
 from providers.signing import kie_sign
 from providers.simulator.core import MAX_HANG_S, Phase, Script, Simulator, Task
 from providers.simulator.kie_render import (
+    ACCOUNT_CREDITS,
     CREATE_PATHS,
     POLL_PATHS,
     callback_body,
     new_task_id,
     render,
     suno_stage_body,
-    suno_status,
+    suno_stages_reached,
 )
+from providers.simulator.webhooks import Sign
 
-__all__ = ["NAME", "render_error", "routes"]
+__all__ = ["NAME", "RETRY_SCHEDULE_S", "render_error", "routes", "signer"]
 
 NAME: Final = "kie"
 JSON: Final = "application/json"
+ENVELOPE_TYPE: Final = "application/json;charset=UTF-8"  # as recorded live [O]
+RETRY_SCHEDULE_S: Final = (60.0, 300.0, 900.0)  # unverified, see the module docstring
+SERVER_ERROR: Final = "Server Error - An unexpected error occurred while processing the request"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _REQUIRED: Final[dict[str, tuple[str, ...]]] = {
@@ -54,14 +78,34 @@ _REQUIRED: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=msgspec.json.encode(data), content_type=JSON,
-                        headers=headers)
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None, *,
+          content_type: str = JSON) -> web.Response:
+    return web.Response(status=status, body=msgspec.json.encode(data),
+                        headers={**(headers or {}), "Content-Type": content_type})
+
+
+def _send_envelope(body: dict[str, Any], status: int = 200,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return _json(body, status, headers, content_type=ENVELOPE_TYPE)
 
 
 def envelope(code: int, msg: str, data: Any = None) -> web.Response:
     """KIE's HTTP 200 ``{"code", "msg", "data"}`` answer."""
-    return _json({"code": code, "msg": msg, "data": data})
+    return _send_envelope({"code": code, "msg": msg, "data": data})
+
+
+def _bare(code: int, msg: str) -> web.Response:
+    """A documented error example without a ``data`` key (400, 401, 429)."""
+    return _send_envelope({"code": code, "msg": msg})
+
+
+def error_body(code: int, message: str) -> dict[str, Any]:
+    """The documented body of an error ``code`` (429 and 500 have their own texts)."""
+    if code == 429:
+        return {"code": 429, "msg": "Rate limit exceeded"}
+    if code == 500:
+        return {"code": 500, "msg": SERVER_ERROR, "data": None}
+    return {"code": code, "msg": message, "data": None}
 
 
 def render_error(status: int, message: str, *, retry_after: float | None = None,
@@ -69,7 +113,7 @@ def render_error(status: int, message: str, *, retry_after: float | None = None,
     """In-body envelope (HTTP 200), except HTTP 429 and HTTP 5xx when not ``in_body``."""
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
     http = 200 if in_body or not (status == 429 or status >= 500) else status
-    return _json({"code": status, "msg": message, "data": None}, http, headers)
+    return _send_envelope(error_body(status, message), http, headers)
 
 
 def _gate(sim: Simulator, request: web.Request) -> web.Response | None:
@@ -77,7 +121,7 @@ def _gate(sim: Simulator, request: web.Request) -> web.Response | None:
     if not request.headers.get("User-Agent"):
         return web.Response(status=403, text="error code: 1010")
     if request.headers.get("Authorization") != f"Bearer {sim.api_key}":
-        return envelope(401, "You do not have access permissions")
+        return _bare(401, "Unauthorized")
     return None
 
 
@@ -113,14 +157,16 @@ def _problem(family: str, body: dict[str, Any]) -> str | None:
 # -- tasks ----------------------------------------------------------------------------------
 
 
-def _sign_headers(sim: Simulator, task_id: str) -> dict[str, str]:
-    headers = {"Content-Type": JSON}
-    secret = sim.webhook_secrets.get(NAME)
-    if secret:
-        ts = int(sim.clock.now())
-        headers["X-Webhook-Timestamp"] = str(ts)
-        headers["X-Webhook-Signature"] = kie_sign(secret, task_id, ts)
-    return headers
+def signer(secret: str | None, task_id: str) -> Sign:
+    """The headers of one callback attempt at unix second ``ts``: JSON, and with a webhook
+    HMAC key KIE's ``X-Webhook-Timestamp``/``X-Webhook-Signature`` for that second."""
+    def sign(ts: int) -> dict[str, str]:
+        headers = {"Content-Type": JSON}
+        if secret:
+            headers["X-Webhook-Timestamp"] = str(ts)
+            headers["X-Webhook-Signature"] = kie_sign(secret, task_id, ts)
+        return headers
+    return sign
 
 
 def _send_once(sim: Simulator, task: Task, stage: str, body: dict[str, Any]) -> None:
@@ -129,16 +175,16 @@ def _send_once(sim: Simulator, task: Task, stage: str, body: dict[str, Any]) -> 
         return
     sent.add(stage)
     sim.webhooks.deliver(task.callback_url, msgspec.json.encode(body),
-                         _sign_headers(sim, task.id), task.script.webhook)
+                         signer(sim.webhook_secrets.get(NAME), task.id), task.script.webhook,
+                         schedule=RETRY_SCHEDULE_S)
 
 
 def _callbacks(sim: Simulator, task: Task, phase: Phase) -> None:
     if task.family == "suno":
-        if suno_status(task, phase) == "TEXT_SUCCESS":
-            _send_once(sim, task, "text", suno_stage_body(sim, task, phase, "text"))
-        if phase.name in ("succeeded", "failed"):
-            stage = "complete" if phase.name == "succeeded" else "error"
-            _send_once(sim, task, stage, suno_stage_body(sim, task, phase, stage))
+        for stage in suno_stages_reached(task, phase):
+            _send_once(sim, task, stage, suno_stage_body(sim, task, stage))
+        if phase.name == "failed":
+            _send_once(sim, task, "error", suno_stage_body(sim, task, "error"))
         return
     if phase.name in ("succeeded", "failed"):
         _send_once(sim, task, "final", callback_body(sim, task, phase))
@@ -205,7 +251,7 @@ def _poll_handler(sim: Simulator, family: str) -> Handler:
             return denied
         task_id = request.query.get("taskId")
         if not task_id:
-            return envelope(400, "taskId parameter is required")
+            return _bare(400, "taskId parameter is required")
         task = sim.tasks.get(NAME, task_id)
         if task is None or task.family != family or _still_unknown(task):
             return not_found(family)
@@ -220,9 +266,21 @@ def _poll_handler(sim: Simulator, family: str) -> Handler:
 
 # -- kie-llm and account --------------------------------------------------------------------
 
+CLAUDE_CREDITS: Final = 0.02  # the recorded live answer's credits_consumed [O]
+CHAT_CREDITS: Final = 0.05
+
+
+class _LlmCall(msgspec.Struct, frozen=True, kw_only=True):
+    body: dict[str, Any]
+    script: Script
+
+    def credits(self, default: float) -> float:
+        """The cost the script asks for (a hostile one included), else ``default``."""
+        return default if self.script.cost is None else self.script.cost
+
 
 def _llm_error(status: int, kind: str, message: str) -> web.Response:
-    return _json({"error": {"type": kind, "message": message}}, status)
+    return _json({"error": {"message": message, "type": kind}}, status)
 
 
 def _reply_text(body: dict[str, Any]) -> str:
@@ -232,29 +290,30 @@ def _reply_text(body: dict[str, Any]) -> str:
     return f"Simulated reply to: {str(content)[:80]}"
 
 
-def _script_cost(sim: Simulator, body: dict[str, Any], default: float) -> float:
-    """The cost the request's ``_sim`` script asks for (a hostile one included)."""
-    cost = sim.script_for(NAME, body).cost if "_sim" in body else None
-    return default if cost is None else cost
-
-
-def _anthropic_message(sim: Simulator, body: dict[str, Any]) -> dict[str, Any]:
-    text = _reply_text(body)
-    return {"id": f"msg_{sim.rng.getrandbits(96):024x}", "type": "message",
-            "role": "assistant", "model": body["model"],
+def _anthropic_message(sim: Simulator, call: _LlmCall) -> dict[str, Any]:
+    """The live shape: no ``stop_sequence``, usage with only the two token counts, an id
+    ``msg_<uuid>``, and ``credits_consumed`` [O]."""
+    text = _reply_text(call.body)
+    msg_id = uuid.UUID(int=sim.rng.getrandbits(128), version=4)
+    return {"id": f"msg_{msg_id}", "type": "message",
+            "role": "assistant", "model": call.body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-            "stop_sequence": None, "usage": {"input_tokens": 13, "output_tokens": len(text)},
-            "credits_consumed": _script_cost(sim, body, 0.02)}
+            "usage": {"input_tokens": 13, "output_tokens": len(text)},
+            "credits_consumed": call.credits(CLAUDE_CREDITS)}
 
 
-def _chat_completion(sim: Simulator, body: dict[str, Any]) -> dict[str, Any]:
-    text = _reply_text(body)
+def _chat_completion(sim: Simulator, call: _LlmCall, model: str) -> dict[str, Any]:
+    """The documented gemini-3.1-pro chat answer: a ``chat.completion`` plus a top-level
+    ``credits_consumed`` and ``usage.completion_tokens_details`` [C]."""
+    text = _reply_text(call.body)
+    details = {"audio_tokens": 0, "text_tokens": len(text), "reasoning_tokens": 0}
     return {"id": f"chatcmpl-{sim.rng.getrandbits(96):024x}", "object": "chat.completion",
-            "created": int(sim.clock.now()), "model": body["model"],
+            "created": int(sim.clock.now()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 13, "completion_tokens": len(text),
-                      "total_tokens": 13 + len(text)}}
+                      "completion_tokens_details": details, "total_tokens": 13 + len(text)},
+            "credits_consumed": call.credits(CHAT_CREDITS)}
 
 
 async def _sse(request: web.Request, events: list[tuple[str | None, Any]]) -> web.StreamResponse:
@@ -288,35 +347,33 @@ def _chat_events(done: dict[str, Any]) -> list[tuple[str | None, Any]]:
             (None, "[DONE]")]
 
 
-async def _llm_prelude(sim: Simulator, request: web.Request
-                       ) -> tuple[dict[str, Any] | None, web.Response | None]:
+async def _llm_prelude(sim: Simulator, request: web.Request) -> _LlmCall | web.Response:
     """Auth, body, script (hang, scripted failure) and validation of an LLM call."""
     if request.headers.get("Authorization") != f"Bearer {sim.api_key}":
-        return None, _llm_error(401, "authentication_error", "invalid x-api-key")
+        return _llm_error(401, "authentication_error", "Invalid or missing API key")
     body = await _body(request)
     if body is None:
-        return None, _llm_error(400, "invalid_request_error", "body must be a JSON object")
+        return _llm_error(400, "invalid_request_error", "body must be a JSON object")
     script = sim.script_for(NAME, body)
     if script.hang_s:
         await asyncio.sleep(min(script.hang_s, MAX_HANG_S))
     if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
-        return None, _llm_error(400, "invalid_request_error", "model and messages are required")
+        return _llm_error(400, "invalid_request_error", "model and messages are required")
     if script.end == "failed":
         digits = script.error_code or ""
         code = int(digits) if digits.isdigit() else 400
         kind = "invalid_request_error" if code < 500 else "api_error"
-        return None, _llm_error(code, kind, script.error)
-    return body, None
+        return _llm_error(code, kind, script.error)
+    return _LlmCall(body=body, script=script)
 
 
 def _messages_handler(sim: Simulator) -> Handler:
     async def messages(request: web.Request) -> web.StreamResponse:
-        body, error = await _llm_prelude(sim, request)
-        if body is None:
-            assert error is not None
-            return error
-        msg = _anthropic_message(sim, body)
-        if body.get("stream", True) is not False:
+        call = await _llm_prelude(sim, request)
+        if isinstance(call, web.Response):
+            return call
+        msg = _anthropic_message(sim, call)
+        if call.body.get("stream", True) is not False:
             return await _sse(request, _anthropic_events(msg))
         return _json(msg)
 
@@ -325,12 +382,11 @@ def _messages_handler(sim: Simulator) -> Handler:
 
 def _chat_handler(sim: Simulator) -> Handler:
     async def chat(request: web.Request) -> web.StreamResponse:
-        body, error = await _llm_prelude(sim, request)
-        if body is None:
-            assert error is not None
-            return error
-        done = _chat_completion(sim, {**body, "model": request.match_info["model"]})
-        if body.get("stream") is True:
+        call = await _llm_prelude(sim, request)
+        if isinstance(call, web.Response):
+            return call
+        done = _chat_completion(sim, call, request.match_info["model"])
+        if call.body.get("stream") is True:
             return await _sse(request, _chat_events(done))
         return _json(done)
 
@@ -339,7 +395,7 @@ def _chat_handler(sim: Simulator) -> Handler:
 
 def _credit_handler(sim: Simulator) -> Handler:
     async def credit(request: web.Request) -> web.StreamResponse:
-        return _gate(sim, request) or envelope(200, "success", 5916.25)
+        return _gate(sim, request) or envelope(200, "success", ACCOUNT_CREDITS)
 
     return credit
 

@@ -235,7 +235,7 @@ async def test_wrong_key_is_an_in_body_401(
 ) -> None:
     endpoint = msgspec.structs.replace(sim.settings.kie, api_key="wrong")
     client = KieTaskClient(http, endpoint, "kie-standard", FAST, FakeSleep())
-    with pytest.raises(AuthenticationError, match="access permissions"):
+    with pytest.raises(AuthenticationError, match="Unauthorized"):  # the documented text
         await client.create(REQUESTS["kie-standard"])
 
 
@@ -368,7 +368,7 @@ async def receiver() -> AsyncIterator[tuple[str, list[tuple[dict[str, Any], dict
 
 @pytest.mark.parametrize(("kind", "id_key", "stages"), [
     ("kie-standard", "taskId", [None]), ("kie-runway", "task_id", [None]),
-    ("kie-suno", "task_id", ["text", "complete"]),
+    ("kie-suno", "task_id", ["text", "first", "complete"]),
 ])
 async def test_signed_callbacks_arrive_without_any_poll(
     sim: RunningSimulator, http: aiohttp.ClientSession,
@@ -389,7 +389,7 @@ async def test_signed_callbacks_arrive_without_any_poll(
         verify_kie(sim.sim.webhook_secrets["kie"], task_id, headers, now=sim.sim.clock.now())
     if kind == "kie-suno":
         assert all(t["audio_url"] for t in by_stage["complete"]["data"]["data"])
-        assert not any(t["audio_url"] for t in by_stage["text"]["data"]["data"])
+        assert by_stage["text"]["data"]["data"] == []  # no tracks at the text stage
 
 
 # -- kie-llm --------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def llm(rs: RunningSimulator, http: aiohttp.ClientSession, *, timeout_s: float =
     return KieLlmClient(http, endpoint, "kie-llm", policy, FakeSleep())
 
 
-@pytest.mark.parametrize(("request_body", "cost"), [(LLM, 0.02), (CHAT, None)])
+@pytest.mark.parametrize(("request_body", "cost"), [(LLM, 0.02), (CHAT, 0.05)])
 async def test_llm_call_returns_text_and_credits(
     sim: RunningSimulator, http: aiohttp.ClientSession, request_body: dict[str, Any],
     cost: float | None,
