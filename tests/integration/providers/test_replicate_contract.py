@@ -245,17 +245,21 @@ async def test_training_to_missing_destination_is_a_bad_request(
         await trainings.create(request)
 
 
-async def test_prefer_wait_returns_the_finished_prediction(
-    sim: RunningSimulator, http: aiohttp.ClientSession,
+async def test_prefer_wait_returns_the_finished_output_still_processing(
+    sim: RunningSimulator, http: aiohttp.ClientSession, predictions: ReplicatePredictionClient,
 ) -> None:
+    """Live sync answers say ``processing`` with the output complete (files as data: URIs);
+    the prediction itself has succeeded, as the next GET shows."""
     headers = {"Authorization": "Bearer sim-key", "Prefer": "wait=5"}
     async with http.post(sim.url("replicate", "/v1/predictions"), headers=headers,
                          json=_request()) as resp:
         body = await resp.json()
         assert resp.status == 201
         assert resp.headers["Preference-Applied"] == "wait=5"
-    assert body["status"] == "succeeded"
+    assert body["status"] == "processing"
+    assert body["output"].startswith("data:image/png;base64,")
     assert body["urls"]["get"].endswith(f"/v1/predictions/{body['id']}")
+    assert isinstance(await predictions.poll(body["id"]), Succeeded)
 
 
 # --- webhooks ------------------------------------------------------------------------------
@@ -295,6 +299,9 @@ async def test_signed_webhooks_honour_filter_and_retry_only_terminal(
     statuses.extend([500, 500, 500])  # start is lost (never retried); completed retried twice
     request = {**_request(), "webhook_events_filter": ["start", "completed"]}
     await predictions.create(request, callback_url=url)
+    for attempts, delay in ((2, 5), (3, 15)):  # retries wait on the sim clock (5 s, 15 s)
+        await sim.sim.webhooks.wait_for(attempts, outcome="rejected")
+        sim.sim.clock.advance(delay)
     await sim.sim.webhooks.wait_for(1, outcome="delivered")
     await sim.sim.webhooks.drain()
     secret = await _secret(sim, http)
