@@ -1,5 +1,6 @@
 """The simulator's control API under ``/_sim``: arm faults, queue scripts, read the
-journal, move the clock, reset, and inspect a task. Never journaled, never faulted."""
+journal, move the clock, register an account-level webhook (ElevenLabs' workspace
+webhooks), reset, and inspect a task. Never journaled, never faulted."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class _FaultRequest(msgspec.Struct, kw_only=True):
 class _ScriptRequest(msgspec.Struct, kw_only=True):
     provider: str
     script: Script
+
+
+class _WebhookRequest(msgspec.Struct, kw_only=True):
+    provider: str
+    url: str
+    webhook_id: str | None = None
 
 
 class _AdvanceRequest(msgspec.Struct, kw_only=True):
@@ -67,6 +74,11 @@ def control_routes(sim: Simulator) -> list[web.RouteDef]:
         req = await _decode(request, _AdvanceRequest)
         return _ok({"now": sim.clock.advance(req.seconds)})
 
+    async def register_webhook(request: web.Request) -> web.Response:
+        req = await _decode(request, _WebhookRequest)
+        return _ok({"webhook_id": sim.register_webhook(req.provider, req.url,
+                                                       req.webhook_id)})
+
     async def reset(request: web.Request) -> web.Response:
         sim.reset()
         return _ok()
@@ -83,6 +95,7 @@ def control_routes(sim: Simulator) -> list[web.RouteDef]:
         web.post("/_sim/scripts", queue_script),
         web.get("/_sim/journal", journal),
         web.post("/_sim/clock/advance", advance),
+        web.post("/_sim/webhooks", register_webhook),
         web.post("/_sim/reset", reset),
         web.get("/_sim/tasks/{provider}/{task_id}", task),
     ]

@@ -133,6 +133,10 @@ class Simulator:
             "kie": _secret(self.rng, "", 16, b64=False),
             "elevenlabs": _secret(self.rng, "wsec_", 16, b64=False),
         }
+        # Webhooks registered with the provider account rather than per request (ElevenLabs'
+        # workspace webhooks): provider -> webhook_id -> url. Like the secrets, they are
+        # account settings, so reset() keeps them.
+        self.workspace_webhooks: dict[str, dict[str, str]] = {}
         self.modules: dict[str, ProviderModule] = {}
         self._scripts: dict[str, deque[Script]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -144,6 +148,13 @@ class Simulator:
     def provider_url(self, provider: str, path: str = "") -> str:
         """Absolute URL of ``path`` under ``provider``'s prefix on this simulator."""
         return f"{self.base_url}/{provider}{path}"
+
+    def register_webhook(self, provider: str, url: str, webhook_id: str | None = None) -> str:
+        """Register ``url`` as an account-level webhook of ``provider``; its id."""
+        hooks = self.workspace_webhooks.setdefault(provider, {})
+        webhook_id = webhook_id or f"{self.rng.getrandbits(80):020x}"
+        hooks[webhook_id] = url
+        return webhook_id
 
     def queue_script(self, provider: str, script: Script) -> None:
         """The next task created for ``provider`` (without ``_sim``) follows ``script``."""
@@ -167,18 +178,24 @@ class Simulator:
         return task
 
     def drive(self, task: Task, on_phase: OnPhase, *, interval_s: float = 0.02,
-              observe: bool = True) -> asyncio.Task[None]:
+              observe: bool = True,
+              observer: Callable[[], Phase] | None = None) -> asyncio.Task[None]:
         """Advance ``task`` in the background (one observation per tick when ``observe``)
         and await ``on_phase`` on each change of phase name, until a terminal phase.
-        For providers that call back: the task progresses even when nobody polls."""
-        return self.spawn(self._drive(task, on_phase, interval_s, observe))
+        For providers that call back: the task progresses even when nobody polls.
+        ``observer``: the provider's own observation (e.g. one that applies a deadline
+        first), in place of ``task.observe``/``task.peek``."""
+        def default() -> Phase:
+            now = self.clock.now()
+            return task.observe(now) if observe else task.peek(now)
 
-    async def _drive(self, task: Task, on_phase: OnPhase, interval_s: float,
-                     observe: bool) -> None:
+        return self.spawn(self._drive(observer or default, on_phase, interval_s))
+
+    async def _drive(self, observe: Callable[[], Phase], on_phase: OnPhase,
+                     interval_s: float) -> None:
         last: str | None = None
         while True:
-            now = self.clock.now()
-            phase = task.observe(now) if observe else task.peek(now)
+            phase = observe()
             if phase.name != last:
                 last = phase.name
                 await on_phase(phase)

@@ -65,7 +65,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
-from weakref import WeakKeyDictionary
 
 import msgspec
 from aiohttp import web
@@ -73,6 +72,7 @@ from aiohttp import web
 from providers.signing import elevenlabs_sign
 from providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
 from providers.simulator.media import fake_media
+from providers.simulator.webhooks import retry_server_errors
 
 __all__ = ["CHARACTER_COST", "CODE_STATUS", "MAX_CONCURRENT", "NAME", "clear_workspace_webhooks",
            "parse_multipart", "render_error", "routes", "set_workspace_webhook",
@@ -379,28 +379,21 @@ def _dubbing_routes(sim: Simulator) -> list[web.RouteDef]:
 
 # ------------------------------------------------------------------ workspace webhooks
 
-_WORKSPACE: WeakKeyDictionary[Simulator, dict[str, str]] = WeakKeyDictionary()
-
-
 def set_workspace_webhook(sim: Simulator, url: str, webhook_id: str | None = None) -> str:
     """Register ``url`` as a workspace webhook of ``sim`` subscribed to speech-to-text (what
     the dashboard or ``POST /v1/workspace/webhooks`` does upstream); return its
-    ``webhook_id``. Deliveries are signed with ``sim.webhook_secrets["elevenlabs"]``.
-    (Kept here, not on :class:`Simulator`, so :meth:`Simulator.reset` keeps it.)"""
-    hooks = _WORKSPACE.setdefault(sim, {})
-    webhook_id = webhook_id or uuid.uuid4().hex[:20]
-    hooks[webhook_id] = url
-    return webhook_id
+    ``webhook_id``. Deliveries are signed with ``sim.webhook_secrets["elevenlabs"]``."""
+    return sim.register_webhook(NAME, url, webhook_id)
 
 
 def workspace_webhooks(sim: Simulator) -> dict[str, str]:
     """``sim``'s workspace webhooks: ``webhook_id -> url``."""
-    return dict(_WORKSPACE.get(sim, {}))
+    return dict(sim.workspace_webhooks.get(NAME, {}))
 
 
 def clear_workspace_webhooks(sim: Simulator) -> None:
     """Forget ``sim``'s workspace webhooks (later STT webhook requests deliver nothing)."""
-    _WORKSPACE.pop(sim, None)
+    sim.workspace_webhooks.pop(NAME, None)
 
 
 # ------------------------------------------------------------------ sync endpoints
@@ -541,7 +534,8 @@ async def _deliver_transcription(call: _Call, request_id: str, urls: list[str]) 
                 "ElevenLabs-Signature": elevenlabs_sign(secret, ts, body)}
 
     for url in urls:
-        sim.webhooks.deliver(url, body, sign, call.script.webhook)
+        sim.webhooks.deliver(url, body, sign, call.script.webhook,
+                             retry_on=retry_server_errors)
 
 
 def _voice_clone(call: _Call) -> web.Response:

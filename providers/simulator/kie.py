@@ -69,6 +69,7 @@ NAME: Final = "kie"
 JSON: Final = "application/json"
 ENVELOPE_TYPE: Final = "application/json;charset=UTF-8"  # as recorded live [O]
 RETRY_SCHEDULE_S: Final = (60.0, 300.0, 900.0)  # unverified, see the module docstring
+CALLBACK_TIMEOUT_S: Final = 15.0  # "answer HTTP 200 within 15 s" [C]
 SERVER_ERROR: Final = "Server Error - An unexpected error occurred while processing the request"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -176,7 +177,7 @@ def _send_once(sim: Simulator, task: Task, stage: str, body: dict[str, Any]) -> 
     sent.add(stage)
     sim.webhooks.deliver(task.callback_url, msgspec.json.encode(body),
                          signer(sim.webhook_secrets.get(NAME), task.id), task.script.webhook,
-                         schedule=RETRY_SCHEDULE_S)
+                         schedule=RETRY_SCHEDULE_S, timeout_s=CALLBACK_TIMEOUT_S)
 
 
 def _callbacks(sim: Simulator, task: Task, phase: Phase) -> None:

@@ -71,7 +71,11 @@ class MediaHost:
 
     def is_expired(self, url: str) -> bool:
         """True when the URL is unknown or past its TTL (what a GET would answer 404 to)."""
-        return self.get(_token(url)) is None
+        return self.lookup(url) is None
+
+    def lookup(self, url: str) -> StoredMedia | None:
+        """The media a URL this host minted points at, unless expired or unknown."""
+        return self.get(_token(url))
 
     def get(self, token: str) -> StoredMedia | None:
         item = self._items.get(token)

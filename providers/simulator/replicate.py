@@ -363,7 +363,7 @@ def _produce_output(sim: Simulator, task: Task) -> Any:
 
 
 def _data_uri(sim: Simulator, url: str) -> str:
-    item = sim.media.get(url.rstrip("/").rsplit("/", 1)[-1])
+    item = sim.media.lookup(url)
     if item is None:
         return url
     return f"data:{item.content_type};base64,{base64.b64encode(item.data).decode()}"
@@ -450,25 +450,6 @@ def _send(sim: Simulator, task: Task, doc: Mapping[str, Any], *, terminal: bool)
                          schedule=RETRY_SCHEDULE_S if terminal else ())
 
 
-OnPhase = Callable[[Phase], Awaitable[None]]
-
-
-async def _follow(sim: Simulator, task: Task, on_phase: OnPhase) -> None:
-    """Advance ``task`` in the background and await ``on_phase`` on each change of phase,
-    until it ends. Like core's ``Simulator.drive``, except that the ``Cancel-After`` deadline is
-    applied before each observation: an observation made after the deadline must not move
-    the script past the point where the deadline fell."""
-    last: str | None = None
-    while True:
-        phase = _observe(sim, task)
-        if phase.name != last:
-            last = phase.name
-            await on_phase(phase)
-        if phase.terminal:
-            return
-        await asyncio.sleep(0.02)
-
-
 def _start_webhooks(sim: Simulator, task: Task, collection: str) -> None:
     events = set(task.extra["events"])
 
@@ -481,7 +462,9 @@ def _start_webhooks(sim: Simulator, task: Task, collection: str) -> None:
 
     if "start" in events:
         _send(sim, task, _start_body(task), terminal=False)
-    sim.spawn(_follow(sim, task, on_phase))
+    # The Cancel-After deadline is applied before each observation: one made after the
+    # deadline must not move the script past the point where the deadline fell.
+    sim.drive(task, on_phase, observer=lambda: _observe(sim, task))
 
 
 # --- requests ------------------------------------------------------------------------------

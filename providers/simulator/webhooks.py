@@ -10,7 +10,9 @@ before each retry, in simulated seconds — KIE's 1, 5 and 15 minutes; Replicate
 waited on the simulator's clock (real time at its factor, times ``schedule_scale``, which
 a demo sets to compress minutes into seconds); otherwise a short exponential backoff.
 ``headers`` may be a function of the attempt's timestamp: then every attempt, retries
-included, is signed afresh with its own timestamp, as the providers do.
+included, is signed afresh with its own timestamp, as the providers do. Which failures
+are retried (``retry_on``) and how long the provider waits for an answer (``timeout_s``:
+KIE 15 s) are per delivery too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
@@ -25,11 +28,14 @@ import msgspec
 
 from providers.simulator.model import Clock, WebhookPlan
 
-__all__ = ["Delivery", "Outcome", "Sign", "Webhooks"]
+__all__ = ["Delivery", "Outcome", "RetryOn", "Sign", "Webhooks", "retry_any_failure",
+           "retry_server_errors"]
 
 Outcome = Literal["delivered", "rejected", "error", "dropped", "simulated_failure"]
 Sign = Callable[[int], dict[str, str]]
 """The headers of one attempt, signed at its (simulated, unix seconds) timestamp."""
+RetryOn = Callable[[int | None], bool]
+"""Whether a failed attempt (its status; ``None``: no answer) is retried."""
 
 
 def _fixed(headers: Mapping[str, str]) -> Sign:
@@ -38,6 +44,28 @@ def _fixed(headers: Mapping[str, str]) -> Sign:
     def sign(_ts: int) -> dict[str, str]:
         return copy
     return sign
+
+
+def _ok(status: int | None) -> bool:
+    return status is not None and 200 <= status < 300
+
+
+def retry_any_failure(status: int | None) -> bool:
+    """Retry after no answer or any non-2xx answer (Replicate, KIE)."""
+    return True
+
+
+def retry_server_errors(status: int | None) -> bool:
+    """Retry after no answer or a 5xx only: a 4xx is final (ElevenLabs' STT webhooks)."""
+    return status is None or status >= 500
+
+
+@dataclass(frozen=True)
+class _Policy:
+    retries: int
+    delays: list[float] | None
+    timeout_s: float
+    retry_on: RetryOn
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,14 +104,18 @@ class Webhooks:
 
     def deliver(self, url: str, body: bytes, headers: Mapping[str, str] | Sign,
                 plan: WebhookPlan, *, retries: int = 3,
-                schedule: Sequence[float] | None = None) -> None:
-        """Schedule a POST of ``body`` to ``url``; retried on non-2xx ``retries`` times, or
-        once per delay of ``schedule`` (simulated seconds) when given. ``headers``: fixed,
-        or signed per attempt (a :data:`Sign`)."""
+                schedule: Sequence[float] | None = None, timeout_s: float | None = None,
+                retry_on: RetryOn = retry_any_failure) -> None:
+        """Schedule a POST of ``body`` to ``url``; retried ``retries`` times, or once per
+        delay of ``schedule`` (simulated seconds) when given, after each attempt whose
+        answer ``retry_on`` says to retry (its status; ``None``: no answer). ``headers``:
+        fixed, or signed per attempt (a :data:`Sign`). ``timeout_s``: how long the
+        provider waits for an answer (default: this instance's)."""
         sign: Sign = headers if callable(headers) else _fixed(headers)
         delays = list(schedule) if schedule is not None else None
-        self._spawn(self._run(url, body, sign, plan,
-                              retries if delays is None else len(delays), delays))
+        policy = _Policy(retries if delays is None else len(delays), delays,
+                         timeout_s if timeout_s is not None else self.timeout_s, retry_on)
+        self._spawn(self._run(url, body, sign, plan, policy))
 
     async def wait_for(self, count: int, timeout: float = 5.0, *,  # noqa: ASYNC109
                        outcome: Outcome | None = None) -> list[Delivery]:
@@ -127,15 +159,16 @@ class Webhooks:
         return int(self._clock.now())
 
     async def _run(self, url: str, body: bytes, sign: Sign, plan: WebhookPlan,
-                   retries: int, delays: list[float] | None) -> None:
+                   policy: _Policy) -> None:
         if plan.drop:
             await self._record(url, None, 0, "dropped", body, sign(self._now()))
             return
         if plan.out_of_order:
             await self._hold(url)
-        if await self._attempts(url, body, sign, plan, retries, delays):
+        if await self._attempts(url, body, sign, plan, policy):
             for _ in range(plan.duplicates):
-                await self._post(url, body, sign(self._now()), attempt=1, duplicate=True)
+                await self._post(url, body, sign(self._now()), attempt=1,
+                                 timeout_s=policy.timeout_s, duplicate=True)
 
     async def _hold(self, url: str) -> None:
         """Hold this delivery until another one to ``url`` was sent (or ``hold_s``)."""
@@ -146,15 +179,20 @@ class Webhooks:
                     self._cond.wait_for(lambda: self._sent.get(url, 0) > seen), self.hold_s)
 
     async def _attempts(self, url: str, body: bytes, sign: Sign, plan: WebhookPlan,
-                        retries: int, delays: list[float] | None) -> bool:
-        for attempt in range(1, retries + 2):
+                        policy: _Policy) -> bool:
+        for attempt in range(1, policy.retries + 2):
             headers = sign(self._now())  # each attempt signed with its own timestamp
+            status: int | None = None
             if attempt <= plan.fail_first:
                 await self._record(url, None, attempt, "simulated_failure", body, headers)
-            elif await self._post(url, body, headers, attempt=attempt):
-                return True
-            if attempt <= retries:
-                await self._pause(attempt, delays)
+            else:
+                status = await self._post(url, body, headers, attempt=attempt,
+                                          timeout_s=policy.timeout_s)
+                if _ok(status):
+                    return True
+            if attempt > policy.retries or not policy.retry_on(status):
+                return False
+            await self._pause(attempt, policy.delays)
         return False
 
     async def _pause(self, attempt: int, delays: list[float] | None) -> None:
@@ -164,21 +202,22 @@ class Webhooks:
             await self._clock.sleep(delays[attempt - 1], scale=self.schedule_scale)
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], *, attempt: int,
-                    duplicate: bool = False) -> bool:
+                    timeout_s: float, duplicate: bool = False) -> int | None:
+        """POST once; the answer's status (``None``: no answer in ``timeout_s``)."""
         status: int | None = None
         try:
             async with self._client().post(
                 url, data=body, headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError):
             pass
-        ok = status is not None and 200 <= status < 300
-        outcome: Outcome = "delivered" if ok else ("error" if status is None else "rejected")
+        outcome: Outcome = ("delivered" if _ok(status)
+                            else ("error" if status is None else "rejected"))
         await self._record(url, status, attempt, outcome, body, headers, duplicate=duplicate)
-        return ok
+        return status
 
     async def _record(self, url: str, status: int | None, attempt: int, outcome: Outcome,
                       body: bytes, headers: dict[str, str], *, duplicate: bool = False) -> None:
@@ -195,3 +234,4 @@ class Webhooks:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self._session
+

@@ -24,6 +24,7 @@ from providers.simulator.core import (
     running_simulator,
 )
 from providers.simulator.model import Clock, TaskStore
+from providers.simulator.webhooks import retry_server_errors
 
 
 class EchoModule:
@@ -327,6 +328,58 @@ async def test_webhook_gives_up_after_retries(
     echo.sim.webhooks.deliver(receiver.url, b"{}", {}, WebhookPlan(), retries=1)
     await echo.sim.webhooks.drain()
     assert [d.outcome for d in echo.sim.webhooks.deliveries] == ["rejected", "rejected"]
+
+
+async def test_retry_on_decides_which_failed_attempts_are_retried(
+    echo: RunningSimulator, receiver: Receiver,
+) -> None:
+    receiver.statuses = [400, 503]
+    echo.sim.webhooks.deliver(receiver.url, b"a", {}, WebhookPlan(),
+                              retry_on=retry_server_errors)
+    await echo.sim.webhooks.drain()
+    echo.sim.webhooks.deliver(receiver.url, b"b", {}, WebhookPlan(),
+                              retry_on=retry_server_errors)
+    await echo.sim.webhooks.drain()
+    assert [(d.body, d.attempt, d.status) for d in echo.sim.webhooks.deliveries] == [
+        (b"a", 1, 400), (b"b", 1, 503), (b"b", 2, 200)]
+
+
+async def test_a_delivery_waits_for_an_answer_only_its_own_timeout(
+    echo: RunningSimulator,
+) -> None:
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/hang", hang)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/hang"
+        assert echo.sim.webhooks.timeout_s >= 5  # the default would outlast the drain
+        echo.sim.webhooks.deliver(url, b"{}", {}, WebhookPlan(), retries=0, timeout_s=0.2)
+        await echo.sim.webhooks.drain(timeout=2)
+        assert [d.outcome for d in echo.sim.webhooks.deliveries] == ["error"]
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+async def test_control_api_registers_an_account_webhook_that_reset_keeps(
+    echo: RunningSimulator, http: aiohttp.ClientSession,
+) -> None:
+    base = echo.base_url + "/_sim"
+    status, body = await _post(http, base + "/webhooks",
+                               {"provider": "elevenlabs", "url": "http://127.0.0.1:9/h"})
+    assert status == 200
+    await _post(http, base + "/reset", {})
+    assert echo.sim.workspace_webhooks == {"elevenlabs": {body["webhook_id"]:
+                                                          "http://127.0.0.1:9/h"}}
+    assert (await _post(http, base + "/webhooks", {"provider": "elevenlabs"}))[0] == 400
 
 
 async def test_webhook_duplicates_and_simulated_failures(

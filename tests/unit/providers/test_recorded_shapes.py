@@ -204,7 +204,9 @@ EXPECTED: dict[tuple[str, str], Check] = {
                     "callback_veo_fail", "callback_veo_success")},
     # -- ElevenLabs -------------------------------------------------------------------------
     ("elevenlabs", "dubbing_create"): returns("FAKEdub0000000000001", parse_dubbing_created),
-    ("elevenlabs", "dubbing_status_dubbing"): running(dubbing),
+    ("elevenlabs", "dubbing_status_live_preparing"): running(dubbing),
+    ("elevenlabs", "dubbing_status_live_dubbing"): running(dubbing),
+    ("elevenlabs", "dubbing_status_live_dubbed"): succeeds(media=1, parser=dubbing),
     ("elevenlabs", "dubbing_status_dubbed"): succeeds(media=3, parser=dubbing),
     ("elevenlabs", "dubbing_status_failed"): fails(None, dubbing),
     ("elevenlabs", "dubbing_audio_response"): returns(None, classify_elevenlabs),
