@@ -25,7 +25,7 @@ from engine.db import open_pool
 from engine.demo_fleet import WorkerFleet
 from engine.demo_report import Sample
 from engine.demo_summary import DemoSummary, install_audit, summarize
-from engine.demo_workload import PlannedJob, plan_jobs
+from engine.demo_workload import DEMO_PRICING, PlannedJob, plan_jobs
 from engine.finalize import Finalizer, Pool
 from engine.identity import incarnation
 from engine.jobs import create_job
@@ -54,6 +54,10 @@ DEMO_RECONCILE = ReconcileConfig(
 DEMO_CALLS = CallConfig(finalize_lease_s=5.0, heartbeat_every_s=0.5, media_timeout_s=2.0,
                         store_timeout_s=1.0, lease_margin_s=1.0)
 PROVIDERS = ("kie", "replicate", "elevenlabs", "anthropic")
+# Callback retries come on the providers' own schedules (KIE 1, 5, 15 minutes; Replicate
+# 5, 15, 40 seconds), compressed 50 times: a retried KIE callback lands 1.2, 6 and 18 s
+# later, after the reconciler's 4 s threshold, so late callbacks race its recovery.
+WEBHOOK_SCHEDULE_SCALE = 0.02
 OnTick = Callable[[float, dict[str, int], int, int], None]
 
 
@@ -84,9 +88,10 @@ def arm_faults(sim: Simulator) -> None:
 
 
 def worker_env(db_url: str, rs: RunningSimulator, media_dir: Path,
-               service_url: str) -> dict[str, str]:
+               service_url: str, pricing_file: Path) -> dict[str, str]:
     env = {"DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media_dir),
-           "CALLWARDEN_CALLBACK_BASE_URL": service_url}
+           "CALLWARDEN_CALLBACK_BASE_URL": service_url,
+           "CALLWARDEN_PRICING_FILE": str(pricing_file)}
     for p in PROVIDERS:
         env[f"CALLWARDEN_{p.upper()}_URL"] = rs.url(p).rstrip("/")
     env.update(KIE_API_KEY=rs.sim.api_key, REPLICATE_API_TOKEN=rs.sim.api_key,
@@ -127,7 +132,8 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
                    media: Path) -> AsyncIterator[str]:
     """``callwarden serve``'s app on 127.0.0.1 (webhooks: the happy path); yields its URL."""
     finalizer = Finalizer(pool, LocalFolderStore(media), rs.settings,
-                          owner=incarnation("webhook"), config=DEMO_CALLS)
+                          owner=incarnation("webhook"), config=DEMO_CALLS,
+                          pricing=DEMO_PRICING)
     config = ServiceConfig(webhooks=WebhookConfig(
         replicate_secret=rs.sim.webhook_secrets["replicate"]))
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
@@ -176,14 +182,19 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
         async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http, \
                 contextlib.AsyncExitStack() as stack:
             arm_faults(rs.sim)
+            rs.sim.webhooks.schedule_scale = WEBHOOK_SCHEDULE_SCALE
+            pricing_file = work_dir / "pricing.json"
+            pricing_file.write_bytes(msgspec.json.encode(DEMO_PRICING))
             async with pool.connection() as conn:
                 job_ids = [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
             media = work_dir / "media"
             service = await stack.enter_async_context(_service(pool, http, rs, media))
-            fleet = WorkerFleet(opts.workers, worker_env(db_url, rs, media, service),
+            fleet = WorkerFleet(opts.workers,
+                                worker_env(db_url, rs, media, service, pricing_file),
                                 work_dir)
             reconciler = Reconciler(pool, http, rs.settings, LocalFolderStore(media),
-                                    config=DEMO_RECONCILE, call_config=DEMO_CALLS)
+                                    config=DEMO_RECONCILE, call_config=DEMO_CALLS,
+                                    pricing=DEMO_PRICING)
             stop, samples = asyncio.Event(), list[Sample]()
             await fleet.start()
             tasks = [asyncio.create_task(reconciler.run(stop)),
@@ -196,8 +207,10 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await fleet.stop()
             creates = creates_per_job(rs.sim, job_ids)
+            late = sum(1 for d in rs.sim.webhooks.deliveries
+                       if d.attempt > 1 and d.status is not None)
         async with pool.connection() as conn:
-            summary = await summarize(conn, creates)
+            summary = await summarize(conn, creates, late)
             rows = await execute(conn, "demo_latencies", {})
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,
                    latencies=[(r["s"], bool(r["by_reconciler"])) for r in rows],

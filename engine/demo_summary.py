@@ -22,7 +22,8 @@ _TERMINAL = {s.value for s in TERMINAL}
 class Credits(msgspec.Struct, kw_only=True):
     reserved: float = 0.0
     committed: float = 0.0
-    released: float = 0.0  # reserved minus charged on committed calls (actual cost < reserve)
+    released: float = 0.0  # reserved minus charged on committed calls (priced below reserve)
+    partial_commits: int = 0  # committed calls charged less than their reservation
     refunded: float = 0.0
     leaked: float = 0.0    # still reserved although the call is terminal
 
@@ -34,6 +35,7 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     recovered_by_reconciler: int
     settled_by_webhook: int
     upstream_creates_max_per_job: int
+    late_callbacks: int  # callback retries the providers sent on their own schedules
     duplicate_settlements: int
     credits: Credits
     verify_mismatches: int
@@ -63,6 +65,7 @@ async def _credits(conn: Conn) -> tuple[Credits, int, int]:
         if r["status"] == "committed":
             c.committed += _f(r["credits_charged"])
             c.released += reserved - _f(r["credits_charged"])
+            c.partial_commits += int(_f(r["credits_charged"]) < reserved)
         elif r["status"] == "refunded":
             c.refunded += reserved
         elif terminal:
@@ -72,7 +75,8 @@ async def _credits(conn: Conn) -> tuple[Credits, int, int]:
     return c, duplicates, unsettled
 
 
-async def summarize(conn: Conn, creates_per_job: Mapping[str, int]) -> DemoSummary:
+async def summarize(conn: Conn, creates_per_job: Mapping[str, int],
+                    late_callbacks: int = 0) -> DemoSummary:
     states = {r["state"]: r["n"] for r in await execute(conn, "demo_states", {})}
     credits, duplicates, unsettled = await _credits(conn)
     recovered = (await execute(conn, "demo_recovered", {}))[0]["n"]
@@ -85,6 +89,7 @@ async def summarize(conn: Conn, creates_per_job: Mapping[str, int]) -> DemoSumma
         non_terminal=sum(v for k, v in states.items() if k not in _TERMINAL),
         recovered_by_reconciler=recovered, settled_by_webhook=by_webhook,
         upstream_creates_max_per_job=max(creates_per_job.values(), default=0),
+        late_callbacks=late_callbacks,
         duplicate_settlements=duplicates, credits=credits,
         verify_mismatches=check.mismatches + check.errors,
         p50_s=lat["p50"], p95_s=lat["p95"])

@@ -1,6 +1,7 @@
 """What the demo asks for: N jobs over all 14 provider kinds, each with a request its
 client accepts and a simulator script (success, slow, upstream failure, stuck forever,
-vanished, a hanging sync call), drawn from a seeded RNG. Pure: no I/O."""
+vanished, a hanging sync call), drawn from a seeded RNG; and the host's price list the
+demo charges completed calls by (:data:`DEMO_PRICING`). Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -9,9 +10,22 @@ from typing import Any
 
 import msgspec
 
+from engine.pricing import Rate, RateTable
 from providers.kinds import KINDS
 
-__all__ = ["PlannedJob", "plan_jobs", "scenario_script"]
+__all__ = ["DEMO_PRICING", "PlannedJob", "plan_jobs", "scenario_script"]
+
+# A host's price list, from the usage each provider reports: what a completed call costs
+# the user. Below the reservation, the rest is released (a partial commit); above it, the
+# reservation is the cap. Kinds without a rate are charged their reservation.
+DEMO_PRICING = RateTable(rates=(
+    Rate(kind="anthropic-sync", unit="input_tokens", credits=0.5, per=1000),
+    Rate(kind="anthropic-sync", unit="output_tokens", credits=0.25),
+    Rate(kind="kie-llm", unit="provider_credits", credits=20),
+    Rate(kind="replicate-prediction", unit="predict_time_s", credits=4),
+    Rate(kind="elevenlabs-sync", unit="characters", credits=0.25),
+    Rate(kind="kie-standard", unit="call", credits=6),
+))
 
 # A valid request for each kind (the simulator's script goes in "_sim").
 REQUESTS: dict[str, dict[str, Any]] = {
@@ -66,9 +80,11 @@ def scenario_script(scenario: str, rng: random.Random, sync: bool) -> dict[str, 
               "progress": 50.0}]
     end = {"fail": "failed", "stuck": "stuck", "vanish": "vanished"}.get(scenario,
                                                                          "succeeded")
-    # A third of the callbacks are dropped, some duplicated: polling and the reconciler
-    # must not depend on them, and duplicates must be harmless.
-    webhook = {"drop": rng.random() < 0.33, "duplicates": int(rng.random() < 0.2)}
+    # A third of the callbacks are dropped, some duplicated, some refused at first and
+    # retried on the provider's own schedule (late, racing the reconciler): polling and
+    # the reconciler must not depend on them, and duplicates must be harmless.
+    webhook = {"drop": rng.random() < 0.33, "duplicates": int(rng.random() < 0.2),
+               "fail_first": int(rng.random() < 0.25)}
     return {"steps": steps, "end": end, "error": "generation failed: content policy",
             "webhook": webhook}
 

@@ -143,11 +143,13 @@ def _tool_calls(content: list[Any]) -> str | None:
 
 
 def message_usage(body: dict[str, Any]) -> Usage:
-    """Tokens (and the model) an Anthropic-shaped message reports it used."""
+    """Tokens (and the model) an Anthropic-shaped message reports it used: input and
+    output, and the prompt-cache writes and reads a price list may charge differently."""
     usage: Usage = {}
     reported = body.get("usage")
     if isinstance(reported, dict):
-        for key in ("input_tokens", "output_tokens"):
+        for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                    "cache_read_input_tokens"):
             number = reported_number(reported.get(key))
             if number is not None:
                 usage[key] = number

@@ -80,6 +80,17 @@ def test_text_blocks_are_concatenated_and_usage_kept() -> None:
     assert out.raw["usage"]["output_tokens"] == 6
 
 
+def test_usage_for_pricing_has_tokens_cache_tokens_and_the_model() -> None:
+    body = message({"type": "text", "text": "hi"})
+    body["usage"].update(cache_creation_input_tokens=30, cache_read_input_tokens=400,
+                         service_tier="standard")
+    out = parse_message(resp(body))
+    assert isinstance(out, Succeeded)
+    assert out.usage == {"input_tokens": 12, "output_tokens": 6,
+                         "cache_creation_input_tokens": 30, "cache_read_input_tokens": 400,
+                         "model": "claude-sonnet-4-5"}
+
+
 def test_refusal_is_a_failure() -> None:
     out = parse_message(resp(message({"type": "text", "text": "no"}, stop_reason="refusal")))
     assert isinstance(out, Failed)
