@@ -31,6 +31,11 @@ MIN = 60.0
 HOUR = 3600.0
 KIE_URL_LIFETIME = 24 * HOUR  # docs say 14 d and "typically 24 h": design for 24 h
 REPLICATE_URL_LIFETIME = 1 * HOUR  # API outputs deleted after one hour (data_removed)
+# UNVERIFIED: no source gives a lifetime for a legacy /v1/dubbing result. The SDK and the
+# OpenAPI serve it from the API host (GET /v1/dubbing/{id}/audio/{lang}) and document no
+# expiry (the dub stays until DELETE); Dubbing v2's signed URLs last about 1 h. 24 h is a
+# conservative bound the stale threshold is validated against (docs/providers.md).
+ELEVENLABS_DUB_LIFETIME = 24 * HOUR
 
 
 class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,7 +92,8 @@ KINDS: dict[str, KindSpec] = {
            REPLICATE_URL_LIFETIME, 10, 25),
         # Only dubbing is pollable; voice clone / design / forced alignment are sync
         # (see ELEVENLABS_SYNC_OPERATIONS and is_sync_call).
-        _k("elevenlabs-async", "elevenlabs", "async", "dubbing", 15, 24 * HOUR, 5, 12),
+        _k("elevenlabs-async", "elevenlabs", "async", "dubbing", 15, ELEVENLABS_DUB_LIFETIME,
+           5, 12),
         _k("elevenlabs-sync", "elevenlabs", "sync", "speech", 5, None),
         _k("anthropic-sync", "anthropic", "sync", "messages", 5, None),
     )

@@ -49,6 +49,7 @@ class MediaHost:
         self._rng = rng
         self._items: dict[str, StoredMedia] = {}
         self.base_url = ""
+        self.requests: list[str] = []  # every GET/HEAD, by URL path, in order
 
     def put(self, data: bytes, content_type: str, ttl_s: float | None, *,
             script: Script | None = None) -> str:
@@ -87,9 +88,11 @@ class MediaHost:
 
     def clear(self) -> None:
         self._items.clear()
+        self.requests.clear()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``GET``/``HEAD /media/{token}``: the bytes, or 404 once expired."""
+        self.requests.append(request.path)
         item = self.get(request.match_info["token"])
         if item is None:
             return web.Response(status=404, text="Not Found")
