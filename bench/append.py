@@ -33,7 +33,7 @@ from rich.table import Table
 from engine.db import connect
 from engine.jobs import create_job
 from engine.queries import QUERIES
-from engine.store import Conn, append
+from engine.store import Conn, append, append_params
 from events import codec
 from events.types import (
     CallStarted,
@@ -44,7 +44,6 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.columns import to_columns
 from projections.fold import EMPTY, CallProjection, apply, fold
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
@@ -68,14 +67,7 @@ def precomputed(job: uuid.UUID) -> list[dict[str, Any]]:
     out, p = [], EMPTY
     for e in lifecycle(job):
         new = apply(p, e)
-        name, version, payload = codec.encode(e)
-        params = to_columns(new)
-        params.update(job_id=job, expected_version=p.version, type=name,
-                      event_version=version, payload=payload.decode(), actor=e.actor,
-                      is_cancel=False, is_start=isinstance(e, CallStarted),
-                      settle_to=new.settlement if new.terminal else None,
-                      cost=new.provider_cost)
-        out.append(params)
+        out.append(append_params(job, p, new, e))
         p = new
     return out
 
@@ -107,7 +99,11 @@ UPDATE jobs SET call_state = %(call_state)s, call_version = %(new_version)s,
     error_message = COALESCE(%(error_message)s, error_message),
     finalize_owner = %(finalize_owner)s, finalize_lease_until = %(finalize_lease_until)s,
     upstream_result = %(upstream_result)s::jsonb,
-    output_data = COALESCE(%(output_data)s::jsonb, output_data),
+    call_output = %(call_output)s::jsonb,
+    output_data = CASE WHEN %(call_output)s::jsonb IS NULL THEN output_data
+                       WHEN jsonb_typeof(output_data) = 'object'
+                       THEN output_data || %(call_output)s::jsonb
+                       ELSE %(call_output)s::jsonb END,
     provider_cost = %(provider_cost)s, call_finished_at = %(call_finished_at)s,
     call_settlement = %(call_settlement)s, updated_at = now()
 WHERE id = %(job_id)s AND call_version = %(expected_version)s AND status <> 'cancelled'

@@ -152,7 +152,8 @@ def _job_row(job: Job) -> tuple[Any, ...]:
             c["provider_kind"], c["provider_task_id"], c["provider_call_started_at"],
             c["call_sync"], c["reconcile_attempts"], c["reconcile_last_error"],
             c["reconcile_next_at"], c["error_message"], c["finalize_owner"],
-            c["finalize_lease_until"], c["upstream_result"], c["output_data"],
+            c["finalize_lease_until"], c["upstream_result"], c["call_output"],
+            c["call_output"],
             c["provider_cost"], c["call_finished_at"], c["call_settlement"],
             c["call_finished_at"] if c["call_state"] == "completed" else None,
             100 if c["call_state"] == "completed" else 0)

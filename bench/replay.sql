@@ -4,7 +4,7 @@
 COPY jobs (id, user_id, job_type, status, call_state, call_version, provider_kind,
            provider_task_id, provider_call_started_at, call_sync, reconcile_attempts,
            reconcile_last_error, reconcile_next_at, error_message, finalize_owner,
-           finalize_lease_until, upstream_result, output_data, provider_cost,
+           finalize_lease_until, upstream_result, call_output, output_data, provider_cost,
            call_finished_at, call_settlement, completed_at, progress)
 FROM STDIN;
 

@@ -200,8 +200,10 @@ def without_nul(event: Event) -> Event:
     return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
 
 
-def _params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
+def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
             event: Event) -> dict[str, Any]:
+    """The ``append_event`` statement's parameters for ``event`` moving ``current`` to
+    ``new`` (its fold): the one place they are built (the benchmarks use it too)."""
     type_name, version, payload = encode(event)
     settling = new.terminal and not current.terminal
     is_start = isinstance(event, CallStarted)
@@ -237,7 +239,7 @@ async def append(
     first, or if the host's state changed since ``current`` was read."""
     event = without_nul(event)
     new = apply(current, event)
-    params = _params(job_id, current, new, event)
+    params = append_params(job_id, current, new, event)
     try:
         rows = await _run(conn, "append_event", params)
     except _Retry as exc:
