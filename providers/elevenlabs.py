@@ -181,6 +181,9 @@ def parse_dubbing_status(raw: RawResponse, *, base_url: str) -> PollOutcome:
     """A ``GET /v1/dubbing/{id}`` body as an outcome; result URLs are built on ``base_url``."""
     body = json_object(raw)
     status = body.get("status")
+    if not isinstance(status, str):
+        raise MalformedResponse(f"dubbing status is not a string: {status!r}",
+                                provider=PROVIDER, status=raw.status)
     if status in RUNNING_STATUSES:
         return Running(raw_state=str(status))
     if status == "dubbed":

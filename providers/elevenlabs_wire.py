@@ -162,7 +162,8 @@ def _validation_message(items: list[Any]) -> str:
     def one(item: Any) -> str:
         if not isinstance(item, dict):
             return str(item)
-        loc = ".".join(str(p) for p in item.get("loc") or [])
+        where = item.get("loc")
+        loc = ".".join(str(p) for p in where) if isinstance(where, list) else ""
         return f"{loc}: {item.get('msg')}" if loc else str(item.get("msg"))
     return "; ".join(one(i) for i in items) or "validation error"
 

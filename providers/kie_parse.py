@@ -357,6 +357,9 @@ def _suno_failed(data: dict[str, Any], status: str) -> Failed:
 
 def _suno(data: dict[str, Any]) -> PollOutcome:
     status = data.get("status")
+    if not isinstance(status, str):
+        raise MalformedResponse(f"suno status is not a string: {status!r}",
+                                provider=PROVIDER)
     if status in _SUNO_RUNNING:
         return Running(raw_state=status)
     if status in ("SUCCESS", "CALLBACK_EXCEPTION"):

@@ -340,6 +340,9 @@ def parse_prediction(raw: RawResponse) -> PollOutcome:
         return NotFound(message=_detail(raw)[0])
     doc = _document(raw)
     status = doc.get("status")
+    if not isinstance(status, str):
+        raise MalformedResponse(f"prediction status is not a string: {status!r}",
+                                provider=PROVIDER, status=raw.status)
     if status in RUNNING_STATES:
         return Running(raw_state=status)
     if status == "succeeded":

@@ -1,13 +1,14 @@
 """Bad input stays typed: every response parser, fed any body (hypothesis-generated JSON,
-random bytes, recorded shapes truncated at any byte, huge bodies) under any HTTP status,
-returns an outcome or raises a :class:`ProviderError` subclass — never another exception.
-Webhook body parsers return a delivery (or ``None``) or raise ``MalformedDelivery``."""
+random bytes, recorded shapes truncated at any byte, recorded shapes with any one value
+swapped for another JSON type, huge bodies) under any HTTP status, returns an outcome or
+raises a :class:`ProviderError` subclass — never another exception. Webhook body parsers
+return a delivery (or ``None``) or raise ``MalformedDelivery``."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -104,3 +105,52 @@ def test_every_webhook_parser_answers_any_body_typed(name: str, body: bytes) -> 
     MalformedDelivery, for any body."""
     with contextlib.suppress(MalformedDelivery):
         WEBHOOKS[name](body)
+
+
+SWAPS: list[Any] = [None, [], {}, 1.5, -1, "", True, ["x"], {"x": 1}]
+
+
+def _swapped(value: Any) -> Iterator[Any]:
+    """``value`` with each one of its values (at any depth) replaced by each of
+    :data:`SWAPS` in turn."""
+    for swap in SWAPS:
+        if type(swap) is not type(value) or swap != value:
+            yield swap
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            for other in _swapped(inner):
+                yield {**value, key: other}
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            for other in _swapped(inner):
+                yield [*value[:i], other, *value[i + 1:]]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "elevenlabs", "kie", "replicate"])
+def test_a_recorded_shape_with_any_value_of_another_type_is_a_typed_answer(
+        provider: str) -> None:
+    """Invariant: a recorded answer in which any one value (a status, a URL, a count, a
+    nested object) has another JSON type is parsed or refused typed by every parser of
+    its provider, under the recorded status and headers."""
+    parsers = [p for name, p in PARSERS.items() if name.startswith(provider + ".")]
+    for fixture in all_fixtures(provider):
+        if fixture.body_text is not None:
+            continue
+        for body in _swapped(fixture.body):
+            raw = RawResponse(status=fixture.status, headers=fixture.headers,
+                              body=msgspec.json.encode(body))
+            for parser in parsers:
+                _total(parser, raw)
+
+
+@pytest.mark.parametrize("provider", sorted(WEBHOOKS))
+def test_a_recorded_callback_with_any_value_of_another_type_is_typed(provider: str) -> None:
+    """Invariant: a recorded callback or webhook body with any one value of another JSON
+    type is read or refused with MalformedDelivery, never another exception."""
+    bodies = [f.body for f in all_fixtures(provider)
+              if f.kind in ("callback", "webhook") and f.body_text is None]
+    assert bodies
+    for recorded in bodies:
+        for body in _swapped(recorded):
+            with contextlib.suppress(MalformedDelivery):
+                WEBHOOKS[provider](msgspec.json.encode(body))
