@@ -28,8 +28,8 @@ import msgspec
 
 from providers.errors import MediaExpired, ProviderError
 from providers.outcomes import Failed, PollOutcome, Running, Succeeded
+from providers.raw import JSONTooDeep, RawResponse, decode_json
 from providers.replicate import parse_prediction
-from providers.transport import RawResponse
 
 __all__ = [
     "ELEVENLABS_KINDS",
@@ -63,8 +63,8 @@ class Parsed(msgspec.Struct, frozen=True, kw_only=True):
 
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
+        doc = decode_json(body)
+    except (msgspec.DecodeError, JSONTooDeep) as exc:
         raise MalformedDelivery(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise MalformedDelivery("body is not a JSON object")

@@ -55,12 +55,11 @@ from providers.errors import (
 )
 from providers.llm_stop import StopPolicy, failure_code, judge
 from providers.outcomes import Failed, Succeeded, Usage, reported_number
+from providers.raw import JSONTooDeep, RawResponse, decode_json
 from providers.transport import (
     DEFAULT_POLICY,
-    RawResponse,
     RetryPolicy,
     Sleep,
-    parse_retry_after,
     send,
 )
 
@@ -142,6 +141,12 @@ def _tool_calls(content: list[Any]) -> str | None:
     return msgspec.json.encode(calls).decode() if calls else None
 
 
+def message_text(content: list[Any], raw: RawResponse) -> str:
+    """An Anthropic-shaped message's output: its text blocks joined or, with no text, its
+    tool calls as JSON (``""`` when it has neither); a malformed block is refused."""
+    return _text_of(content, raw) or _tool_calls(content) or ""
+
+
 def message_usage(body: dict[str, Any]) -> Usage:
     """Tokens (and the model) an Anthropic-shaped message reports it used: input and
     output, and the prompt-cache writes and reads a price list may charge differently."""
@@ -191,8 +196,7 @@ def parse_message(raw: RawResponse, policy: StopPolicy | None = None) -> Succeed
     content = body.get("content")
     if not isinstance(content, list):
         raise _malformed("message without a content list", raw)
-    text = _text_of(content, raw) or _tool_calls(content) or ""
-    return judged(body, text, policy, message_usage(body))
+    return judged(body, message_text(content, raw), policy, message_usage(body))
 
 
 def _envelope(raw: RawResponse) -> tuple[str, str, str | None, str | None]:
@@ -200,8 +204,8 @@ def _envelope(raw: RawResponse) -> tuple[str, str, str | None, str | None]:
     response, whatever its body."""
     rid = raw.headers.get("request-id")
     try:
-        body = msgspec.json.decode(raw.body)
-    except msgspec.DecodeError:
+        body = decode_json(raw.body)
+    except (msgspec.DecodeError, JSONTooDeep):
         text = raw.body[:200].decode("utf-8", "replace").strip() or f"HTTP {raw.status}"
         return "", text, rid, None
     error = body.get("error") if isinstance(body, dict) else None
@@ -230,11 +234,9 @@ def _error_class(status: int, etype: str, should_retry: str | None,
     return cls
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    try:
-        return max(0.0, float(headers["retry-after-ms"]) / 1000.0)
-    except (KeyError, ValueError):
-        return parse_retry_after(headers.get("retry-after"))
+def _retry_after(raw: RawResponse) -> float | None:
+    millis = raw.retry_after("retry-after-ms")
+    return millis / 1000.0 if millis is not None else raw.retry_after()
 
 
 def _error_from(raw: RawResponse) -> ProviderError:
@@ -244,7 +246,7 @@ def _error_from(raw: RawResponse) -> ProviderError:
         text += f" (request_id {rid})"
     cls = _error_class(raw.status, etype, raw.headers.get("x-should-retry"), detail_code)
     if cls is RateLimited:
-        return RateLimited(text, retry_after=_retry_after(raw.headers), provider=PROVIDER,
+        return RateLimited(text, retry_after=_retry_after(raw), provider=PROVIDER,
                            status=raw.status, code=etype or None)
     return cls(text, provider=PROVIDER, status=raw.status, code=etype or None)
 

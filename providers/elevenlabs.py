@@ -56,7 +56,8 @@ from providers.outcomes import (
     reported_cost,
 )
 from providers.polling import poll_until_done
-from providers.transport import DEFAULT_POLICY, RawResponse, RetryPolicy, Sleep, send
+from providers.raw import RawResponse
+from providers.transport import DEFAULT_POLICY, RetryPolicy, Sleep, send
 
 __all__ = [
     "SYNC_OPERATIONS",
@@ -205,8 +206,7 @@ def _dub_urls(body: Mapping[str, Any], base_url: str, http_status: int) -> tuple
 
 
 def _cost(raw: RawResponse) -> float | None:
-    return reported_cost(raw.headers.get("character-cost"), provider=PROVIDER,
-                         field="character-cost header")
+    return reported_cost(raw.headers.get("character-cost"))
 
 
 def _usage(cost: float | None) -> Usage:

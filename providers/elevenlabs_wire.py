@@ -28,7 +28,7 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.transport import RawResponse, parse_retry_after
+from providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = [
     "PROVIDER",
@@ -176,8 +176,8 @@ def error_fields(raw: RawResponse) -> tuple[str, str | None]:
 
 def _error_parts(raw: RawResponse) -> tuple[str, str | None, str | None]:
     try:
-        body = msgspec.json.decode(raw.body)
-    except msgspec.DecodeError:
+        body = decode_json(raw.body)
+    except (msgspec.DecodeError, JSONTooDeep):
         text = raw.body[:200].decode("utf-8", "replace").strip()
         return text or f"HTTP {raw.status}", None, None
     detail = body.get("detail") if isinstance(body, dict) else None
@@ -212,7 +212,7 @@ def classify_elevenlabs(raw: RawResponse) -> ProviderError | None:
     message, code, legacy = _error_parts(raw)
     cls = _error_class(raw.status, code, legacy)
     if cls is RateLimited:
-        retry_after = parse_retry_after(raw.headers.get("retry-after"))
+        retry_after = raw.retry_after()
         return RateLimited(message, retry_after=retry_after, provider=PROVIDER,
                            status=raw.status, code=code)
     return cls(message, provider=PROVIDER, status=raw.status, code=code)

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from providers.anthropic import judged, message_usage
+from providers.anthropic import judged, message_text, message_usage
 from providers.base import AsyncKindClient, Endpoint, OnPoll, SyncKindClient
 from providers.errors import BadRequest, MalformedResponse, UnknownProviderKind
 from providers.kie_parse import (
@@ -52,7 +52,8 @@ from providers.outcomes import (
     reported_number,
 )
 from providers.polling import poll_until_done
-from providers.transport import DEFAULT_POLICY, Classify, RawResponse, RetryPolicy, Sleep, send
+from providers.raw import RawResponse
+from providers.transport import DEFAULT_POLICY, Classify, RetryPolicy, Sleep, send
 
 __all__ = [
     "CREATE_PATHS",
@@ -245,9 +246,14 @@ def _chat_answer(body: dict[str, Any]) -> tuple[str, str | None] | None:
     if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
         return None
     message, finish = choices[0].get("message"), choices[0].get("finish_reason")
-    text = message.get("content") if isinstance(message, dict) else None
+    message = message if isinstance(message, dict) else {}
+    text = message.get("content")
+    if not (isinstance(text, str) and text):
+        calls = message.get("tool_calls")
+        text = msgspec.json.encode(calls).decode() if isinstance(calls, list) and calls \
+            else ""
     stop = CHAT_FINISH.get(finish, finish) if isinstance(finish, str) else None
-    return (text if isinstance(text, str) else ""), stop
+    return text, stop
 
 
 def _chat_usage(body: dict[str, Any]) -> Usage:
@@ -275,11 +281,9 @@ def parse_llm(raw: RawResponse, stop_policy: StopPolicy | None = None) -> Succee
     if not isinstance(body, dict):
         raise MalformedResponse(f"kie-llm answer is not an object: {raw.body[:200]!r}",
                                 provider=PROVIDER, status=raw.status)
-    cost = reported_cost(body.get("credits_consumed"), provider=PROVIDER,
-                         field="credits_consumed")
+    cost = reported_cost(body.get("credits_consumed"))
     if isinstance(body.get("content"), list):
-        text = "".join(str(b.get("text", "")) for b in body["content"]
-                       if isinstance(b, dict) and b.get("type") == "text")
+        text = message_text(body["content"], raw)
         usage = message_usage(body)
     elif (chat := _chat_answer(body)) is not None:
         text, stop = chat

@@ -36,8 +36,16 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded, Usage
-from providers.transport import RawResponse, parse_retry_after
+from providers.outcomes import (
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    Usage,
+    finite,
+)
+from providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = [
     "FAMILIES",
@@ -82,8 +90,8 @@ def error_for_code(code: int, msg: str, *, retry_after: float | None = None) -> 
 
 def _http_message(raw: RawResponse) -> str:
     try:
-        body = msgspec.json.decode(raw.body)
-    except msgspec.DecodeError:
+        body = decode_json(raw.body)
+    except (msgspec.DecodeError, JSONTooDeep):
         return raw.body[:200].decode("utf-8", "replace").strip()
     if isinstance(body, dict):
         err = body.get("error")
@@ -106,7 +114,7 @@ def http_error(raw: RawResponse) -> ProviderError:
         return AuthenticationError(text or "forbidden", provider=PROVIDER, status=403)
     if raw.status == 404:
         return BadRequest(text or "no such endpoint", provider=PROVIDER, status=404)
-    retry_after = parse_retry_after(raw.headers.get("retry-after"))
+    retry_after = raw.retry_after()
     return error_for_code(raw.status, text, retry_after=retry_after)
 
 
@@ -132,7 +140,7 @@ def _classify(raw: RawResponse, *, poll: bool) -> ProviderError | None:
     code, msg = found
     if poll and (code in (404, 501) or is_record_missing(code, msg)):
         return None  # a poll answer: parse_poll turns it into an outcome
-    return error_for_code(code, msg, retry_after=parse_retry_after(raw.headers.get("retry-after")))
+    return error_for_code(code, msg, retry_after=raw.retry_after())
 
 
 def classify_kie(raw: RawResponse) -> ProviderError | None:
@@ -173,7 +181,7 @@ def decode_envelope(raw: RawResponse) -> tuple[int, str, Any]:
 
 def _raise_for(raw: RawResponse, code: int, msg: str) -> None:
     if code != 200:
-        retry_after = parse_retry_after(raw.headers.get("retry-after"))
+        retry_after = raw.retry_after()
         raise error_for_code(code, msg, retry_after=retry_after)
 
 
@@ -227,12 +235,6 @@ def _urls(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def _code(value: object) -> str | None:
     return None if value in (None, "") else str(value)
 
@@ -247,8 +249,8 @@ def _decode_result_json(value: object) -> dict[str, Any]:
     if not isinstance(value, str) or not value:
         raise _malformed("market task succeeded without a resultJson")
     try:
-        result = msgspec.json.decode(value)
-    except msgspec.DecodeError as exc:
+        result = decode_json(value.encode())
+    except (msgspec.DecodeError, JSONTooDeep) as exc:
         raise _malformed(f"market resultJson is not JSON ({exc}): {value[:200]!r}") from exc
     if not isinstance(result, dict):
         raise _malformed(f"market resultJson is not an object: {value[:200]!r}")
@@ -277,7 +279,7 @@ def _market_success(data: dict[str, Any]) -> Succeeded:
 def _market(data: dict[str, Any]) -> PollOutcome:
     state = data.get("state")
     if state in ("waiting", "queuing", "generating"):
-        return Running(raw_state=state, progress=_number(data.get("progress")))
+        return Running(raw_state=state, progress=finite(data.get("progress")))
     if state == "success":
         return _market_success(data)
     if state == "fail":

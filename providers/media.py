@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import time
 import urllib.parse
 from collections.abc import Mapping
 
@@ -52,7 +53,7 @@ from providers.errors import (
     TransientError,
 )
 from providers.media_guard import MediaPolicy, check_url, shown_url
-from providers.transport import parse_retry_after
+from providers.raw import parse_retry_after
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -148,16 +149,18 @@ def resolve_content_type(
     return candidate if type_allowed(candidate, allowed) else None
 
 
-def status_error(status: int, reason: str, retry_after: str | None, shown: str
-                 ) -> ProviderError | None:
-    """The error an HTTP status on a media URL means, or ``None`` for 2xx."""
+def status_error(status: int, reason: str, retry_after: str | None, shown: str, *,
+                 now: float) -> ProviderError | None:
+    """The error an HTTP status on a media URL means, or ``None`` for 2xx (``now``: when
+    it arrived, unix seconds, for an HTTP-date ``Retry-After``)."""
     if 200 <= status < 300:
         return None
     message = f"GET {shown} answered HTTP {status} {reason}".rstrip()
     if status in _EXPIRED:
         return MediaExpired(message, status=status)
     if status == 429:
-        return RateLimited(message, status=status, retry_after=parse_retry_after(retry_after))
+        return RateLimited(message, status=status,
+                           retry_after=parse_retry_after(retry_after, now=now))
     if status >= 500 or status in _RETRY_LATER:
         return TransientError(message, status=status)
     return MediaError(message, status=status)
@@ -257,7 +260,7 @@ async def _fetch(
                 url = urllib.parse.urljoin(url, location)
                 continue
             error = status_error(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
-                                 shown)
+                                 shown, now=time.time())
             if error is not None:
                 raise error
             declared = _base_type(resp.headers.get("Content-Type"))

@@ -11,10 +11,8 @@ from typing import Any
 
 import msgspec
 
-from providers.errors import MalformedResponse
-
 __all__ = ["Blob", "Failed", "NotFound", "PollOutcome", "Running", "Succeeded", "SyncOutcome",
-           "Usage", "reported_cost", "reported_number"]
+           "Usage", "finite", "reported_cost", "reported_number"]
 
 
 class Blob(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,29 +70,34 @@ PollOutcome = Running | Succeeded | Failed | NotFound
 SyncOutcome = Succeeded | Failed
 
 
-def reported_cost(value: object, *, provider: str, field: str) -> float | None:
-    """A cost the provider reported in ``field``: ``None`` when absent, a finite number
-    ``>= 0`` otherwise; anything else (negative, NaN, infinite, not a number) is
-    :class:`MalformedResponse` — a cost is never negative and never guessed."""
-    if value is None:
+def finite(value: object) -> float | None:
+    """``value`` as a finite float when it is a JSON number (not a bool) that fits one;
+    else ``None`` (a 400-digit integer overflows a float: ``None``, never an exception)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise MalformedResponse(f"{field} is not a number: {value!r}", provider=provider)
     try:
-        cost = float(value)
-    except ValueError:
-        raise MalformedResponse(f"{field} is not a number: {value!r}",
-                                provider=provider) from None
-    if not math.isfinite(cost) or cost < 0:
-        raise MalformedResponse(f"{field} must be a finite number >= 0, got {value!r}",
-                                provider=provider)
-    return cost
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def reported_cost(value: object) -> float | None:
+    """A cost the provider reported: a finite number ``>= 0`` (a JSON number, or a
+    header's numeric text), else ``None``. A cost that is negative, not finite or not a
+    number is dropped, never guessed and never charged: the call still succeeded (and was
+    billed upstream), so its result is kept and the pricing hook decides the charge."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
 
 
 def reported_number(value: object) -> float | None:
     """A usage figure the provider reported: a finite number ``>= 0``, else ``None`` (a
     usage figure is informational: an odd one is dropped, not an error)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) and number >= 0 else None
+    number = finite(value)
+    return number if number is not None and number >= 0 else None

@@ -58,13 +58,12 @@ from providers.outcomes import (
     reported_number,
 )
 from providers.polling import poll_until_done
+from providers.raw import JSONTooDeep, RawResponse, decode_json
 from providers.transport import (
     DEFAULT_POLICY,
     Classify,
-    RawResponse,
     RetryPolicy,
     Sleep,
-    parse_retry_after,
     send,
 )
 
@@ -180,8 +179,8 @@ def build_cancel_request(collection: Collection, task_id: str, *, api_key: str) 
 def _detail(raw: RawResponse) -> tuple[str, str | None]:
     """The problem's ``detail`` (or the body's text) and its ``title``."""
     try:
-        body = msgspec.json.decode(raw.body)
-    except msgspec.DecodeError:
+        body = decode_json(raw.body)
+    except (msgspec.DecodeError, JSONTooDeep):
         return raw.body[:200].decode("utf-8", "replace") or f"HTTP {raw.status}", None
     if isinstance(body, dict):
         detail = body.get("detail") or body.get("title") or f"HTTP {raw.status}"
@@ -197,12 +196,12 @@ def throttle_delay(raw: RawResponse) -> float | None:
     """How long a 429 asks to wait: ``Retry-After`` when sent, else the body's numeric
     ``retry_after``, else the delay in its ``detail`` text (``Request was throttled.
     Expected available in 3 seconds.`` / ``... Your rate limit resets in ~5s.``)."""
-    header = parse_retry_after(raw.headers.get("retry-after"))
+    header = raw.retry_after()
     if header is not None:
         return header
     try:
-        body = msgspec.json.decode(raw.body)
-    except msgspec.DecodeError:
+        body = decode_json(raw.body)
+    except (msgspec.DecodeError, JSONTooDeep):
         return None
     if not isinstance(body, dict):
         return None

@@ -15,7 +15,6 @@ after sending is ambiguous and is raised at once for the caller to decide.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,14 +24,14 @@ import aiohttp
 import msgspec
 
 from providers.errors import (
-    MalformedResponse,
     ProviderError,
     ProviderTimeout,
     RateLimited,
     TransientError,
 )
+from providers.raw import RawResponse
 
-__all__ = ["RawResponse", "RetryPolicy", "parse_retry_after", "send"]
+__all__ = ["Classify", "RetryPolicy", "Sleep", "send"]
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,43 +45,8 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_POLICY = RetryPolicy()
 
 
-class RawResponse(msgspec.Struct, frozen=True, kw_only=True):
-    status: int
-    headers: dict[str, str]  # lower-cased names
-    body: bytes
-
-    def json(self, provider: str) -> Any:
-        """The body as JSON, or :class:`MalformedResponse` keeping a prefix of the body."""
-        try:
-            return msgspec.json.decode(self.body)
-        except msgspec.DecodeError as exc:
-            snippet = self.body[:200].decode("utf-8", "replace")
-            raise MalformedResponse(
-                f"invalid JSON from {provider}: {exc}; body starts {snippet!r}",
-                provider=provider, status=self.status,
-            ) from exc
-
-
 Classify = Callable[[RawResponse], ProviderError | None]
 Sleep = Callable[[float], Awaitable[None]]
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` (or ``retry-after-ms``-derived) header value:
-    either delta-seconds or an HTTP date. ``None`` when absent or unparseable."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
 
 
 def _backoff(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
@@ -112,7 +76,8 @@ async def _once(
         ) as resp:
             body = await resp.read()
             headers = {k.lower(): v for k, v in resp.headers.items()}
-            return RawResponse(status=resp.status, headers=headers, body=body)
+            return RawResponse(status=resp.status, headers=headers, body=body,
+                               received_at=time.time())
     except TimeoutError as exc:
         raise ProviderTimeout(
             f"{method} {url} timed out after {timeout_s}s", provider=provider

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from providers.transport import RawResponse
+from providers.raw import RawResponse
 
 __all__ = ["FIXTURES", "Recorded", "all_fixtures", "load", "vectors"]
 

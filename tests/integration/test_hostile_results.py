@@ -175,18 +175,26 @@ async def test_media_from_the_configured_endpoint_is_fetched(
 
 # -- 9. money is never negative or over-charged ----------------------------------------------
 
-async def test_negative_cost_from_the_provider_is_refused_never_charged(
-        conn: Conn, make_runner: MakeRunner) -> None:
-    job = await create_job(conn, credits=10)
-    out = await make_runner().run(job, "kie-llm", {**LLM, "_sim": {"cost": -50}})
-    assert out.result == "failed"
-    r = await row(conn, job)
-    assert (r["credits"], r["credits_charged"]) == ("refunded", 0)
-
-
 # The host's price list: one credit per KIE credit the LLM proxy reports it consumed.
 PER_KIE_CREDIT = RateTable(rates=(Rate(kind="kie-llm", unit="provider_credits",
                                        credits=1.0),))
+
+
+@pytest.mark.parametrize("cost", [-50, -0.01])
+async def test_a_bad_cost_from_the_provider_is_dropped_never_charged(
+        conn: Conn, make_runner: MakeRunner, cost: object) -> None:
+    """The call succeeded (and was billed upstream): its result is kept, and the charge
+    comes from the price list as if no cost were reported — never a negative one."""
+    job = await create_job(conn, credits=10)
+    out = await make_runner(pricing=PER_KIE_CREDIT).run(
+        job, "kie-llm", {**LLM, "_sim": {"cost": cost}})
+    assert out.result == "completed"
+    r = await row(conn, job)
+    assert (r["credits"], r["credits_charged"]) == ("committed", 10)
+    kind, payload = (await (await conn.execute(
+        "SELECT type, payload FROM call_events WHERE job_id = %s ORDER BY seq DESC LIMIT 1",
+        (job,))).fetchone() or {}).values()
+    assert (kind, payload.get("cost")) == ("Completed", None)
 
 
 @pytest.mark.parametrize(("cost", "charged"), [(7.0, [4, 3]), (20.0, [4, 6]), (0.0, [0, 0])])

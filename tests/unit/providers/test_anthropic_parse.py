@@ -28,7 +28,7 @@ from providers.errors import (
     is_transient,
 )
 from providers.outcomes import Failed, Succeeded
-from providers.transport import RawResponse
+from providers.raw import RawResponse
 
 REQUEST = {"model": "claude-sonnet-4-5", "max_tokens": 64,
            "messages": [{"role": "user", "content": "Hi"}], "system": "be brief"}

@@ -40,7 +40,7 @@ from providers.errors import (
     UnknownProviderKind,
 )
 from providers.outcomes import Failed, Running, Succeeded
-from providers.transport import RawResponse
+from providers.raw import RawResponse
 
 BASE = "https://api.elevenlabs.io"
 

@@ -25,7 +25,7 @@ from providers.kie import (
 )
 from providers.kie_parse import classify_kie, classify_kie_poll, parse_poll, parse_task_id
 from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.transport import RawResponse
+from providers.raw import RawResponse
 
 TID = "5f48a1c0d2e34b5f8a9b0c1d2e3f4a5b"
 
@@ -410,6 +410,27 @@ def test_llm_chat_completion_answer_gives_text() -> None:
                                       "message": {"role": "assistant", "content": "ok"}}]}))
     assert isinstance(out, Succeeded)
     assert (out.text, out.cost, out.stop_reason) == ("ok", None, "end_turn")
+
+
+def test_llm_tool_calls_are_the_output_not_an_empty_success() -> None:
+    claude = parse_llm(raw({"type": "message", "model": "claude-sonnet-4-6",
+                            "content": [{"type": "tool_use", "id": "t", "name": "lookup",
+                                         "input": {"q": "x"}}],
+                            "stop_reason": "tool_use", "credits_consumed": 0.01}))
+    chat = parse_llm(raw({"object": "chat.completion", "choices": [{
+        "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None,
+                                                   "tool_calls": [{"id": "c1", "type":
+                                                                   "function"}]}}]}))
+    assert isinstance(claude, Succeeded)
+    assert isinstance(chat, Succeeded)
+    assert ('"lookup"' in (claude.text or ""), claude.stop_reason) == (True, "tool_use")
+    assert ('"c1"' in (chat.text or ""), chat.stop_reason) == (True, "tool_use")
+
+
+def test_llm_text_block_without_text_is_malformed_not_the_word_none() -> None:
+    with pytest.raises(MalformedResponse):
+        parse_llm(raw({"type": "message", "content": [{"type": "text", "text": None}],
+                       "stop_reason": "end_turn"}))
 
 
 def test_llm_chat_completion_cut_at_the_length_limit_is_truncated() -> None:

@@ -37,13 +37,13 @@ from providers.errors import (
 from providers.kie import parse_llm
 from providers.kie_parse import classify_kie, parse_poll, parse_task_id
 from providers.outcomes import Failed, NotFound, Running, Succeeded
+from providers.raw import RawResponse
 from providers.replicate import (
     classify_replicate,
     output_urls,
     parse_created,
     parse_prediction,
 )
-from providers.transport import RawResponse
 from tests.recorded import EVIDENCE, Recorded, all_fixtures
 
 Check = Callable[[Recorded], None]

@@ -18,6 +18,7 @@ from providers.errors import (
     UnknownProviderKind,
 )
 from providers.outcomes import Failed, NotFound, Running, Succeeded
+from providers.raw import RawResponse
 from providers.replicate import (
     ReplicatePredictionClient,
     build_get_request,
@@ -29,7 +30,6 @@ from providers.replicate import (
     parse_created,
     parse_prediction,
 )
-from providers.transport import RawResponse
 
 CREATED = {  # reference §11.1, live 201
     "id": "hdwst0bb05rgp0cf0p29mzk2am", "model": "stability-ai/sdxl", "version": "39ed" * 16,
