@@ -38,7 +38,8 @@ def _delta(seconds: float | None) -> str:
 def _settlement(r: TimelineRow) -> str:
     if r.settlement is None:
         return ""
-    cost = f" at {r.settled_cost:g}" if r.settled_cost is not None else ""
+    cost = (f", priced {r.settled_cost:g} (at most the reservation)"
+            if r.settled_cost is not None else "")
     return f"[bold]{r.settlement}{cost}[/bold] by {escape(r.settled_by or '?')}"
 
 

@@ -35,6 +35,7 @@ from engine.errors import DatabaseError
 from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.identity import incarnation
+from engine.inline import store_inline
 from engine.pricing import Pricing
 from engine.store import Conn, Decide, append, execute, load, transition
 from events.states import CallState
@@ -49,11 +50,17 @@ from events.types import (
 )
 from projections.fold import EMPTY, CallProjection
 from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
-from providers.errors import MediaExpired, ProviderError, RateLimited, TransientError
+from providers.errors import (
+    MediaExpired,
+    ProviderError,
+    RateLimited,
+    StorageError,
+    TransientError,
+)
 from providers.kinds import get_kind, is_sync_call
 from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import client_for
-from providers.storage import MediaStore, media_key
+from providers.storage import MediaStore
 
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event", "utcnow"]
 
@@ -139,7 +146,8 @@ class CallRunner:
                                        "reconciler adopts it)")
         if sync:
             if started_here:
-                return await self._run_sync(job_id, cast(SyncKindClient, client), request, p)
+                return await self._run_sync(job_id, kind, cast(SyncKindClient, client),
+                                            request, p)
             return await self._after_upstream(job_id, p, "sync call interrupted")
         return await self._run_async(job_id, kind, p, cast(AsyncKindClient, client), request,
                                      started_here)
@@ -198,7 +206,14 @@ class CallRunner:
             except ProviderError as exc:
                 last_error = str(exc)
             failpoint("mid_poll")
-            event = upstream_event(outcome, self.owner, self.clock()) if outcome else None
+            keys: tuple[str, ...] = ()
+            if outcome is not None:
+                try:
+                    outcome, keys = await self.inline(job_id, kind, outcome)
+                except StorageError as exc:  # the next poll answers the same again
+                    outcome, last_error = None, f"storing an inline result: {exc}"
+            event = (upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
+                     if outcome else None)
             if event is not None:
                 return await self._record(job_id, self._if_active(event), p), None
             await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
@@ -209,30 +224,24 @@ class CallRunner:
 
     # -- sync kinds -------------------------------------------------------------------
 
-    async def _run_sync(self, job_id: uuid.UUID, client: SyncKindClient,
+    async def _run_sync(self, job_id: uuid.UUID, kind: str, client: SyncKindClient,
                         request: Mapping[str, Any], p: CallProjection) -> CallOutcome:
         try:
             outcome: PollOutcome = await client.call(request)
         except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
             outcome = Failed(error=str(exc), code=type(exc).__name__)
         failpoint("after_sync_call")
-        keys: tuple[str, ...] = ()
-        if isinstance(outcome, Succeeded) and outcome.blobs:
-            keys = await self._prestore(job_id, outcome)
+        outcome, keys = await self.inline(job_id, kind, outcome)
         event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         assert event is not None
         p = await self._record(job_id, self._if_active(event), p)
         return await self._after_upstream(job_id, p, None)
 
-    async def _prestore(self, job_id: uuid.UUID, outcome: Succeeded) -> tuple[str, ...]:
-        """Inline bytes (TTS audio) are stored before the outcome is recorded, under the
-        same deterministic keys the finalizer uses; the event carries only the keys."""
-        keys = []
-        for index, blob in enumerate(outcome.blobs):
-            obj = await self.store.put(media_key(str(job_id), index, blob.content_type),
-                                       blob.data, blob.content_type)
-            keys.append(obj.key)
-        return tuple(keys)
+    async def inline(self, job_id: uuid.UUID, kind: str,
+                     outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:
+        """Inline results stored before the outcome is recorded (:mod:`engine.inline`)."""
+        return await store_inline(self.store, job_id, kind, outcome,
+                                  settings=self.settings, config=self.config)
 
     # -- shared -----------------------------------------------------------------------
 

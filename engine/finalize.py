@@ -41,7 +41,7 @@ from engine.config import CallConfig
 from engine.errors import WriteConflict
 from engine.failpoints import failpoint
 from engine.host import host_ended
-from engine.pricing import ChargeReservation, Pricing
+from engine.pricing import ChargeReservation, Pricing, checked_charge
 from engine.store import AppendResult, Conn, Decide, append, execute, load, transition
 from events.states import CallState
 from events.types import (
@@ -165,12 +165,12 @@ class Finalizer:
 
     async def _store_all(self, job_id: uuid.UUID, p: CallProjection,
                          result: UpstreamResult) -> tuple[StoredMedia, ...]:
-        if result.stored_keys:
-            return tuple([await self._head(job_id, k) for k in result.stored_keys])
+        out = [await self._head(job_id, k) for k in result.stored_keys]
+        if not result.media_urls:
+            return tuple(out)
         fetch = media_fetch_for(p.provider_kind, self.settings, self.config.media_allow_hosts)
-        out = []
         async with media_session(fetch.policy) as session:
-            for index, url in enumerate(result.media_urls):
+            for index, url in enumerate(result.media_urls, start=len(out)):
                 got = await download(session, url, policy=fetch.policy,
                                      max_bytes=self.config.media_max_bytes,
                                      timeout_s=self.config.media_timeout_s,
@@ -209,7 +209,7 @@ class Finalizer:
     async def _complete(self, job_id: uuid.UUID, p: CallProjection,
                         media: tuple[StoredMedia, ...], claim_owner: str) -> FinalizeResult:
         result = p.upstream_result or UpstreamResult()
-        cost = self.pricing.charge(p.provider_kind or "", result.usage, result.cost)
+        cost = checked_charge(self.pricing, p.provider_kind or "", result.usage, result.cost)
         event = Completed(at=self.clock(), actor=self.owner, media=media, cost=cost,
                           text=result.text, stop_reason=result.stop_reason)
         for _ in range(_MAX_COMPLETE_TRIES):

@@ -13,13 +13,20 @@ reserved)`` (split over the job's reservations) and releases the rest.
   with :func:`load_pricing`, or build it from the host's rows.
 - Anything else with a ``charge`` method: a host's own function.
 
-A charge that is negative or not finite is refused (:class:`~engine.errors.ConfigError`
-for a table; the write path clamps at 0 as a last line).
+The charge is checked where it is asked for (:func:`checked_charge`, called by the
+finalizer): a pricing function that raises, or answers anything but a finite number ``>= 0``
+(NaN, infinity, a negative number, a string), charges the reservation, logged with the
+reason — a host's pricing bug never loses a paid result and never charges more than was
+reserved. A price list is validated when it is built (:class:`~engine.errors.ConfigError`):
+a kind callwarden does not know, a unit no provider reports, a rate or ``per`` that is not
+a finite number (``per > 0``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import logging
 import math
 import tomllib
 from collections.abc import Mapping
@@ -31,8 +38,16 @@ import msgspec
 from engine.errors import ConfigError
 from providers.kinds import KINDS
 
-__all__ = ["PRICING_ENV", "ChargeReservation", "Pricing", "Rate", "RateTable", "load_pricing",
-           "pricing_from_env"]
+__all__ = ["PRICING_ENV", "UNITS", "ChargeReservation", "Pricing", "Rate", "RateTable",
+           "checked_charge", "load_pricing", "pricing_from_env"]
+
+log = logging.getLogger("callwarden.pricing")
+
+#: The units a rate may charge by: the usage keys providers report (docs/pricing.md), and
+#: ``call`` (a flat price per call).
+UNITS: frozenset[str] = frozenset({
+    "call", "input_tokens", "output_tokens", "cache_creation_input_tokens",
+    "cache_read_input_tokens", "predict_time_s", "characters", "provider_credits"})
 
 #: The environment variable naming a price list for the CLI processes (worker,
 #: reconcile, serve): all three must charge alike, so they read the same file.
@@ -57,9 +72,11 @@ class ChargeReservation:
 
 class Rate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``credits`` per ``per`` units of ``unit`` (a usage key: ``input_tokens``,
-    ``output_tokens``, ``predict_time_s``, ``characters``, ``provider_credits``), for calls
-    of ``kind`` (and of ``model`` when given; a rate naming a model wins over one that
-    does not). ``unit = "call"`` charges ``credits`` once per call."""
+    ``output_tokens``, ``predict_time_s``, ``characters``, ``provider_credits``: see
+    :data:`UNITS`), for calls of ``kind`` (and of ``model`` when given: a glob matched
+    against the model the provider *reports*, e.g. ``claude-sonnet-4-5*`` for its dated
+    ids; a rate naming a model wins over one that does not). ``unit = "call"`` charges
+    ``credits`` once per call."""
 
     kind: str
     unit: str
@@ -70,9 +87,13 @@ class Rate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"pricing rate for unknown provider_kind {self.kind!r}")
-        if not (math.isfinite(self.credits) and self.credits >= 0 and self.per > 0):
+        if self.unit not in UNITS:
+            raise ConfigError(f"pricing rate for {self.kind}: unknown unit {self.unit!r}; "
+                              f"known: {', '.join(sorted(UNITS))}")
+        if not (math.isfinite(self.credits) and self.credits >= 0
+                and math.isfinite(self.per) and self.per > 0):
             raise ConfigError(f"pricing rate {self.kind}/{self.unit}: credits must be a "
-                              f"finite number >= 0 and per > 0")
+                              f"finite number >= 0 and per a finite number > 0")
 
 
 class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -83,7 +104,7 @@ class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     def _rates_for(self, kind: str, model: object) -> list[Rate]:
         exact = [r for r in self.rates if r.kind == kind and r.model is not None
-                 and r.model == model]
+                 and isinstance(model, str) and fnmatch.fnmatchcase(model, r.model)]
         return exact or [r for r in self.rates if r.kind == kind and r.model is None]
 
     def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
@@ -97,7 +118,7 @@ class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             if isinstance(amount, int | float) and math.isfinite(amount) and amount >= 0:
                 total += amount / rate.per * rate.credits
                 matched = True
-        return round(total, 6) if matched else None
+        return round(total, 6) if matched and math.isfinite(total) else None
 
 
 def load_pricing(path: Path) -> RateTable:
@@ -119,3 +140,23 @@ def pricing_from_env(env: Mapping[str, str]) -> Pricing:
     :class:`~engine.errors.ConfigError` at start, never a silent fall back to the default."""
     path = env.get(PRICING_ENV, "").strip()
     return load_pricing(Path(path)) if path else ChargeReservation()
+
+
+def checked_charge(pricing: Pricing, kind: str, usage: Usage,
+                   reported_cost: float | None) -> float | None:
+    """``pricing``'s charge for a completed call, or ``None`` (the reservation) when the
+    hook raises or answers anything but a finite number ``>= 0`` — logged, never raised:
+    the result was paid for upstream and is kept."""
+    try:
+        charge = pricing.charge(kind, usage, reported_cost)
+    except Exception:
+        log.exception("pricing hook raised for a %s call: charging the reservation", kind)
+        return None
+    if charge is None:
+        return None
+    if isinstance(charge, bool) or not isinstance(charge, int | float) \
+            or not math.isfinite(charge) or charge < 0:
+        log.error("pricing hook answered %r for a %s call (not a finite number >= 0): "
+                  "charging the reservation", charge, kind)
+        return None
+    return float(charge)

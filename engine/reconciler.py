@@ -45,6 +45,7 @@ from engine.failpoints import failpoint
 from engine.finalize import Finalizer
 from engine.host import host_status_ended
 from engine.identity import incarnation
+from engine.inline import store_inline
 from engine.metrics import record_reconcile
 from engine.pricing import Pricing
 from engine.reconcile_config import ReconcileConfig
@@ -68,7 +69,7 @@ from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
 from projections.columns import ProjectionUnreadable
 from projections.fold import CallProjection
 from providers.base import ProviderSettings
-from providers.errors import ProviderError
+from providers.errors import ProviderError, StorageError
 from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import poll_task
 from providers.storage import MediaStore
@@ -361,7 +362,15 @@ class Reconciler:
             await self._attempted(job, p, kind, error, now, counts,
                                   count="errors" if outcome is None else kind)
             return
-        event = upstream_event(outcome, self.owner, now)
+        try:
+            outcome, keys = await store_inline(
+                self.finalizer.store, job, action.kind, outcome, settings=self.settings,
+                config=self.finalizer.config)
+        except StorageError as exc:  # re-polled next time: the answer is still there
+            await self._attempted(job, p, "error", f"storing an inline result: {exc}", now,
+                                  counts, count="errors")
+            return
+        event = upstream_event(outcome, self.owner, now, stored_keys=keys)
         assert event is not None
         count = {Succeeded: "recovered", Failed: "failed", NotFound: "swept"}[type(outcome)]
         r = await self._write(job, p, event, counts, count,

@@ -40,6 +40,7 @@ from engine.calls import ACTIVE, upstream_event
 from engine.clock import DatabaseClock, sync_clock
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.finalize import Finalizer, Pool
+from engine.inline import store_inline
 from engine.metrics import record_webhook
 from engine.store import Conn, execute, load, transition
 from engine.webhook_parse import (
@@ -52,7 +53,7 @@ from engine.webhook_parse import (
     parse_replicate,
 )
 from events.states import CallState
-from providers.errors import ProviderError, SignatureError
+from providers.errors import ProviderError, SignatureError, StorageError
 from providers.kinds import KINDS
 from providers.outcomes import PollOutcome
 from providers.signing import verify_elevenlabs, verify_kie, verify_replicate
@@ -213,7 +214,7 @@ class Receiver:
                 outcome, message, status = exc.outcome, str(exc), exc.status
             except Reject as exc:
                 outcome, message, status = exc.outcome, str(exc), exc.status
-            except (DatabaseUnavailable, DatabaseError) as exc:
+            except (DatabaseUnavailable, DatabaseError, StorageError) as exc:
                 outcome, message, status = "error", f"try again later: {exc}", 503
                 headers["Retry-After"] = "30"
             record_webhook(provider, outcome, time.perf_counter() - started)
@@ -352,14 +353,18 @@ class Receiver:
                 return "duplicate", "delivery already processed"
             try:
                 return await self._record(conn, provider, job_id, parsed)
-            except (DatabaseUnavailable, DatabaseError):
+            except (DatabaseUnavailable, DatabaseError, StorageError):
                 if delivery_id is not None:
                     await _forget_delivery(self.pool, provider, delivery_id)
                 raise
 
     async def _record(self, conn: Conn, provider: str, job_id: uuid.UUID,
                       parsed: Parsed) -> tuple[str, str]:
-        event = upstream_event(parsed.outcome, f"webhook:{provider}", self.now())
+        kind = (await load(conn, job_id)).provider_kind or ""
+        outcome, keys = await store_inline(
+            self.finalizer.store, job_id, kind, parsed.outcome,
+            settings=self.finalizer.settings, config=self.finalizer.config)
+        event = upstream_event(outcome, f"webhook:{provider}", self.now(), stored_keys=keys)
         result = await transition(
             conn, job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
         state = result.projection.state

@@ -8,7 +8,8 @@ must pass the :class:`~providers.media_guard.MediaPolicy` the caller gives; use 
 from :func:`~providers.media_guard.media_session` so resolved addresses are checked too.
 
 Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
-(``image/*``); ``None`` accepts anything. The default, :data:`DEFAULT_MEDIA_TYPES`, is
+(``image/*``); ``*`` (:data:`ANY_FILE`) any type but a web page; ``None`` accepts anything.
+The default, :data:`DEFAULT_MEDIA_TYPES`, is
 ``image/*``, ``video/*`` and ``audio/*``. ``application/octet-stream`` is deliberately *not* in
 it, yet CDNs often label media that way: a generic or missing type is resolved by sniffing the
 first bytes (PNG, JPEG, GIF, WebP, AVIF/HEIC, MP4/MOV, WebM, MP3, AAC, WAV, OGG, FLAC); media
@@ -56,9 +57,11 @@ from providers.media_guard import MediaPolicy, check_url, shown_url
 from providers.raw import parse_retry_after
 
 __all__ = [
+    "ANY_FILE",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MEDIA_TYPES",
     "GENERIC_TYPES",
+    "PAGE_TYPES",
     "Downloaded",
     "decode_data_uri",
     "download",
@@ -70,6 +73,10 @@ __all__ = [
 
 DEFAULT_MAX_BYTES = 200 * 2**20
 DEFAULT_MEDIA_TYPES: frozenset[str] = frozenset({"image/*", "video/*", "audio/*"})
+#: Any file but a web page (Replicate: a model's output may be any file, as the SDK takes
+#: it — text, JSON, archives, 3-D models — yet an HTML page is an error page, not a result).
+ANY_FILE: frozenset[str] = frozenset({"*"})
+PAGE_TYPES: frozenset[str] = frozenset({"text/html", "application/xhtml+xml"})
 GENERIC_TYPES: frozenset[str] = frozenset(
     {"", "application/octet-stream", "binary/octet-stream", "application/binary"}
 )
@@ -128,8 +135,11 @@ def _base_type(header: str | None) -> str:
 
 
 def type_allowed(content_type: str, allowed: frozenset[str] | None) -> bool:
-    """``content_type`` is in ``allowed`` exactly or by its ``major/*`` wildcard."""
+    """``content_type`` is in ``allowed`` exactly or by its ``major/*`` wildcard; ``*``
+    allows any type but a web page; ``None`` allows anything."""
     if allowed is None:
+        return True
+    if "*" in allowed and content_type not in PAGE_TYPES:
         return True
     major = content_type.split("/", 1)[0]
     return content_type in allowed or f"{major}/*" in allowed

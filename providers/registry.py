@@ -19,7 +19,7 @@ from providers.elevenlabs import elevenlabs_client_for, media_auth_headers
 from providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
 from providers.kie import kie_client_for
 from providers.kinds import get_kind
-from providers.media import DEFAULT_MEDIA_TYPES
+from providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
 from providers.media_guard import MediaPolicy
 from providers.outcomes import Failed, NotFound, PollOutcome
 from providers.replicate import replicate_client_for
@@ -78,7 +78,7 @@ class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
     hosts and its provider's configured endpoint, plus an operator allow-list), extra
     headers (ElevenLabs serves dubbed audio only with the API key) and the content types
-    accepted (``None``: any, for Replicate trainings whose output is model weights)."""
+    accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
 
     policy: MediaPolicy = MediaPolicy()
     headers: dict[str, str] | None = None
@@ -105,6 +105,6 @@ def media_fetch_for(kind: str | None, settings: ProviderSettings,
                                _endpoint_urls(spec.provider, settings))
     if spec.provider == "elevenlabs":
         return MediaFetch(policy=policy, headers=media_auth_headers(settings.elevenlabs))
-    if spec.name == "replicate-training":
-        return MediaFetch(policy=policy, allowed_types=None)
+    if spec.provider == "replicate":  # a model's output may be any file (not a web page)
+        return MediaFetch(policy=policy, allowed_types=ANY_FILE)
     return MediaFetch(policy=policy)

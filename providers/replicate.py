@@ -294,6 +294,30 @@ def output_text(output: Any) -> str | None:
     return msgspec.json.encode(output).decode()
 
 
+def _placed(value: Any, index: dict[str, int]) -> Any:
+    """``value`` with each file replaced by ``{"media": i}``, its place among the
+    result's media (the SDK likewise keeps the structure, with file objects in place)."""
+    if isinstance(value, str):
+        return {"media": index[value]} if value in index else value
+    if isinstance(value, list):
+        return [_placed(v, index) for v in value]
+    if isinstance(value, dict):
+        return {k: _placed(v, index) for k, v in value.items()}
+    return value
+
+
+def structured_text(output: Any, files: tuple[str, ...]) -> str | None:
+    """The text of an output that has files: ``None`` when the files are all it holds (a
+    URL, or a list of URLs); otherwise the whole structure as JSON with each file as
+    ``{"media": i}`` — a caption beside an image, text around a link, a training's new
+    ``version`` beside its ``weights`` are kept, not dropped."""
+    if isinstance(output, str) or (isinstance(output, list)
+                                   and all(isinstance(v, str) and v in files
+                                           for v in output)):
+        return None
+    return msgspec.json.encode(_placed(output, {f: i for i, f in enumerate(files)})).decode()
+
+
 def _redacted(value: Any) -> Any:
     """``value`` with ``data:`` URIs cut to their header (the bytes are in the outcome's
     media, not worth a second copy in ``raw``)."""
@@ -329,8 +353,8 @@ def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
     output = doc.get("output")
     files = output_urls(output)
     trimmed = {k: _redacted(v) for k, v in doc.items() if k != "logs"}
-    return Succeeded(media_urls=files, text=None if files else output_text(output),
-                     cost=None, raw=trimmed, usage=_usage(doc))
+    text = structured_text(output, files) if files else output_text(output)
+    return Succeeded(media_urls=files, text=text, cost=None, raw=trimmed, usage=_usage(doc))
 
 
 def parse_prediction(raw: RawResponse) -> PollOutcome:

@@ -116,7 +116,7 @@ def test_cli_audit_table_names_events_and_settlement(
     monkeypatch.setenv("COLUMNS", "250")
     assert cli(db_url, monkeypatch, "audit", str(job)) == 0
     out = capsys.readouterr().out
-    for text in ("CallStarted", "Completed", "committed at 4", "reservation: committed"):
+    for text in ("CallStarted", "Completed", "committed, priced 4", "reservation: committed"):
         assert text in out
 
 

@@ -289,6 +289,24 @@ async def test_without_a_price_list_the_reservation_is_committed(
     assert (await row(conn, job))["credits_charged"] == 10
 
 
+class _BrokenPricing:
+    def charge(self, kind: str, usage: dict[str, float | str],
+               reported_cost: float | None) -> float | None:
+        raise KeyError("model_pricing has no row for this model")
+
+
+async def test_a_pricing_function_that_raises_keeps_the_result_and_the_reservation(
+        conn: Conn, make_runner: MakeRunner) -> None:
+    """A host's pricing bug never loses a paid result: the call completes and commits
+    what was reserved (logged), instead of failing finalization until it is exhausted."""
+    job = await create_job(conn, credits=10)
+    out = await make_runner(pricing=_BrokenPricing()).run(
+        job, "kie-llm", {**LLM, "_sim": {"cost": 2.5}})
+    assert out.result == "completed"
+    r = await row(conn, job)
+    assert (r["credits"], r["credits_charged"]) == ("committed", 10)
+
+
 async def test_nul_characters_from_a_provider_are_still_recorded(
         conn: Conn, make_runner: MakeRunner) -> None:
     """Postgres refuses NUL in text and jsonb; a provider's answer carrying one must not

@@ -101,6 +101,32 @@ async def test_replicate_data_uri_output_is_decoded_and_stored_without_a_fetch(
     assert [p.read_bytes() for p in stored] == [PNG]
     assert sim.sim.media.requests == []
     assert "base64," not in msgspec.json.encode(row["output_data"]).decode()
+    events = await (await conn.execute(
+        "SELECT type, payload::text AS payload FROM call_events WHERE job_id = %s",
+        (job,))).fetchall()
+    payload = DATA_URI.split(",", 1)[1][:60]
+    assert [e["type"] for e in events if payload in e["payload"]] == []  # stored first
+    succeeded = [msgspec.json.decode(e["payload"]) for e in events
+                 if e["type"] == "UpstreamSucceeded"]
+    assert [len(s["result"]["stored_keys"]) for s in succeeded] == [1]
+
+
+async def test_a_data_uri_is_stored_by_the_reconciler_that_recovers_the_call(
+        conn: Conn, make_reconciler: Any, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path) -> None:
+    job = await host_job(conn)
+    request = replicate([DATA_URI])
+    request["input"]["_sim"]["steps"] = []  # done by the time the reconciler polls
+    async with http.post(sim.url("replicate", "/v1/predictions"), json=request,
+                         headers={"Authorization": f"Bearer {sim.sim.api_key}"}) as resp:
+        task = (await resp.json())["id"]
+    await dead_workers_events(conn, job, "replicate-prediction", task)
+    await make_reconciler(thresholds_s={"replicate-prediction": 1.0}).reconcile_once()
+    row = await seen_by_host(conn, job)
+    assert (row["call_state"], row["credits"], row["assets"]) == (
+        "completed", "committed", 1)
+    stored = list((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    assert [p.read_bytes() for p in stored] == [PNG]
 
 
 async def test_a_data_uri_over_the_size_limit_fails_and_refunds(
@@ -113,6 +139,9 @@ async def test_a_data_uri_over_the_size_limit_fails_and_refunds(
     assert (row["credits"], row["assets"]) == ("refunded", 0)
     kind, payload = await terminal_event(conn, job)
     assert (kind, payload["code"]) == ("UpstreamFailed", "media_unusable")
+    types = [r["type"] for r in await (await conn.execute(
+        "SELECT type FROM call_events WHERE job_id = %s ORDER BY seq", (job,))).fetchall()]
+    assert "UpstreamSucceeded" not in types  # refused before anything was recorded
 
 
 def claude(stop_reason: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from engine.pricing import (
     ChargeReservation,
     Rate,
     RateTable,
+    checked_charge,
     load_pricing,
     pricing_from_env,
 )
@@ -23,7 +24,7 @@ from engine.pricing import (
 TABLE = RateTable(rates=(
     Rate(kind="anthropic-sync", unit="input_tokens", credits=1, per=1000),
     Rate(kind="anthropic-sync", unit="output_tokens", credits=5, per=1000),
-    Rate(kind="anthropic-sync", model="claude-opus-4-1", unit="output_tokens", credits=25,
+    Rate(kind="anthropic-sync", model="claude-opus-4-1*", unit="output_tokens", credits=25,
          per=1000),
     Rate(kind="replicate-prediction", unit="predict_time_s", credits=2),
     Rate(kind="kie-standard", unit="call", credits=3),
@@ -36,9 +37,12 @@ def test_rates_add_up_per_unit() -> None:
     assert TABLE.charge("anthropic-sync", usage, None) == 2 + 2
 
 
-def test_a_rate_naming_the_model_wins_over_the_generic_ones() -> None:
+@pytest.mark.parametrize("model", ["claude-opus-4-1", "claude-opus-4-1-20250805"])
+def test_a_rate_naming_the_model_wins_over_the_generic_ones(model: str) -> None:
+    """The model is matched as a glob against the one the provider reports (Anthropic
+    answers with dated ids)."""
     usage: dict[str, float | str] = {"input_tokens": 2000, "output_tokens": 400,
-                                     "model": "claude-opus-4-1"}
+                                     "model": model}
     assert TABLE.charge("anthropic-sync", usage, None) == 10
 
 
@@ -69,6 +73,8 @@ def test_a_charge_is_never_negative_or_not_finite(usage: dict[str, float | str])
     {"kind": "kie-standard", "unit": "call", "credits": -1},
     {"kind": "kie-standard", "unit": "call", "credits": float("inf")},
     {"kind": "kie-standard", "unit": "call", "credits": 1, "per": 0},
+    {"kind": "kie-standard", "unit": "call", "credits": 1, "per": float("inf")},
+    {"kind": "anthropic-sync", "unit": "output_tokn", "credits": 1},
 ])
 def test_a_bad_rate_is_a_config_error(tmp_path: Path, rate: dict[str, object]) -> None:
     path = tmp_path / "prices.json"
@@ -109,3 +115,33 @@ def test_the_environment_names_the_price_list(tmp_path: Path) -> None:
     assert pricing_from_env({PRICING_ENV: str(path)}) == load_pricing(path)
     with pytest.raises(ConfigError):
         pricing_from_env({PRICING_ENV: str(tmp_path / "missing.toml")})
+
+
+class _Answers:
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def charge(self, kind: str, usage: dict[str, float | str],
+               reported_cost: float | None) -> float | None:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("answer", [float("nan"), float("inf"), -1.0, "3", True,
+                                    RuntimeError("the host's price table is down")])
+def test_a_pricing_hook_that_fails_or_answers_nonsense_charges_the_reservation(
+        answer: object, caplog: pytest.LogCaptureFixture) -> None:
+    assert checked_charge(_Answers(answer), "kie-standard", {}, None) is None
+    assert "charging the reservation" in caplog.text
+
+
+@pytest.mark.parametrize(("answer", "charge"), [(None, None), (0, 0.0), (2.5, 2.5)])
+def test_a_sound_charge_passes_unchanged(answer: object, charge: float | None) -> None:
+    assert checked_charge(_Answers(answer), "kie-standard", {}, None) == charge
+
+
+def test_a_table_whose_sum_overflows_charges_the_reservation() -> None:
+    table = RateTable(rates=(Rate(kind="anthropic-sync", unit="output_tokens",
+                                  credits=1e308),))
+    assert table.charge("anthropic-sync", {"output_tokens": 10}, None) is None

@@ -9,6 +9,7 @@ import pytest
 from providers.base import ProviderSettings
 from providers.errors import UnknownProviderKind
 from providers.kinds import KINDS, is_sync_call
+from providers.media import ANY_FILE
 from providers.registry import client_for
 
 
@@ -58,7 +59,8 @@ def test_media_fetch_options_come_from_the_kind() -> None:
 
     settings = ProviderSettings.for_simulator("http://127.0.0.1:1", api_key="k")
     assert media_fetch_for("elevenlabs-async", settings).headers == {"xi-api-key": "k"}
-    assert media_fetch_for("replicate-training", settings).allowed_types is None
+    assert media_fetch_for("replicate-training", settings).allowed_types == ANY_FILE
+    assert media_fetch_for("replicate-prediction", settings).allowed_types == ANY_FILE
     plain = media_fetch_for("kie-standard", settings)
     assert (plain.headers, plain.allowed_types) == (None, DEFAULT_MEDIA_TYPES)
     assert media_fetch_for("midjourney", settings).headers is None

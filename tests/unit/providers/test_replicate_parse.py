@@ -137,6 +137,25 @@ def test_success_without_a_file_is_a_text_result(output: Any, text: str | None) 
     assert (outcome.media_urls, outcome.text) == ((), text)
 
 
+IMG = "https://replicate.delivery/pbxt/a/out-0.png"
+
+
+@pytest.mark.parametrize(("output", "media", "text"), [
+    (IMG, (IMG,), None),
+    ([IMG, IMG.replace("0", "1")], (IMG, IMG.replace("0", "1")), None),
+    ({"caption": "a fox", "image": IMG}, (IMG,),
+     '{"caption":"a fox","image":{"media":0}}'),
+    (["See ", IMG, " for details"], (IMG,), '["See ",{"media":0}," for details"]'),
+    ({"version": "me/lora:abc", "weights": IMG}, (IMG,),
+     '{"version":"me/lora:abc","weights":{"media":0}}'),
+])
+def test_an_output_with_files_keeps_the_rest_of_its_structure(
+        output: Any, media: tuple[str, ...], text: str | None) -> None:
+    outcome = parse_prediction(_raw(_doc(status="succeeded", output=output)))
+    assert isinstance(outcome, Succeeded)
+    assert (outcome.media_urls, outcome.text) == (media, text)
+
+
 def test_data_uri_outputs_are_files_and_are_not_copied_into_raw() -> None:
     uri = "data:image/png;base64," + "A" * 4000
     outcome = parse_prediction(_raw(_doc(status="succeeded", output=[uri])))
