@@ -261,13 +261,16 @@ class Receiver:
         delivery = self._kie_signature(request, task_id)
         job = await self._kie_job(request, authenticated=delivery is not None)
         kind = str(job["provider_kind"] or "")
+        # An authentic callback is never answered 4xx (KIE retries those): one that
+        # concerns nothing callwarden tracks is acknowledged and changes nothing.
         if not kind.startswith("kie-") or KINDS.get(kind) is None or KINDS[kind].mode != "async":
-            raise Reject(400, "malformed", f"job {job['id']} has no KIE task")
+            raise Reply("ignored", f"job {job['id']} has no KIE task: nothing to do")
         if job["provider_task_id"] is None:
             raise Reply("not_yet_known", "the job's task id is not recorded yet; its "
                         "worker polls it", status=202)
-        if job["provider_task_id"] != task_id:
-            raise Reject(400, "malformed", "callback is about another task than the job's")
+        if job["provider_task_id"] != task_id:  # e.g. a task replaced under "recreate"
+            raise Reply("ignored", f"callback about task {task_id}, not the job's current "
+                        "task: acknowledged, nothing changed")
         async with self.pool.connection() as conn:
             if delivery is not None and not await _claim_delivery(conn, "kie", delivery,
                                                                   job["id"]):
@@ -326,7 +329,9 @@ class Receiver:
         async with self.pool.connection() as conn:
             rows = await execute(conn, "webhook_job_by_id", {"job_id": job_id})
         if not rows:
-            raise Reject(404 if authenticated else 401, "unknown_task", "no such job")
+            if authenticated:  # HMAC-verified: KIE's own callback for a job we do not have
+                raise Reply("unknown_task", "no such job: acknowledged", status=202)
+            raise Reject(401, "unknown_task", "no such job")
         stored, given = rows[0]["callback_token"], request.match_info["token"]
         if stored is None and authenticated:
             return rows[0]  # HMAC-verified; the job never had a token

@@ -34,7 +34,7 @@ from engine.webhooks import CallbackUrls, WebhookConfig, callback_url_for, ensur
 from events.types import CallStarted, TaskCreated
 from providers.outcomes import PollOutcome
 from providers.registry import poll_task
-from providers.signing import elevenlabs_sign, replicate_sign
+from providers.signing import elevenlabs_sign, kie_sign, replicate_sign
 from providers.simulator.core import Delivery, RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.recorded import load as load_fixture
@@ -342,6 +342,32 @@ async def test_kie_hmac_mode_rejects_bad_stale_and_replayed_callbacks(
         assert sim.sim.journal.count("kie", "poll") == polls
         await hmac_service.drain()
         assert await state(conn, job) == ("completed", "committed")
+
+
+async def test_authentic_kie_callbacks_about_nothing_tracked_are_acknowledged(
+        pool: Pool, conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path) -> None:
+    """KIE retries any 4xx: an authentic callback about a task the job no longer runs (a
+    task replaced under "recreate"), or about a job this database does not have, is
+    acknowledged and changes nothing; only a bad signature is refused."""
+    key = sim.sim.webhook_secrets["kie"]
+    async with serving(pool, sim, http, tmp_path, kie_hmac_key=key) as hmac_service:
+        kind, path, request_body = KIE_FAMILIES[0]
+        job = await kie_task(conn, sim, http, hmac_service, kind, path, request_body,
+                             webhook={"drop": True})
+        [d] = await terminal_delivery(sim, outcome="dropped")
+        await conn.execute("UPDATE jobs SET provider_task_id = 'the-replacing-task' "
+                           "WHERE id = %s", (job,))
+        before = await event_types(conn, job)
+        assert await post(http, d) == 200
+        assert await event_types(conn, job) == before
+        elsewhere = d.url.replace(str(job), str(uuid.uuid4()))
+        assert await post(http, d, url=elsewhere) == 202
+        ts = int(sim.sim.clock.now())
+        forged = {**d.headers, "X-Webhook-Timestamp": str(ts),
+                  "X-Webhook-Signature": kie_sign("not-the-key", "t", ts)}
+        async with http.post(elsewhere, data=d.body, headers=forged) as resp:
+            assert resp.status == 401
 
 
 # -- ElevenLabs ------------------------------------------------------------------------------
