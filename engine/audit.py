@@ -12,8 +12,7 @@ import msgspec
 from psycopg.rows import DictRow
 
 from engine.errors import JobNotFound
-from engine.replay import load_events
-from engine.store import Conn, execute
+from engine.store import Conn, execute, load_events
 from events.codec import EventDecodeError
 from projections.columns import as_float
 from projections.stats import (

@@ -24,8 +24,7 @@ from typing import Any
 import msgspec
 from psycopg.rows import DictRow
 
-from engine.replay import load_events
-from engine.store import Conn, execute
+from engine.store import Conn, execute, load_events
 from events.codec import EventDecodeError
 from events.states import InvalidTransition
 from events.types import EVENT_TYPES, VERSIONS, Event

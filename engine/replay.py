@@ -1,30 +1,28 @@
-"""Reading a job's history back: decode its events, fold them, compare with the row.
-
-The I/O half of replay/verify; the pure halves are :mod:`projections.fold` and
-:mod:`projections.verify`.
-"""
+"""Reading one job's history back: the same path ``verify`` takes for every job
+(:mod:`engine.verify_batch`: one snapshot, the batched read, the same comparison), for
+one job id."""
 
 from __future__ import annotations
 
 import uuid
 
-from engine.store import Conn, execute, load_events, load_stored
-from projections.columns import ProjectionUnreadable
-from projections.fold import fold
-from projections.verify import Mismatch, compare, compare_settlement
+from engine.history import read_histories, snapshot
+from engine.store import Conn
+from engine.verify_batch import check
+from projections.verify import Mismatch
 
-__all__ = ["load_events", "verify_job"]
+__all__ = ["verify_job"]
 
 
 async def verify_job(conn: Conn, job_id: uuid.UUID) -> list[Mismatch]:
-    """Mismatches between the job's projection columns / reservation and its log."""
-    folded = fold(await load_events(conn, job_id))
-    try:
-        stored = await load_stored(conn, job_id)
-    except ProjectionUnreadable as exc:
-        return [Mismatch(job_id=str(job_id), column=exc.column, projected="unreadable",
-                         folded="readable")]
-    rows = await execute(conn, "reservation_for_job", {"job_id": job_id})
-    return (compare(job_id, stored, folded)
-            + compare_settlement(job_id, [r["status"] for r in rows], folded,
-                                 [r["settled_by_seq"] for r in rows]))
+    """Mismatches between the job's projection columns / reservation and its log (a log
+    or row that cannot be replayed is one mismatch naming why); ``[]`` when they agree."""
+    async with snapshot(conn):
+        histories = await read_histories(conn, [job_id])
+    if not histories:
+        return []
+    h = histories[0]
+    if h.error is not None:
+        return [Mismatch(job_id=str(job_id), column="log", projected=h.error.reason,
+                         folded="a replayable history")]
+    return check(h)

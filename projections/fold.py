@@ -46,8 +46,7 @@ from events.types import (
     UpstreamSucceeded,
 )
 
-__all__ = ["EMPTY", "OBSERVED_FIELDS", "CallProjection", "apply", "fold", "fold_from",
-           "status_for"]
+__all__ = ["EMPTY", "OBSERVED_FIELDS", "CallProjection", "apply", "fold", "fold_from"]
 
 ERROR_EXHAUSTED = "reconcile_exhausted"
 
@@ -62,11 +61,6 @@ _STATUS: dict[CallState, str | None] = {
     CallState.EXHAUSTED: "failed",
     CallState.CANCELLED: "cancelled",
 }
-
-
-def status_for(state: CallState | None) -> str | None:
-    """The ``jobs.status`` a call state projects to (``None``: not owned, left as is)."""
-    return None if state is None else _STATUS[state]
 
 
 class CallProjection(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,7 +8,7 @@ the concrete client for a ``provider_kind``.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -17,9 +17,8 @@ from providers.llm_stop import StopPolicy
 from providers.outcomes import PollOutcome, SyncOutcome
 from providers.transport import RetryPolicy
 
-__all__ = ["AsyncKindClient", "Endpoint", "OnPoll", "ProviderSettings", "SyncKindClient"]
+__all__ = ["AsyncKindClient", "Endpoint", "ProviderSettings", "SyncKindClient"]
 
-OnPoll = Callable[[PollOutcome], Awaitable[None]]
 
 
 class AsyncKindClient(Protocol):
@@ -35,14 +34,6 @@ class AsyncKindClient(Protocol):
         """One status check of ``task_id``. Never creates anything. ``created_at`` (unix
         seconds): when the task was created, if known — a provider that briefly denies a
         new task (KIE's "recordInfo is null") counts its grace window from it."""
-        ...
-
-    async def resume(
-        self, task_id: str, *, interval_s: float, budget_s: float,
-        on_poll: OnPoll | None = None,
-    ) -> PollOutcome:
-        """Poll ``task_id`` every ``interval_s`` until a terminal outcome or ``budget_s``
-        elapses (then the last ``Running``). Never creates a task."""
         ...
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from providers.base import Endpoint, OnPoll
+from providers.base import Endpoint
 from providers.elevenlabs_wire import (
     PROVIDER,
     FilePart,
@@ -55,7 +55,6 @@ from providers.outcomes import (
     Usage,
     reported_cost,
 )
-from providers.polling import poll_until_done
 from providers.raw import RawResponse
 from providers.transport import DEFAULT_POLICY, RetryPolicy, Sleep, send
 
@@ -336,13 +335,6 @@ class ElevenLabsDubbingClient(_Base):
         except TaskNotFound as exc:
             return NotFound(message=exc.message)
         return parse_dubbing_status(raw, base_url=self._endpoint.base_url)
-
-    async def resume(self, task_id: str, *, interval_s: float, budget_s: float,
-                     on_poll: OnPoll | None = None) -> PollOutcome:
-        """Poll until terminal or ``budget_s`` is spent; never creates a dubbing."""
-        return await poll_until_done(self.poll, task_id, interval_s=interval_s,
-                                     budget_s=budget_s, on_poll=on_poll, sleep=self._sleep,
-                                     now=asyncio.get_running_loop().time)
 
 
 class ElevenLabsSyncClient(_Base):

@@ -38,7 +38,6 @@ __all__ = [
     "bad_request",
     "classify_elevenlabs",
     "encode_multipart",
-    "error_fields",
     "form_fields",
     "json_object",
     "require",
@@ -166,12 +165,6 @@ def _validation_message(items: list[Any]) -> str:
         loc = ".".join(str(p) for p in where) if isinstance(where, list) else ""
         return f"{loc}: {item.get('msg')}" if loc else str(item.get("msg"))
     return "; ".join(one(i) for i in items) or "validation error"
-
-
-def error_fields(raw: RawResponse) -> tuple[str, str | None]:
-    """(message, code) of an error response, whatever its shape."""
-    message, code, _ = _error_parts(raw)
-    return message, code
 
 
 def _error_parts(raw: RawResponse) -> tuple[str, str | None, str | None]:

@@ -30,7 +30,7 @@ import aiohttp
 import msgspec
 
 from providers.anthropic import judged, message_text, message_usage
-from providers.base import AsyncKindClient, Endpoint, OnPoll, SyncKindClient
+from providers.base import AsyncKindClient, Endpoint, SyncKindClient
 from providers.errors import BadRequest, MalformedResponse, UnknownProviderKind
 from providers.kie_parse import (
     PROVIDER,
@@ -51,7 +51,6 @@ from providers.outcomes import (
     reported_cost,
     reported_number,
 )
-from providers.polling import poll_until_done
 from providers.raw import RawResponse
 from providers.transport import DEFAULT_POLICY, Classify, RetryPolicy, Sleep, send
 
@@ -210,15 +209,6 @@ class KieTaskClient:
 
     def _in_grace(self, task_id: str) -> bool:
         return self._now() - self._first_seen[task_id] < self._grace
-
-    async def resume(
-        self, task_id: str, *, interval_s: float, budget_s: float,
-        on_poll: OnPoll | None = None,
-    ) -> PollOutcome:
-        """Poll until terminal or ``budget_s`` is spent; never creates a task."""
-        return await poll_until_done(self.poll, task_id, interval_s=interval_s,
-                                     budget_s=budget_s, on_poll=on_poll, sleep=self._sleep,
-                                     now=self._now)
 
 
 # -- kie-llm ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from providers.base import Endpoint, OnPoll
+from providers.base import Endpoint
 from providers.errors import (
     AuthenticationError,
     BadRequest,
@@ -57,7 +57,6 @@ from providers.outcomes import (
     Usage,
     reported_number,
 )
-from providers.polling import poll_until_done
 from providers.raw import JSONTooDeep, RawResponse, decode_json
 from providers.transport import (
     DEFAULT_POLICY,
@@ -72,7 +71,6 @@ __all__ = [
     "ReplicatePredictionClient",
     "ReplicateTrainingClient",
     "Request",
-    "build_cancel_request",
     "build_get_request",
     "build_prediction_request",
     "build_training_request",
@@ -166,11 +164,6 @@ def build_training_request(request: Mapping[str, Any], *, api_key: str,
 def build_get_request(collection: Collection, task_id: str, *, api_key: str) -> Request:
     """The status request; never creates anything."""
     return Request(method="GET", path=f"/v1/{collection}/{quote(task_id, safe='')}",
-                   headers=auth_headers(api_key))
-
-
-def build_cancel_request(collection: Collection, task_id: str, *, api_key: str) -> Request:
-    return Request(method="POST", path=f"/v1/{collection}/{quote(task_id, safe='')}/cancel",
                    headers=auth_headers(api_key))
 
 
@@ -416,21 +409,6 @@ class _ReplicateClient:
         req = build_get_request(self.collection, task_id, api_key=self._endpoint.api_key)
         raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
         return parse_prediction(raw)
-
-    async def cancel(self, task_id: str) -> PollOutcome:
-        """Ask Replicate to cancel ``task_id``; the answer's outcome."""
-        req = build_cancel_request(self.collection, task_id, api_key=self._endpoint.api_key)
-        raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
-        return parse_prediction(raw)
-
-    async def resume(
-        self, task_id: str, *, interval_s: float, budget_s: float,
-        on_poll: OnPoll | None = None,
-    ) -> PollOutcome:
-        """Poll until terminal or ``budget_s`` is spent; never creates a task."""
-        return await poll_until_done(self.poll, task_id, interval_s=interval_s,
-                                     budget_s=budget_s, on_poll=on_poll, sleep=self._sleep,
-                                     now=self._now)
 
 
 class ReplicatePredictionClient(_ReplicateClient):

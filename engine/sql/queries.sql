@@ -118,12 +118,6 @@ FROM call_events
 WHERE job_id = %(job_id)s
 ORDER BY seq;
 
--- name: reservation_for_job
-SELECT id, status, credits_reserved, credits_charged, settled_by_seq
-FROM usage_logs
-WHERE job_id = %(job_id)s
-ORDER BY id;
-
 -- name: create_job
 -- A job row and its credit reservation, in one statement.
 WITH j AS (

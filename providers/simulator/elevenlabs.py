@@ -74,9 +74,8 @@ from providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
 from providers.simulator.media import fake_media
 from providers.simulator.webhooks import retry_server_errors
 
-__all__ = ["CHARACTER_COST", "CODE_STATUS", "MAX_CONCURRENT", "NAME", "clear_workspace_webhooks",
-           "parse_multipart", "render_error", "routes", "set_workspace_webhook",
-           "workspace_webhooks"]
+__all__ = ["CHARACTER_COST", "CODE_STATUS", "MAX_CONCURRENT", "NAME", "parse_multipart",
+           "render_error", "routes", "set_workspace_webhook", "workspace_webhooks"]
 
 NAME = "elevenlabs"
 MAX_CONCURRENT = 8
@@ -390,10 +389,6 @@ def workspace_webhooks(sim: Simulator) -> dict[str, str]:
     """``sim``'s workspace webhooks: ``webhook_id -> url``."""
     return dict(sim.workspace_webhooks.get(NAME, {}))
 
-
-def clear_workspace_webhooks(sim: Simulator) -> None:
-    """Forget ``sim``'s workspace webhooks (later STT webhook requests deliver nothing)."""
-    sim.workspace_webhooks.pop(NAME, None)
 
 
 # ------------------------------------------------------------------ sync endpoints

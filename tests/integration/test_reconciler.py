@@ -18,8 +18,8 @@ from engine.calls import upstream_event, utcnow
 from engine.jobs import create_job
 from engine.queries import QUERIES
 from engine.reconciler import Counts
-from engine.replay import load_events, verify_job
-from engine.store import Conn, append, execute, load
+from engine.replay import verify_job
+from engine.store import Conn, append, execute, load, load_events
 from events.states import CallState
 from events.types import CallStarted, FinalizeClaimed, TaskCreated
 from providers.base import AsyncKindClient

@@ -21,8 +21,8 @@ from engine.finalize import Pool
 from engine.jobs import create_job
 from engine.reconcile_config import ReconcileConfig
 from engine.reconciler import Counts, Reconciler, Signal
-from engine.replay import load_events, verify_job
-from engine.store import Conn, append, load
+from engine.replay import verify_job
+from engine.store import Conn, append, load, load_events
 from events.types import CallStarted, TaskCreated
 from providers.base import AsyncKindClient
 from providers.registry import client_for

@@ -13,8 +13,7 @@ import pytest
 from engine.audit import audit_job
 from engine.jobs import create_job
 from engine.rebuild import rebuild
-from engine.replay import load_events
-from engine.store import Conn
+from engine.store import Conn, load_events
 from engine.verify_batch import verify
 from events import codec
 from events.codec import encode

@@ -18,8 +18,8 @@ from engine.db import open_pool
 from engine.finalize import Finalizer, Pool
 from engine.jobs import create_job
 from engine.metrics import record_reconcile, start_metrics_server
-from engine.replay import load_events, verify_job
-from engine.store import Conn, append, load
+from engine.replay import verify_job
+from engine.store import Conn, append, load, load_events
 from engine.web_app import ServiceConfig, build_app
 from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
 from providers.base import ProviderSettings

@@ -13,8 +13,8 @@ import pytest
 from engine.db import connect
 from engine.history import read_histories, snapshot
 from engine.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
-from engine.replay import load_events, verify_job
-from engine.store import Conn, Decide, load, transition
+from engine.replay import verify_job
+from engine.store import Conn, Decide, load, load_events, transition
 from engine.verify_batch import verify
 from events.types import Event, TaskCreated
 from projections.fold import CallProjection, fold

@@ -27,8 +27,8 @@ from aiohttp import web
 from engine.calls import CallRunner
 from engine.finalize import Finalizer, Pool
 from engine.jobs import create_job
-from engine.replay import load_events, verify_job
-from engine.store import Conn, append, cancel, load
+from engine.replay import verify_job
+from engine.store import Conn, append, cancel, load, load_events
 from engine.web_app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
 from engine.webhooks import CallbackUrls, WebhookConfig, callback_url_for, ensure_callback_token
 from events.types import CallStarted, TaskCreated

@@ -30,6 +30,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.simulator.core import Fault, RunningSimulator
 from providers.simulator.elevenlabs import CHARACTER_COST
 from providers.transport import RetryPolicy, send
+from tests.support import poll_until_done
 
 POLICY = RetryPolicy(timeout_s=5.0, base_delay_s=0.01)
 DUB = {"file": b"\x00\x00\x00\x18ftypmp42video", "target_lang": "es", "name": "clip"}
@@ -75,7 +76,8 @@ async def test_dub_progresses_to_dubbed_and_its_audio_downloads_with_the_key(
     async def on_poll(outcome: PollOutcome) -> None:
         seen.append(outcome)
 
-    outcome = await client.resume(dubbing_id, interval_s=1, budget_s=60, on_poll=on_poll)
+    outcome = await poll_until_done(client.poll, dubbing_id, interval_s=1, budget_s=60,
+                                    on_poll=on_poll)
     assert isinstance(outcome, Succeeded)
     assert [o.raw_state for o in seen if isinstance(o, Running)] == [
         "queued", "preparing", "dubbing"]
@@ -106,7 +108,8 @@ async def test_dub_audio_is_not_ready_before_dubbed(
 async def test_resume_from_the_journal_never_posts_a_second_dub(
         sim: RunningSimulator, http: aiohttp.ClientSession) -> None:
     dubbing_id = await dubbing(sim, http).create(DUB)
-    outcome = await dubbing(sim, http).resume(dubbing_id, interval_s=1, budget_s=60)
+    outcome = await poll_until_done(dubbing(sim, http).poll, dubbing_id, interval_s=1,
+                                    budget_s=60)
     assert isinstance(outcome, Succeeded)
     assert sim.sim.journal.count("elevenlabs", "create") == 1
     assert sim.sim.journal.count("elevenlabs", "poll") == 4
@@ -117,7 +120,8 @@ async def test_resume_of_a_stuck_dub_stops_at_the_budget(
     sleep = FakeSleep()
     client = dubbing(sim, http, sleep)
     dubbing_id = await client.create({**DUB, "_sim": {"end": "stuck"}})
-    outcome = await client.resume(dubbing_id, interval_s=5, budget_s=30)
+    outcome = await poll_until_done(client.poll, dubbing_id, interval_s=5, budget_s=30,
+                                    sleep=sleep)
     assert outcome == Running(raw_state="dubbing")
     assert sum(sleep.delays) <= 30
 
@@ -127,7 +131,7 @@ async def test_failed_dub_reports_the_upstream_error(
     client = dubbing(sim, http)
     dubbing_id = await client.create({**DUB, "_sim": {"end": "failed",
                                                       "error": "no speech detected"}})
-    outcome = await client.resume(dubbing_id, interval_s=1, budget_s=60)
+    outcome = await poll_until_done(client.poll, dubbing_id, interval_s=1, budget_s=60)
     assert isinstance(outcome, Failed)
     assert outcome.error == "no speech detected"
 
@@ -137,7 +141,7 @@ async def test_unknown_and_vanished_dubs_are_not_found(
     client = dubbing(sim, http)
     assert isinstance(await client.poll("doesNotExist00000000"), NotFound)
     dubbing_id = await client.create({**DUB, "_sim": {"end": "vanished"}})
-    outcome = await client.resume(dubbing_id, interval_s=1, budget_s=60)
+    outcome = await poll_until_done(client.poll, dubbing_id, interval_s=1, budget_s=60)
     assert isinstance(outcome, NotFound)
 
 

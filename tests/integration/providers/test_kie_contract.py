@@ -26,6 +26,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.signing import verify_kie
 from providers.simulator.core import Fault, RunningSimulator, Script, Step
 from providers.transport import RetryPolicy
+from tests.support import poll_until_done
 
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0, max_total_s=5.0,
                    timeout_s=3.0)
@@ -84,7 +85,8 @@ async def run(client: KieTaskClient, request: dict[str, Any]) -> tuple[PollOutco
         seen.append(outcome)
 
     task_id = await client.create(request)
-    final = await client.resume(task_id, interval_s=1.0, budget_s=60.0, on_poll=on_poll)
+    final = await poll_until_done(client.poll, task_id, interval_s=1.0, budget_s=60.0,
+                                  on_poll=on_poll)
     return final, seen
 
 
@@ -340,7 +342,7 @@ async def test_resume_after_restart_never_creates(
     restarted = kie_client_for(kind, http, sim.settings.kie, FAST, FakeSleep(),
                                callback_url=CALLBACK)
     assert isinstance(restarted, KieTaskClient)
-    final = await restarted.resume(task_id, interval_s=1.0, budget_s=60.0)
+    final = await poll_until_done(restarted.poll, task_id, interval_s=1.0, budget_s=60.0)
     assert isinstance(final, Succeeded)
     assert sim.sim.journal.count("kie", "create") == 1
 

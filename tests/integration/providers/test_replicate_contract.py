@@ -24,6 +24,7 @@ from providers.replicate import ReplicatePredictionClient, ReplicateTrainingClie
 from providers.signing import verify_replicate
 from providers.simulator.core import Fault, RunningSimulator
 from providers.transport import RetryPolicy
+from tests.support import poll_until_done
 
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
 POLICY = RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.05, timeout_s=5)
@@ -71,7 +72,7 @@ def _request(**sim_script: Any) -> dict[str, Any]:
 
 async def _run(client: ReplicatePredictionClient | ReplicateTrainingClient,
                task_id: str) -> Any:
-    return await client.resume(task_id, interval_s=2, budget_s=60)
+    return await poll_until_done(client.poll, task_id, interval_s=2, budget_s=60)
 
 
 async def test_prediction_succeeds_with_fetchable_output(
@@ -83,7 +84,8 @@ async def test_prediction_succeeds_with_fetchable_output(
     async def on_poll(outcome: Any) -> None:
         seen.append(getattr(outcome, "raw_state", type(outcome).__name__))
 
-    outcome = await predictions.resume(task_id, interval_s=2, budget_s=60, on_poll=on_poll)
+    outcome = await poll_until_done(predictions.poll, task_id, interval_s=2, budget_s=60,
+                                    on_poll=on_poll)
     assert isinstance(outcome, Succeeded)
     assert seen == ["starting", "processing", "processing", "Succeeded"]
     assert len(outcome.media_urls) == 2
@@ -210,15 +212,6 @@ async def test_wrong_token_is_unauthenticated(
         await client.create(_request())
     assert info.value.message == "You did not pass a valid authentication token"
     assert sim.sim.tasks.all("replicate") == []
-
-
-async def test_cancel_gives_a_canceled_failure(predictions: ReplicatePredictionClient) -> None:
-    task_id = await predictions.create(_request(end="stuck"))
-    outcome = await predictions.cancel(task_id)
-    assert isinstance(outcome, Failed)
-    assert outcome.code == "canceled"
-    assert outcome.raw["completed_at"]
-    assert outcome.raw["output"] is None
 
 
 async def test_training_succeeds_with_weights_and_quirky_create_urls(

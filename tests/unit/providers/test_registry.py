@@ -23,7 +23,7 @@ async def test_every_kind_has_a_client_matching_its_mode(kind: str) -> None:
             assert not hasattr(client, "create")
         else:
             assert hasattr(client, "create")
-            assert hasattr(client, "resume")
+            assert hasattr(client, "poll")
 
 
 @pytest.mark.parametrize("operation", ["voice-clone", "voice-design", "forced-alignment"])
