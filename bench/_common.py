@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.db import EmbeddedServer, connect
-from engine.migrate import migrate
+from engine.store.db import EmbeddedServer, connect
+from engine.store.migrate import migrate
 
 
 @contextmanager

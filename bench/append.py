@@ -7,7 +7,7 @@ All three write to the same Postgres with the same settings, in one run:
   psycopg in one explicit transaction, parameters precomputed, no engine logic;
 - ``floor (1 statement)``: the engine's own single CTE statement with precomputed
   parameters (what the engine would cost with zero Python work);
-- ``callwarden append``: ``engine.store.append`` — fold, encode, one statement;
+- ``callwarden append``: ``engine.store.write.append`` — fold, encode, one statement;
 - ``eventsourcing``: the ``eventsourcing`` library (a ``bench`` extra) saving one event per
   aggregate, from threads (it is a synchronous library).
 Each job goes through five state changes (the last one settles its reservation).
@@ -30,10 +30,10 @@ from _common import conninfo_parts, fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.db import connect
-from engine.jobs import create_job
-from engine.queries import QUERIES
-from engine.store import Conn, append, append_params
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.queries import QUERIES
+from engine.store.write import Conn, append, append_params
 from events import codec
 from events.types import (
     CallStarted,

@@ -57,12 +57,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import URL
 
-from engine.calls import CallRunner
-from engine.config import CallConfig
-from engine.db import connect, open_pool
-from engine.jobs import create_job
-from engine.queries import QUERIES
-from engine.store import execute, load
+from engine.calls.config import CallConfig
+from engine.calls.runner import CallRunner
+from engine.store.db import connect, open_pool
+from engine.store.jobs import create_job
+from engine.store.queries import QUERIES
+from engine.store.write import execute, load
 from providers.base import AsyncKindClient, ProviderSettings
 from providers.media import download
 from providers.outcomes import Running, Succeeded

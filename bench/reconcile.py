@@ -39,13 +39,13 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from rich.console import Console
 
-from engine.calls import CallRunner, utcnow
-from engine.config import CallConfig
-from engine.db import connect, open_pool
-from engine.queries import QUERIES
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Counts, Reconciler
-from engine.store import append, load
+from engine.calls.config import CallConfig
+from engine.calls.runner import CallRunner, utcnow
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.loop import Counts, Reconciler
+from engine.store.db import connect, open_pool
+from engine.store.queries import QUERIES
+from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.base import AsyncKindClient, ProviderSettings
 from providers.registry import client_for

@@ -33,10 +33,10 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.db import connect
-from engine.history import decode_fast, signatures
-from engine.queries import load_queries
-from engine.verify_batch import verify
+from engine.replay.history import decode_fast, signatures
+from engine.replay.verify import verify
+from engine.store.db import connect
+from engine.store.queries import load_queries
 from events.codec import encode
 from events.types import (
     CallStarted,

@@ -29,9 +29,9 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.db import connect
-from engine.jobs import create_job
-from engine.store import append, load
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.signing import replicate_sign
 

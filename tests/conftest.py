@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from psycopg.conninfo import make_conninfo
 
-from engine.db import EmbeddedServer, connect
-from engine.migrate import migrate
-from engine.store import Conn
+from engine.store.db import EmbeddedServer, connect
+from engine.store.migrate import migrate
+from engine.store.write import Conn
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None,

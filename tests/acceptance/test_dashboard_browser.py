@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.db import connect, open_pool
-from engine.finalize import Finalizer
-from engine.jobs import create_job
-from engine.store import append, load
-from engine.web_app import ServiceConfig, build_app
+from engine.calls.finalize import Finalizer
+from engine.service.app import ServiceConfig, build_app
+from engine.store.db import connect, open_pool
+from engine.store.jobs import create_job
+from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.base import ProviderSettings
 from providers.storage import LocalFolderStore

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from engine.db import connect
-from engine.replay import verify_job
-from engine.store import Conn
+from engine.replay.verify import verify_job
+from engine.store.db import connect
+from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 

@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from engine.jobs import create_job
-from engine.queue import input_data
-from engine.replay import verify_job
-from engine.store import Conn
+from engine.queue.claims import input_data
+from engine.replay.verify import verify_job
+from engine.store.jobs import create_job
+from engine.store.write import Conn
 from tests.acceptance.conftest import Workers
 
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import aiohttp
 
-from engine.db import connect
-from engine.jobs import create_job
-from engine.replay import verify_job
-from engine.store import Conn, append, load
+from engine.replay.verify import verify_job
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load
 from events.types import CallStarted, TaskCreated
 from providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT

@@ -34,13 +34,13 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.db import open_pool
-from engine.failpoints import POINTS
-from engine.jobs import create_job
-from engine.queue import input_data
-from engine.reconciler import Reconciler
-from engine.replay import verify_job
-from engine.store import Conn
+from engine.calls.failpoints import POINTS
+from engine.queue.claims import input_data
+from engine.reconciler.loop import Reconciler
+from engine.replay.verify import verify_job
+from engine.store.db import open_pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.acceptance.conftest import Workers

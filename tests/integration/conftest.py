@@ -12,13 +12,12 @@ import aiohttp
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from engine.calls import CallRunner
-from engine.config import CallConfig
-from engine.db import open_pool
-from engine.finalize import Pool
-from engine.pricing import Pricing
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Reconciler, Signal
+from engine.calls.config import CallConfig
+from engine.calls.pricing import Pricing
+from engine.calls.runner import CallRunner
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.loop import Reconciler, Signal
+from engine.store.db import Pool, open_pool
 from providers.simulator.core import RunningSimulator, running_simulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep

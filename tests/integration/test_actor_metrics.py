@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.calls import CallRunner
-from engine.finalize import Pool
-from engine.jobs import create_job
-from engine.metrics import start_metrics_server
-from engine.reconciler import Reconciler
-from engine.store import Conn, append, load
+from engine.calls.runner import CallRunner
+from engine.reconciler.loop import Reconciler
+from engine.service.metrics import start_metrics_server
+from engine.store.db import Pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load
 from events.types import CallStarted
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore

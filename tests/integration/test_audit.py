@@ -12,12 +12,12 @@ from typing import TypeVar
 
 import pytest
 
-from engine.audit import audit_job, stats
-from engine.cli import main
-from engine.db import connect
+from engine.cli.main import main
 from engine.errors import JobNotFound
-from engine.jobs import create_job
-from engine.store import Conn, append, load
+from engine.replay.audit import audit_job, stats
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load
 from events.codec import EventDecodeError
 from events.types import (
     CallStarted,

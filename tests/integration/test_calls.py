@@ -11,12 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls import CallRunner
-from engine.db import connect
-from engine.finalize import Pool
-from engine.jobs import create_job
-from engine.replay import verify_job
-from engine.store import Conn, append, load
+from engine.calls.runner import CallRunner
+from engine.replay.verify import verify_job
+from engine.store.db import Pool, connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load
 from events.states import CallState
 from events.types import CallStarted, TaskCreated
 from providers.simulator.core import RunningSimulator

@@ -15,13 +15,13 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from engine.audit import stats
-from engine.clock import utcnow
-from engine.jobs import create_job
-from engine.migrate import available
-from engine.reconcile_config import ReconcileConfig
-from engine.replay import verify_job
-from engine.store import Conn, append, cancel, load, load_events, transition
+from engine.reconciler.config import ReconcileConfig
+from engine.replay.audit import stats
+from engine.replay.verify import verify_job
+from engine.store.clock import utcnow
+from engine.store.jobs import create_job
+from engine.store.migrate import available
+from engine.store.write import Conn, append, cancel, load, load_events, transition
 from events.states import CallState
 from events.types import (
     CallStarted,

@@ -20,15 +20,16 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from engine.clock import utcnow
-from engine.config import CallConfig
-from engine.finalize import Finalizer, Pool
-from engine.jobs import create_job
-from engine.pricing import Rate, RateTable
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Reconciler
-from engine.replay import verify_job
-from engine.store import Conn, append, load, load_events
+from engine.calls.config import CallConfig
+from engine.calls.finalize import Finalizer
+from engine.calls.pricing import Rate, RateTable
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.loop import Reconciler
+from engine.replay.verify import verify_job
+from engine.store.clock import utcnow
+from engine.store.db import Pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load, load_events
 from events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamSucceeded
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore

@@ -18,13 +18,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.clock import DatabaseClock, utcnow
-from engine.config import CallConfig
-from engine.finalize import Finalizer, Pool
-from engine.jobs import create_job
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Reconciler
-from engine.store import Conn, append, execute, load, load_events
+from engine.calls.config import CallConfig
+from engine.calls.finalize import Finalizer
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.loop import Reconciler
+from engine.store.clock import DatabaseClock, utcnow
+from engine.store.db import Pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, execute, load, load_events
 from events.types import (
     CallStarted,
     FinalizeClaimed,

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from engine.calls import CallRunner
-from engine.config import CallConfig
-from engine.store import Conn
+from engine.calls.config import CallConfig
+from engine.calls.runner import CallRunner
+from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep

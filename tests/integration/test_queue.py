@@ -16,15 +16,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls import CallRunner
-from engine.config import CallConfig
-from engine.db import connect
-from engine.finalize import Pool
-from engine.jobs import create_job
-from engine.queue import JobSpec, ack, claim, input_data, parse_job
-from engine.replay import verify_job
-from engine.store import Conn
-from engine.worker import Worker
+from engine.calls.config import CallConfig
+from engine.calls.runner import CallRunner
+from engine.queue.claims import JobSpec, ack, claim, input_data, parse_job
+from engine.queue.worker import Worker
+from engine.replay.verify import verify_job
+from engine.store.db import Pool, connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep

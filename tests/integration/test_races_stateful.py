@@ -29,10 +29,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine.db import connect
-from engine.jobs import create_job
-from engine.replay import verify_job
-from engine.store import Conn, append, load, transition
+from engine.replay.verify import verify_job
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load, transition
 from events.states import SETTLEMENT, CallState
 from events.types import (
     CallStarted,

@@ -14,12 +14,12 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.calls import upstream_event, utcnow
-from engine.jobs import create_job
-from engine.queries import QUERIES
-from engine.reconciler import Counts
-from engine.replay import verify_job
-from engine.store import Conn, append, execute, load, load_events
+from engine.calls.runner import upstream_event, utcnow
+from engine.reconciler.loop import Counts
+from engine.replay.verify import verify_job
+from engine.store.jobs import create_job
+from engine.store.queries import QUERIES
+from engine.store.write import Conn, append, execute, load, load_events
 from events.states import CallState
 from events.types import CallStarted, FinalizeClaimed, TaskCreated
 from providers.base import AsyncKindClient
@@ -305,7 +305,7 @@ def _terminator(db_url: str, jobs: set[uuid.UUID]) -> Callable[[str, uuid.UUID],
         if point != "write" or job not in jobs:
             return
         jobs.discard(job)
-        from engine.db import connect
+        from engine.store.db import connect
 
         async with await connect(db_url) as admin:
             await admin.execute(

@@ -15,14 +15,13 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from engine.calls import CallRunner, utcnow
-from engine.db import open_pool
-from engine.finalize import Pool
-from engine.jobs import create_job
-from engine.reconcile_config import ReconcileConfig
-from engine.reconciler import Counts, Reconciler, Signal
-from engine.replay import verify_job
-from engine.store import Conn, append, load, load_events
+from engine.calls.runner import CallRunner, utcnow
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.loop import Counts, Reconciler, Signal
+from engine.replay.verify import verify_job
+from engine.store.db import Pool, open_pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load, load_events
 from events.types import CallStarted, TaskCreated
 from providers.base import AsyncKindClient
 from providers.registry import client_for

@@ -10,11 +10,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine.audit import audit_job
-from engine.jobs import create_job
-from engine.rebuild import rebuild
-from engine.store import Conn, load_events
-from engine.verify_batch import verify
+from engine.replay.audit import audit_job
+from engine.replay.rebuild import rebuild
+from engine.replay.verify import verify
+from engine.store.jobs import create_job
+from engine.store.write import Conn, load_events
 from events import codec
 from events.codec import encode
 from events.types import VERSIONS, Event, UpstreamFailed

@@ -14,13 +14,13 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.db import open_pool
-from engine.finalize import Finalizer, Pool
-from engine.jobs import create_job
-from engine.metrics import record_reconcile, start_metrics_server
-from engine.replay import verify_job
-from engine.store import Conn, append, load, load_events
-from engine.web_app import ServiceConfig, build_app
+from engine.calls.finalize import Finalizer
+from engine.replay.verify import verify_job
+from engine.service.app import ServiceConfig, build_app
+from engine.service.metrics import record_reconcile, start_metrics_server
+from engine.store.db import Pool, open_pool
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, load, load_events
 from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
 from providers.base import ProviderSettings
 from providers.storage import LocalFolderStore

@@ -10,12 +10,11 @@ import uuid
 import msgspec
 import pytest
 
-from engine.db import connect
-from engine.history import read_histories, snapshot
-from engine.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
-from engine.replay import verify_job
-from engine.store import Conn, Decide, load, load_events, transition
-from engine.verify_batch import verify
+from engine.replay.history import read_histories, snapshot
+from engine.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
+from engine.replay.verify import verify, verify_job
+from engine.store.db import connect
+from engine.store.write import Conn, Decide, load, load_events, transition
 from events.types import Event, TaskCreated
 from projections.fold import CallProjection, fold
 from tests.integration.test_audit import cli, new_job, run_sync

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.db import connect
 from engine.errors import DatabaseUnavailable, JobNotFound, TaskAlreadyClaimed
-from engine.jobs import create_job
-from engine.store import Conn, append, cancel, load, transition
+from engine.store.db import connect
+from engine.store.jobs import create_job
+from engine.store.write import Conn, append, cancel, load, transition
 from events import (
     CallStarted,
     Completed,

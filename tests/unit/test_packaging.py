@@ -18,9 +18,12 @@ def test_sql_files_ship_with_the_packages() -> None:
     assert sorted(p.name for p in resources.files("migrations").iterdir()
                   if p.name.endswith(".sql"))[:3] == [
         "0001_host_baseline.sql", "0002_external_call_columns.sql", "0003_call_events.sql"]
-    assert resources.files("engine").joinpath("sql", "queries.sql").is_file()
+    for package, sql in (("store", "queries.sql"), ("reconciler", "reconcile.sql"),
+                         ("service", "service.sql"), ("replay", "audit.sql"),
+                         ("queue", "queue.sql"), ("demo", "demo.sql")):
+        assert resources.files("engine").joinpath(package, sql).is_file(), sql
 
 
 def test_console_script_points_at_the_cli() -> None:
     scripts = {e.name: e.value for e in md.entry_points(group="console_scripts")}
-    assert scripts.get("callwarden") == "engine.cli:main"
+    assert scripts.get("callwarden") == "engine.cli.main:main"

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.errors import ConfigError
-from engine.pricing import (
+from engine.calls.pricing import (
     PRICING_ENV,
     ChargeReservation,
     Rate,
@@ -20,6 +19,7 @@ from engine.pricing import (
     load_pricing,
     pricing_from_env,
 )
+from engine.errors import ConfigError
 
 TABLE = RateTable(rates=(
     Rate(kind="anthropic-sync", unit="input_tokens", credits=1, per=1000),

@@ -1,5 +1,5 @@
-"""The two statements that write projection columns — the append (engine/sql/queries.sql)
-and the rebuild (engine/sql/audit.sql) — assign the same columns, and together cover every
+"""The two statements that write projection columns — the append (engine/store/queries.sql)
+and the rebuild (engine/replay/audit.sql) — assign the same columns, and together cover every
 column the fold produces (projections.columns.to_columns). A column added to one and not
 the other would make rebuild silently leave it stale."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from engine.queries import QUERIES
+from engine.store.queries import QUERIES
 from projections.columns import to_columns
 from projections.fold import EMPTY
 

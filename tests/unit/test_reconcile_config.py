@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ConfigError
-from engine.reconcile_config import ReconcileConfig, load_config
+from engine.reconciler.config import ReconcileConfig, load_config
 from providers.kinds import KINDS
 
 

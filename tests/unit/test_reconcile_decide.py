@@ -1,4 +1,4 @@
-"""The reconciler's pure decision: the table in ``engine.reconcile_decide``, row by row, and
+"""The reconciler's pure decision: the table in ``engine.reconciler.decide``, row by row, and
 properties over every row hypothesis can build."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.reconcile_config import ReconcileConfig
-from engine.reconcile_decide import (
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.decide import (
     LEGACY_KIND,
     Action,
     Adopt,
@@ -187,7 +187,7 @@ def test_scan_delay_is_jittered_within_twenty_percent() -> None:
 
 
 def test_decision_module_imports_no_io_library() -> None:
-    code = ("import sys, engine.reconcile_decide\n"
+    code = ("import sys, engine.reconciler.decide\n"
             "print(sorted(m for m in ('psycopg', 'psycopg_pool', 'aiohttp', 'boto3') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

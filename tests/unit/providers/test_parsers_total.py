@@ -16,7 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.webhook_parse import MalformedDelivery, kie_task_id, parse_elevenlabs, parse_replicate
+from engine.service.webhook_parse import (
+    MalformedDelivery,
+    kie_task_id,
+    parse_elevenlabs,
+    parse_replicate,
+)
 from providers import anthropic, elevenlabs, kie, kie_parse, replicate
 from providers.errors import ProviderError
 from providers.raw import RawResponse

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.webhook_parse import (
+from engine.service.webhook_parse import (
     kie_task_id,
     parse_elevenlabs,
     parse_replicate,

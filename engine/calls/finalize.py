@@ -1,0 +1,240 @@
+"""Finalization, shared by workers, the reconciler and webhooks (the seed's
+``finalizeJobWithMedia``): claim -> store media -> complete, exactly once.
+
+1. Claim with an owner id of *this claim* (the process incarnation plus a fresh suffix, so
+   two finalizations in one process never both believe they hold it) and a lease sized to
+   the work (:meth:`~engine.calls.config.CallConfig.lease_for`); an expired lease is taken over.
+2. Download each result URL (size-limited, only from the kind's media hosts: see
+   :mod:`providers.media_guard`) and store it under a deterministic per-job key, so a
+   repeat after a crash overwrites the same object — all within a deadline inside the
+   lease, so nobody takes over a finalization that is still working.
+3. In one transaction: ``Completed`` (with the text result and stop reason, if any;
+   commit at the pricing hook's charge — :mod:`engine.calls.pricing`, default the reservation
+   — never above the reservation), the ``assets`` rows, progress 100, and the sole-cause
+   reopen of the parent ``workflow_executions`` row (compare-and-set on ``failed``).
+
+What a failure means::
+
+    the result is gone (MediaExpired)                UpstreamFailed(code="result_gone")
+    it can never be stored (refused host, wrong      UpstreamFailed(code="media_unusable")
+      type, too large, a 4xx that will not change)     -> failed + refund at once
+    transient (5xx, timeout, storage down,           FinalizeFailed -> retried later; the
+      the deadline passed)                             reconciler counts it towards its cap
+    the host ended the job meanwhile                 HostEnded (as the host decided)
+
+Only the holder of the claim ever appends ``FinalizeFailed``/``UpstreamFailed``/
+``Completed`` for it: a loser's error is never recorded under the winner's claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Literal
+
+import msgspec
+
+from engine.calls.config import CallConfig
+from engine.calls.failpoints import failpoint
+from engine.calls.pricing import ChargeReservation, Pricing, checked_charge
+from engine.errors import WriteConflict
+from engine.store.clock import Clock, DatabaseClock, sync_clock
+from engine.store.db import Pool
+from engine.store.host import host_ended
+from engine.store.write import AppendResult, Conn, Decide, append, execute, load, transition
+from events.states import CallState
+from events.types import (
+    Completed,
+    Event,
+    FinalizeClaimed,
+    FinalizeFailed,
+    StoredMedia,
+    UpstreamFailed,
+    UpstreamResult,
+)
+from projections.fold import CallProjection
+from providers.base import ProviderSettings
+from providers.errors import MediaExpired, MediaRefused, ProviderError, StorageError, is_transient
+from providers.media import download
+from providers.media_guard import media_session
+from providers.registry import media_fetch_for
+from providers.storage import MediaStore, ObjectNotFound, media_key
+
+__all__ = ["Clock", "FinalizeResult", "Finalizer"]
+
+Outcome = Literal["completed", "not_claimable", "retry_later", "result_gone", "failed",
+                  "cancelled", "host_ended", "lost_race"]
+_MAX_COMPLETE_TRIES = 4
+
+
+class FinalizeResult(msgspec.Struct, frozen=True, kw_only=True):
+    outcome: Outcome
+    projection: CallProjection
+    error: str | None = None
+
+
+class _GiveUp(Exception):
+    def __init__(self, outcome: Outcome, event: FinalizeFailed | UpstreamFailed) -> None:
+        super().__init__(event.error)
+        self.outcome, self.event = outcome, event
+
+
+class Finalizer:
+    """Runs finalizations for one process incarnation (``owner``)."""
+
+    def __init__(self, pool: Pool, store: MediaStore, settings: ProviderSettings, *,
+                 owner: str, clock: Clock | None = None,
+                 config: CallConfig | None = None, pricing: Pricing | None = None) -> None:
+        """``pricing``: what a completed call is charged (default: its reservation;
+        :mod:`engine.calls.pricing`)."""
+        self.pool, self.store, self.settings = pool, store, settings
+        self.owner = owner
+        self.clock = clock if clock is not None else DatabaseClock()
+        self.config = config or CallConfig()
+        self.pricing: Pricing = pricing if pricing is not None else ChargeReservation()
+
+    async def finalize(self, job_id: uuid.UUID,
+                       current: CallProjection | None = None) -> FinalizeResult:
+        """Finalize the job's call; ``current`` is the projection the caller holds (it
+        saves a read; a stale one only costs a re-read)."""
+        await sync_clock(self.clock, self.pool)
+        claim_owner = f"{self.owner}/{uuid.uuid4().hex[:8]}"
+        claim = await self._claim(job_id, current, claim_owner)
+        if not claim.ok:
+            return FinalizeResult(outcome="host_ended" if claim.host_ended
+                                  else "not_claimable", projection=claim.projection)
+        p = claim.projection
+        failpoint("after_claim")
+        try:
+            media = await self._store_within_deadline(job_id, p)
+        except _GiveUp as stop:
+            return await self._give_up(job_id, claim_owner, stop)
+        failpoint("after_upload")
+        return await self._complete(job_id, p, media, claim_owner)
+
+    # -- the claim -------------------------------------------------------------------------
+
+    def _decide_claim(self, claim_owner: str) -> Decide:
+        def decide(p: CallProjection) -> Event | None:
+            now = self.clock()
+            media = len(p.upstream_result.media_urls) if p.upstream_result else 0
+            lease = now + timedelta(seconds=self.config.lease_for(media))
+            event = FinalizeClaimed(at=now, actor=self.owner, owner=claim_owner,
+                                    lease_until=lease)
+            if p.state is CallState.UPSTREAM_SUCCEEDED:
+                return event
+            expired = p.finalize_lease_until is not None and now >= p.finalize_lease_until
+            if p.state is CallState.FINALIZING and expired:
+                return event
+            return None
+        return decide
+
+    async def _claim(self, job_id: uuid.UUID, current: CallProjection | None,
+                     claim_owner: str) -> AppendResult:
+        async with self.pool.connection() as conn:
+            return await transition(conn, job_id, self._decide_claim(claim_owner),
+                                    current=current)
+
+    # -- storing ---------------------------------------------------------------------------
+
+    async def _store_within_deadline(self, job_id: uuid.UUID,
+                                     p: CallProjection) -> tuple[StoredMedia, ...]:
+        result = p.upstream_result or UpstreamResult()
+        deadline = self.config.deadline_for(len(result.media_urls))
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._store_all(job_id, p, result)
+        except TimeoutError:
+            raise _GiveUp("retry_later", FinalizeFailed(
+                at=self.clock(), actor=self.owner,
+                error=f"finalization took longer than {deadline:g} s (inside its lease)"),
+            ) from None
+        except MediaExpired as exc:
+            raise _GiveUp("result_gone", UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=f"result expired: {exc}",
+                code="result_gone")) from None
+        except (ProviderError, StorageError) as exc:
+            if is_transient(exc):
+                raise _GiveUp("retry_later", FinalizeFailed(
+                    at=self.clock(), actor=self.owner, error=str(exc))) from None
+            raise _GiveUp("failed", UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=f"result unusable: {exc}",
+                code="media_unusable")) from None
+
+    async def _store_all(self, job_id: uuid.UUID, p: CallProjection,
+                         result: UpstreamResult) -> tuple[StoredMedia, ...]:
+        out = [await self._head(job_id, k) for k in result.stored_keys]
+        if not result.media_urls:
+            return tuple(out)
+        fetch = media_fetch_for(p.provider_kind, self.settings, self.config.media_allow_hosts)
+        async with media_session(fetch.policy) as session:
+            for index, url in enumerate(result.media_urls, start=len(out)):
+                got = await download(session, url, policy=fetch.policy,
+                                     max_bytes=self.config.media_max_bytes,
+                                     timeout_s=self.config.media_timeout_s,
+                                     headers=fetch.headers, allowed_types=fetch.allowed_types)
+                key = media_key(str(job_id), index, got.content_type)
+                obj = await self.store.put(key, got.data, got.content_type)
+                out.append(StoredMedia(key=obj.key, url=obj.uri,
+                                       content_type=obj.content_type, size=obj.size))
+        return tuple(out)
+
+    async def _head(self, job_id: uuid.UUID, key: str) -> StoredMedia:
+        """An inline result the worker stored: only keys under this job's own prefix."""
+        if not key.startswith(media_key(str(job_id), 0, "").rsplit("/", 1)[0] + "/"):
+            raise MediaRefused(f"stored key {key!r} is not under job {job_id}'s prefix")
+        try:
+            obj = await self.store.head(key)
+        except ObjectNotFound as exc:
+            raise MediaExpired(f"inline result {key} was never stored") from exc
+        return StoredMedia(key=obj.key, url=obj.uri, content_type=obj.content_type,
+                           size=obj.size)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    async def _give_up(self, job_id: uuid.UUID, claim_owner: str,
+                       stop: _GiveUp) -> FinalizeResult:
+        def decide(p: CallProjection) -> Event | None:
+            mine = p.state is CallState.FINALIZING and p.finalize_owner == claim_owner
+            return stop.event if mine else None
+
+        async with self.pool.connection() as conn:
+            r = await transition(conn, job_id, decide)
+        outcome: Outcome = "host_ended" if r.host_ended else (
+            stop.outcome if r.ok else "lost_race")
+        return FinalizeResult(outcome=outcome, projection=r.projection, error=stop.event.error)
+
+    async def _complete(self, job_id: uuid.UUID, p: CallProjection,
+                        media: tuple[StoredMedia, ...], claim_owner: str) -> FinalizeResult:
+        result = p.upstream_result or UpstreamResult()
+        cost = checked_charge(self.pricing, p.provider_kind or "", result.usage, result.cost)
+        event = Completed(at=self.clock(), actor=self.owner, media=media, cost=cost,
+                          text=result.text, stop_reason=result.stop_reason)
+        for _ in range(_MAX_COMPLETE_TRIES):
+            ended = host_ended(p, at=event.at, actor=event.actor)
+            try:
+                async with self.pool.connection() as conn, conn.transaction():
+                    r = await append(conn, job_id, p, ended or event)
+                    if r.ok and ended is None:
+                        await _record_assets(conn, job_id, media)
+                        await execute(conn, "reopen_workflow", {"job_id": job_id})
+            except WriteConflict:  # a deadlock rolled the transaction back: read, retry
+                async with self.pool.connection() as conn:
+                    p = await load(conn, job_id)
+                continue
+            if r.ok:
+                return FinalizeResult(outcome="host_ended" if ended else "completed",
+                                      projection=r.projection)
+            p = r.projection  # an admin requeue or a host write landed: still ours?
+            if not (p.state is CallState.FINALIZING and p.finalize_owner == claim_owner):
+                break
+        return FinalizeResult(outcome="lost_race", projection=p)
+
+
+async def _record_assets(conn: Conn, job_id: uuid.UUID, media: tuple[StoredMedia, ...]) -> None:
+    if not media:
+        return
+    await execute(conn, "insert_assets", {
+        "job_id": job_id, "keys": [m.key for m in media], "urls": [m.url for m in media],
+        "types": [m.content_type for m in media], "sizes": [m.size for m in media]})

@@ -1,0 +1,295 @@
+"""The worker API: run one job's external call durably, in a few lines of any handler.
+
+    runner = CallRunner(pool, session, settings, store)
+    outcome = await runner.run(job_id, "kie-standard", {"model": ..., "input": {...}})
+
+Async kinds: record ``CallStarted`` *before* the create request, create, record
+``TaskCreated``, poll (heartbeat and progress go to projection columns, not events),
+record the outcome, finalize. If the job already has a task id (a redelivery, a second
+worker), it polls that task and never creates another. A call left ``created`` without a
+task id by a crash inside the create request is the one ambiguous window: by default it is
+left for the reconciler to sweep and refund (``ambiguous_create="recreate"`` opts into
+creating again). A terminal call returns its outcome without touching the provider.
+Sync kinds: record ``CallStarted``, call, record the outcome, complete.
+No queue library is assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any, Literal, cast
+
+import aiohttp
+import msgspec
+import psycopg
+
+from engine.calls.config import CallConfig
+from engine.calls.failpoints import failpoint
+from engine.calls.finalize import Finalizer
+from engine.calls.identity import incarnation
+from engine.calls.inline import store_inline
+from engine.calls.pricing import Pricing
+from engine.errors import DatabaseError
+from engine.store.clock import Clock, DatabaseClock, sync_clock, utcnow
+from engine.store.db import Pool
+from engine.store.write import Decide, append, execute, load, transition
+from events.states import CallState
+from events.types import (
+    CallStarted,
+    Event,
+    Swept,
+    TaskCreated,
+    UpstreamFailed,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
+from projections.fold import EMPTY, CallProjection
+from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from providers.errors import (
+    MediaExpired,
+    ProviderError,
+    RateLimited,
+    StorageError,
+    TransientError,
+)
+from providers.kinds import get_kind, is_sync_call
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.registry import client_for
+from providers.storage import MediaStore
+
+__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event", "utcnow"]
+
+log = logging.getLogger("callwarden.calls")
+Sleep = Callable[[float], Awaitable[None]]
+Result = Literal["completed", "failed", "swept", "exhausted", "cancelled",
+                 "left_for_reconciler", "still_running"]
+ACTIVE = (CallState.CREATED, CallState.POLLING)
+_TERMINAL_RESULT: dict[CallState, Result] = {
+    CallState.COMPLETED: "completed", CallState.FAILED: "failed", CallState.SWEPT: "swept",
+    CallState.EXHAUSTED: "exhausted", CallState.CANCELLED: "cancelled"}
+
+
+class CallOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: uuid.UUID
+    result: Result
+    projection: CallProjection
+    detail: str | None = None
+
+
+def _outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
+             pending: Result = "left_for_reconciler") -> CallOutcome:
+    result = _TERMINAL_RESULT.get(p.state, pending) if p.state is not None else pending
+    return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
+
+
+def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
+                   stored_keys: tuple[str, ...] = ()) -> Event | None:
+    """The event recording a poll/call outcome (``None`` while still running);
+    ``stored_keys``: inline media the worker already stored under the job's keys."""
+    if isinstance(outcome, Succeeded):
+        return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
+            media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
+            raw=outcome.raw, stored_keys=stored_keys, usage=outcome.usage,
+            stop_reason=outcome.stop_reason))
+    if isinstance(outcome, Failed):
+        return UpstreamFailed(at=now, actor=actor, error=outcome.error, code=outcome.code)
+    if isinstance(outcome, NotFound):
+        return Swept(at=now, actor=actor, reason="upstream_task_not_found")
+    return None
+
+
+class CallRunner:
+    """Runs calls for one process incarnation (``owner``)."""
+
+    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
+                 store: MediaStore, *, owner: str | None = None, clock: Clock | None = None,
+                 config: CallConfig | None = None, sleep: Sleep = asyncio.sleep,
+                 callback_url: Callable[[uuid.UUID, str], str | None] | None = None,
+                 pricing: Pricing | None = None) -> None:
+        self.pool, self.session, self.settings, self.store = pool, session, settings, store
+        self.owner = owner or incarnation("worker")
+        self.clock = clock if clock is not None else DatabaseClock()
+        self.config, self.sleep = config or CallConfig(), sleep
+        self.callback_url = callback_url
+        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
+                                   clock=self.clock, config=self.config, pricing=pricing)
+        self._last_beat: dict[uuid.UUID, float] = {}
+
+    async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
+                  operation: str | None = None) -> CallOutcome:
+        """Run (or resume, or report) the job's call; see the module docstring."""
+        try:
+            return await self._run(job_id, kind, request, operation)
+        finally:
+            self._last_beat.pop(job_id, None)
+
+    async def _run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any],
+                   operation: str | None) -> CallOutcome:
+        get_kind(kind)  # an unknown kind is refused before anything is written
+        await sync_clock(self.clock, self.pool)
+        sync = is_sync_call(kind, operation)
+        client = client_for(kind, self.session, self.settings, operation=operation,
+                            callback_url=self._callback(job_id, kind))
+        failpoint("before_call_started")
+        p, started_here = await self._start(job_id, kind, sync)
+        if p.terminal:
+            return _outcome(job_id, p)
+        if p.state is None:  # the host ended the job, or another system's task is on it
+            return _outcome(job_id, p, f"not started: the host's status is {p.status!r}, or "
+                                       "the row holds a task from other code (the "
+                                       "reconciler adopts it)")
+        if sync:
+            if started_here:
+                return await self._run_sync(job_id, kind, cast(SyncKindClient, client),
+                                            request, p)
+            return await self._after_upstream(job_id, p, "sync call interrupted")
+        return await self._run_async(job_id, kind, p, cast(AsyncKindClient, client), request,
+                                     started_here)
+
+    # -- async kinds ------------------------------------------------------------------
+
+    async def _run_async(self, job_id: uuid.UUID, kind: str, p: CallProjection,
+                         client: AsyncKindClient, request: Mapping[str, Any],
+                         started_here: bool) -> CallOutcome:
+        if p.state is CallState.CREATED:
+            if not started_here and self.config.policy_for(kind) == "sweep":
+                return _outcome(job_id, p, "ambiguous create: left for the reconciler")
+            p, detail = await self._create(job_id, p, client, request)
+            if p.state is CallState.CREATED or p.terminal:
+                return _outcome(job_id, p, detail)
+        if p.state is CallState.POLLING:
+            p, detail = await self._poll(job_id, kind, p, client)
+            if p.state in ACTIVE:
+                return _outcome(job_id, p, detail, pending="still_running")
+        return await self._after_upstream(job_id, p, None)
+
+    async def _create(self, job_id: uuid.UUID, p: CallProjection, client: AsyncKindClient,
+                      request: Mapping[str, Any]) -> tuple[CallProjection, str | None]:
+        failpoint("before_create")
+        try:
+            task_id = await client.create(request, callback_url=self._callback(
+                job_id, client.kind))
+        except RateLimited as exc:  # provably not created: fail now and refund
+            return await self._record(job_id, self._if_active(UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=str(exc), code="rate_limited")),
+                p), None
+        except TransientError as exc:  # ambiguous: the task may exist upstream
+            return p, f"create failed ambiguously ({exc}): left for the reconciler"
+        except ProviderError as exc:  # refused: nothing was created
+            return await self._record(job_id, self._if_active(UpstreamFailed(
+                at=self.clock(), actor=self.owner, error=str(exc),
+                code=type(exc).__name__)), p), None
+        failpoint("after_create")
+        event = TaskCreated(at=self.clock(), actor=self.owner, task_id=task_id)
+        return await self._record(job_id, lambda q: event if q.state is CallState.CREATED
+                                  else None, p), None
+
+    async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
+                    client: AsyncKindClient) -> tuple[CallProjection, str | None]:
+        assert p.provider_task_id is not None
+        deadline = time.monotonic() + self.config.budget_for(kind)
+        interval = self.config.interval_for(kind)
+        last_error: str | None = None
+        self._last_beat.setdefault(job_id, time.monotonic())  # TaskCreated just proved it
+        while True:
+            outcome: PollOutcome | None = None
+            try:
+                outcome = await client.poll(p.provider_task_id)
+            except MediaExpired as exc:
+                outcome = Failed(error=f"result expired: {exc}", code="result_gone")
+            except ProviderError as exc:
+                last_error = str(exc)
+            failpoint("mid_poll")
+            keys: tuple[str, ...] = ()
+            if outcome is not None:
+                try:
+                    outcome, keys = await self.inline(job_id, kind, outcome)
+                except StorageError as exc:  # the next poll answers the same again
+                    outcome, last_error = None, f"storing an inline result: {exc}"
+            event = (upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
+                     if outcome else None)
+            if event is not None:
+                return await self._record(job_id, self._if_active(event), p), None
+            await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
+                                  else None)
+            if time.monotonic() + interval > deadline:
+                return await self._load(job_id), last_error or "poll budget spent"
+            await self.sleep(interval)
+
+    # -- sync kinds -------------------------------------------------------------------
+
+    async def _run_sync(self, job_id: uuid.UUID, kind: str, client: SyncKindClient,
+                        request: Mapping[str, Any], p: CallProjection) -> CallOutcome:
+        try:
+            outcome: PollOutcome = await client.call(request)
+        except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
+            outcome = Failed(error=str(exc), code=type(exc).__name__)
+        failpoint("after_sync_call")
+        outcome, keys = await self.inline(job_id, kind, outcome)
+        event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
+        assert event is not None
+        p = await self._record(job_id, self._if_active(event), p)
+        return await self._after_upstream(job_id, p, None)
+
+    async def inline(self, job_id: uuid.UUID, kind: str,
+                     outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:
+        """Inline results stored before the outcome is recorded (:mod:`engine.calls.inline`)."""
+        return await store_inline(self.store, job_id, kind, outcome,
+                                  settings=self.settings, config=self.config)
+
+    # -- shared -----------------------------------------------------------------------
+
+    async def _after_upstream(self, job_id: uuid.UUID, p: CallProjection,
+                              detail: str | None) -> CallOutcome:
+        if p.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
+            failpoint("after_upstream_result")
+            done = await self.finalizer.finalize(job_id, current=p)
+            return _outcome(job_id, done.projection, done.error or done.outcome)
+        return _outcome(job_id, p, detail)
+
+    async def _start(self, job_id: uuid.UUID, kind: str,
+                     sync: bool) -> tuple[CallProjection, bool]:
+        """Optimistically start the call as if it were new (one statement, fenced on
+        version 0); otherwise the append re-reads and we continue from what is there."""
+        event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
+        async with self.pool.connection() as conn:
+            r = await append(conn, job_id, EMPTY, event)
+        return r.projection, r.ok
+
+    def _if_active(self, event: Event) -> Decide:
+        return lambda q: event if q.state in ACTIVE else None
+
+    async def _record(self, job_id: uuid.UUID, decide: Decide,
+                      current: CallProjection | None = None) -> CallProjection:
+        """``transition`` from the projection we hold (``current``): no re-read unless
+        someone else wrote in between."""
+        async with self.pool.connection() as conn:
+            return (await transition(conn, job_id, decide, current=current)).projection
+
+    async def _load(self, job_id: uuid.UUID) -> CallProjection:
+        async with self.pool.connection() as conn:
+            return await load(conn, job_id)
+
+    async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
+        """A projection-only write: when it fails (the database blinked), the call keeps
+        polling and the next beat tries again; a heartbeat never abandons a call."""
+        now = time.monotonic()
+        if now - self._last_beat.get(job_id, -1e9) < self.config.heartbeat_every_s:
+            return
+        try:
+            async with self.pool.connection() as conn:
+                await execute(conn, "heartbeat", {
+                    "job_id": job_id, "owner": self.owner,
+                    "progress": int(progress) if progress is not None else None})
+        except (DatabaseError, psycopg.Error) as exc:  # psycopg.Error: the pool's timeout
+            log.warning("job %s: heartbeat not written (%s); still polling", job_id, exc)
+            return
+        self._last_beat[job_id] = now
+
+    def _callback(self, job_id: uuid.UUID, kind: str) -> str | None:
+        return self.callback_url(job_id, kind) if self.callback_url else None

@@ -1,0 +1,221 @@
+"""``callwarden audit | verify | rebuild | stats``: replaying the log for people.
+
+Exit codes: 0 all good; 1 something to look at (unknown job, mismatches, replay errors,
+jobs rebuild could not repair); 2 a job's own log cannot be replayed (``audit``) or the
+database failed (handled by :mod:`engine.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+from engine.errors import JobNotFound
+from engine.reconciler.config import load_config
+from engine.replay import render
+from engine.replay.audit import audit_job, stats
+from engine.replay.rebuild import rebuild
+from engine.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
+from engine.store.db import connect
+from engine.store.write import Conn
+from events.codec import EventDecodeError
+from projections.stats import parse_window
+
+__all__ = ["parse_since", "register"]
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _emit_json(value: Any) -> None:
+    sys.stdout.buffer.write(msgspec.json.encode(value) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``--since``: a window back from now (``24h``) or an ISO time (UTC if naive)."""
+    try:
+        return (now or datetime.now(UTC)) - parse_window(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --since {text!r}: use a window (24h, 90m) or an ISO time") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+async def _audit(args: argparse.Namespace, url: str) -> int:
+    async with await connect(url) as conn:
+        try:
+            report = await audit_job(conn, args.job_id)
+        except JobNotFound:
+            err.print(f"no job {args.job_id}")
+            return 1
+        except EventDecodeError as exc:
+            err.print(f"[red]cannot replay:[/red] {exc}")
+            return 2
+    if args.json:
+        _emit_json(report)
+    elif not report.timeline:
+        out.print(f"job {report.job_id} has no call events (status {report.status})")
+    else:
+        out.print(render.audit_table(report))
+        for line in render.reservation_lines(report):
+            out.print(line)
+    return 0
+
+
+def _progress(args: argparse.Namespace) -> Progress | None:
+    if args.json or not sys.stdout.isatty():
+        return None
+    return Progress("[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeRemainingColumn(), console=out)
+
+
+def _report_batch(as_json: bool, console: Console, batch: BatchResult) -> None:
+    for m in batch.mismatches:
+        if as_json:
+            _emit_json({"mismatch": m})
+        else:
+            render.show_mismatch(console, m)
+    for e in batch.errors:
+        if as_json:
+            _emit_json({"error": e})
+        else:
+            render.show_error(console, e)
+
+
+async def _stream_verify(conn: Conn, args: argparse.Namespace,
+                         progress: Progress | None) -> VerifySummary:
+    summary = VerifySummary()
+    task = None
+    if progress is not None:
+        task = progress.add_task("verifying", total=await count_jobs(conn, args.since))
+    console = progress.console if progress is not None else out
+    async for batch in verify_batches(conn, batch=args.batch, since=args.since):
+        summary.add(batch)
+        _report_batch(args.json, console, batch)
+        if progress is not None and task is not None:
+            progress.advance(task, batch.jobs)
+    return summary
+
+
+async def _verify(args: argparse.Namespace, url: str) -> int:
+    progress = _progress(args)
+    started = time.perf_counter()
+    async with await connect(url) as conn:
+        if progress is None:
+            summary = await _stream_verify(conn, args, None)
+        else:
+            with progress:
+                summary = await _stream_verify(conn, args, progress)
+    summary.seconds = time.perf_counter() - started
+    if args.json:
+        _emit_json({"summary": summary, "ok": summary.ok})
+    else:
+        out.print(render.verify_table(summary))
+    return 0 if summary.ok else 1
+
+
+async def _rebuild(args: argparse.Namespace, url: str) -> int:
+    async with await connect(url) as conn:
+        try:
+            report = await rebuild(conn, job_id=args.job, batch=args.batch, force=args.force)
+        except JobNotFound:
+            err.print(f"no job {args.job}")
+            return 1
+    if args.json:
+        _emit_json(report)
+    else:
+        out.print(render.rebuild_table(report))
+        for f in report.failures:
+            render.show_error(out, f)
+    return 0 if report.failed == 0 else 1
+
+
+async def _stats(args: argparse.Namespace, url: str) -> int:
+    config = load_config(args.config, os.environ)
+    async with await connect(url) as conn:
+        report = await stats(conn, now=datetime.now(UTC), window=args.window,
+                             thresholds=config.thresholds,
+                             legacy_threshold_s=config.legacy_threshold_s,
+                             legacy_cutoff=config.legacy_cutoff)
+    if args.json:
+        _emit_json(report)
+    else:
+        for table in render.stats_tables(report):
+            out.print(table)
+    return 0
+
+
+def _window(text: str) -> timedelta:
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_audit(sub: Subparsers) -> None:
+    p = sub.add_parser("audit", help="a job's timeline: events, states, settlement")
+    p.add_argument("job_id", type=uuid.UUID)
+    p.add_argument("--json", action="store_true", help="the timeline as JSON")
+    p.set_defaults(handler=_audit)
+
+
+def _add_verify(sub: Subparsers) -> None:
+    p = sub.add_parser("verify", help="fold every job's log and compare with its columns")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--since", type=parse_since, default=None,
+                   help="only jobs with events recorded since (24h, or an ISO time)")
+    p.add_argument("--batch", type=_positive, default=1000, help="jobs per snapshot")
+    p.set_defaults(handler=_verify)
+
+
+def _add_rebuild(sub: Subparsers) -> None:
+    p = sub.add_parser("rebuild", help="rewrite projection columns from the log (fenced)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job", type=uuid.UUID, help="one job")
+    which.add_argument("--all", action="store_true", help="every job with a call")
+    p.add_argument("--batch", type=_positive, default=500, help="jobs per snapshot")
+    p.add_argument("--force", action="store_true",
+                   help="rewrite every job, even one whose columns already match")
+    p.add_argument("--json", action="store_true", help="the counts as JSON")
+    p.set_defaults(handler=_rebuild)
+
+
+def _add_stats(sub: Subparsers) -> None:
+    p = sub.add_parser("stats", help="calls by kind and state, stale calls, recoveries")
+    p.add_argument("--json", action="store_true", help="the statistics as JSON")
+    p.add_argument("--window", type=_window, default=parse_window("24h"),
+                   help="how far back recoveries, sweeps and latencies look (24h)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="the reconciler's settings file (thresholds, legacy cutoff)")
+    p.set_defaults(handler=_stats)
+
+
+def register(sub: Subparsers) -> None:
+    """Add ``audit``, ``verify``, ``rebuild`` and ``stats`` to the ``callwarden`` parser."""
+    for add in (_add_audit, _add_verify, _add_rebuild, _add_stats):
+        add(sub)

@@ -1,0 +1,98 @@
+"""``callwarden``: the command-line face over the engine and projections.
+
+Each group of subcommands lives in its own ``engine/cli_*.py`` module exposing
+``register(sub)`` (add its parsers, each with ``handler=<async fn(args, url) -> int>`` or
+``sync_handler=<fn(args) -> int>`` as a default) — this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from engine.errors import CallwardenError
+from engine.replay.status import print_status
+from engine.store.db import connect, resolve_database_url
+from engine.store.migrate import migrate
+from providers.simulator.core import KEY_HELP
+from providers.simulator.core import add_arguments as add_simulator_arguments
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+console = Console()
+
+# Modules adding subcommands; a missing one (not yet written) is skipped.
+COMMAND_MODULES = ["engine.cli.audit", "engine.cli.worker", "engine.cli.reconcile",
+                   "engine.cli.demo", "engine.cli.serve"]
+
+
+async def _migrate(args: argparse.Namespace, url: str) -> int:
+    conn = await connect(url)
+    async with conn:
+        applied = await migrate(conn)
+        names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none"
+        console.print(f"applied migrations: {names}")
+        await print_status(conn, console)
+    return 0
+
+
+async def _status(args: argparse.Namespace, url: str) -> int:
+    conn = await connect(url)
+    async with conn:
+        await print_status(conn, console)
+    return 0
+
+
+def _simulator(args: argparse.Namespace) -> int:
+    from providers.simulator.core import forwarded, main
+
+    return main(forwarded(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="callwarden",
+        description="Durable, recoverable, billed-exactly-once calls to external AI "
+                    "providers, on Postgres. Start with `callwarden demo`.",
+        epilog="With DATABASE_URL unset, an embedded Postgres runs in --data-dir.")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="embedded Postgres data folder (ignored when DATABASE_URL is set)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(handler=_migrate)
+    sub.add_parser("status", help="migrations applied; jobs by status and call state"
+                   ).set_defaults(handler=_status)
+    sim = sub.add_parser("simulator", help="run the provider simulator on 127.0.0.1",
+                         description="Run the provider simulator (KIE, Replicate, "
+                                     "ElevenLabs, Anthropic) on one port.",
+                         epilog=KEY_HELP)
+    add_simulator_arguments(sim, default_port=8080)
+    sim.set_defaults(sync_handler=_simulator)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "sync_handler", None) is not None:
+            return int(args.sync_handler(args))
+        url = resolve_database_url(args.data_dir)
+        return int(asyncio.run(args.handler(args, url)))
+    except CallwardenError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+

@@ -1,0 +1,100 @@
+"""``callwarden reconcile [--once] [--json] [--config FILE]``: run the reconciler.
+
+Without ``--once`` it runs a pass every (jittered) scan interval until SIGTERM or SIGINT,
+finishing the batch in hand. ``--once`` runs one pass and prints its counts (``--json``:
+one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RECONCILE_*``
+(see :mod:`engine.reconciler.config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
+API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
+``CALLWARDEN_MEDIA_ALLOW_HOSTS``). Exit codes: 0 the pass ran (per-call provider errors
+are outcomes, recorded on the calls and counted); 1 the pass could not run (``--once``:
+the claim failed); 2 bad configuration or database failure at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from engine.calls.config import CallConfig
+from engine.calls.pricing import pricing_from_env
+from engine.cli.worker import media_allow_hosts
+from engine.reconciler.config import load_config
+from engine.reconciler.loop import Counts, Reconciler
+from engine.service.metrics import start_metrics_server
+from engine.store.db import default_data_dir, open_pool
+from providers.base import ProviderSettings
+from providers.storage import store_from_env
+
+__all__ = ["register"]
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("reconcile", help="find stuck calls and settle them")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="expose this process's Prometheus /metrics on 127.0.0.1:N")
+    p.add_argument("--once", action="store_true", help="run one pass, print its counts")
+    p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
+    p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    p.set_defaults(handler=handler)
+
+
+def _log_to_stderr() -> None:
+    """The reconciler's per-call log lines on stderr (our loggers only)."""
+    logger = logging.getLogger("callwarden")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def _print(counts: Counts, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.buffer.write(msgspec.json.encode(counts) + b"\n")
+        sys.stdout.buffer.flush()
+        return
+    table = Table("outcome", "calls", title="reconcile pass")
+    for name, value in msgspec.structs.asdict(counts).items():
+        table.add_row(name, str(value))
+    Console().print(table)
+
+
+async def handler(args: argparse.Namespace, url: str) -> int:
+    config = load_config(args.config, os.environ)
+    pricing = pricing_from_env(os.environ)
+    _log_to_stderr()
+    if args.metrics_port is not None:
+        start_metrics_server(args.metrics_port)
+    store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
+    async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
+            aiohttp.ClientSession() as session:
+        reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
+                                config=config, call_config=CallConfig(
+                                    media_allow_hosts=media_allow_hosts(os.environ)),
+                                pricing=pricing)
+        if args.once:
+            counts = await reconciler.reconcile_once()
+            _print(counts, args.json)
+            return 1 if counts.pass_failed else 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("callwarden.reconcile").info(
+            "reconciler %s: scan every ~%gs", reconciler.owner, config.scan_interval_s)
+        await reconciler.run(stop)
+    return 0

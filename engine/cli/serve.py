@@ -1,0 +1,107 @@
+"""``callwarden serve``: the webhook receivers, ``/metrics``, health probes and dashboard.
+
+Configuration (environment): ``CALLWARDEN_REPLICATE_WEBHOOK_SECRET`` (``whsec_...``),
+``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY`` (optional; without it KIE callbacks are authenticated
+by the per-job token in their URL), ``CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET``, the admin
+token in the variable named by ``--admin-token-env`` (default ``CALLWARDEN_ADMIN_TOKEN``;
+unset: read-only), provider endpoints as for the worker (``ProviderSettings.from_env``)
+and media storage as for the worker (``store_from_env``: S3 or ``--media-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from engine.calls.config import CallConfig
+from engine.calls.finalize import Finalizer
+from engine.calls.identity import incarnation
+from engine.calls.pricing import pricing_from_env
+from engine.cli.worker import media_allow_hosts
+from engine.errors import ConfigError
+from engine.reconciler.config import load_config
+from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from engine.service.webhooks import WebhookConfig
+from engine.store.db import default_data_dir, open_pool
+from providers.base import ProviderSettings
+from providers.outcomes import PollOutcome
+from providers.registry import poll_task
+from providers.storage import store_from_env
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("serve", help="webhook receivers, /metrics, health and dashboard")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--admin-token-env", default="CALLWARDEN_ADMIN_TOKEN", metavar="VAR",
+                   help="environment variable holding the admin token (unset: read-only)")
+    s.add_argument("--media-dir", type=Path, default=None,
+                   help="local media folder (default: <data dir>/media)")
+    s.add_argument("--pool-size", type=int, default=10)
+    s.add_argument("--config", type=Path, default=None,
+                   help="the reconciler's settings file (stale thresholds, legacy cutoff)")
+    s.set_defaults(handler=_serve)
+
+
+def service_config(args: argparse.Namespace, settings: ProviderSettings) -> ServiceConfig:
+    """The service's settings; stale thresholds and the legacy cutoff are the
+    reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
+    dashboard count what the reconciler acts on."""
+    env = os.environ
+    webhooks = WebhookConfig.from_env(env)
+    reconcile = load_config(args.config, env)
+    return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
+                         thresholds=reconcile.thresholds,
+                         legacy_threshold_s=reconcile.legacy_threshold_s,
+                         legacy_cutoff=reconcile.legacy_cutoff)
+
+
+async def _serve(args: argparse.Namespace, url: str) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not 0 <= args.port < 65536 or args.pool_size < 1:
+        raise ConfigError("--port must be 0..65535 and --pool-size >= 1")
+    settings = ProviderSettings.from_env()
+    env = dict(os.environ)
+    if args.media_dir is not None:
+        env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
+    store = store_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
+    config = service_config(args, settings)
+    pricing = pricing_from_env(env)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_pool(url, max_size=args.pool_size) as pool, \
+            aiohttp.ClientSession() as session:
+        finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
+                              config=CallConfig(media_allow_hosts=media_allow_hosts(env)),
+                              pricing=pricing)
+
+        async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
+            return await poll_task(kind, task_id, session, settings, created_at=created_at)
+
+        runner = web.AppRunner(build_app(pool, finalizer, config, poll=poll),
+                               access_log_class=RedactingAccessLogger)
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        print(f"callwarden serve on http://{args.host}:{runner.addresses[0][1]} "
+              f"(admin {'enabled' if config.admin_token else 'disabled'})", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    return 0
+

@@ -1,0 +1,176 @@
+"""``callwarden worker`` (the reference worker) and ``callwarden enqueue`` (try it).
+
+Provider endpoints and keys come from the environment (``ProviderSettings.from_env``:
+``CALLWARDEN_<PROVIDER>_URL``, ``KIE_API_KEY``, ...); media go to
+``providers.storage.store_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set), else
+to ``--media-dir`` (default ``<data dir>/media``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_args
+
+import msgspec
+
+from engine.calls.config import AmbiguousCreate, CallConfig
+from engine.calls.pricing import pricing_from_env
+from engine.errors import ConfigError
+from engine.queue.claims import input_data
+from engine.queue.worker import run_worker
+from engine.service.metrics import start_metrics_server
+from engine.store.db import connect, default_data_dir
+from engine.store.jobs import create_job
+from providers.base import ProviderSettings
+from providers.kinds import KINDS
+from providers.storage import store_from_env
+
+__all__ = ["call_config", "media_allow_hosts", "register"]
+
+POLICIES: tuple[str, ...] = get_args(AmbiguousCreate)
+
+
+def register(sub: Any) -> None:
+    _register_worker(sub)
+    _register_enqueue(sub)
+
+
+def _register_worker(sub: Any) -> None:
+    w = sub.add_parser("worker", help="claim pending jobs and run their calls")
+    w.add_argument("--concurrency", type=int, default=4, help="calls in flight (default 4)")
+    w.add_argument("--visibility", type=float, default=60.0, metavar="S",
+                   help="lease per delivery; a dead worker's job is redelivered after it")
+    w.add_argument("--poll-empty", type=float, default=1.0, metavar="S",
+                   help="wait between claims when the queue is empty")
+    w.add_argument("--grace", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, how long in-flight calls may take to finish")
+    w.add_argument("--max-deliveries", type=int, default=5, metavar="N",
+                   help="give up on a job delivered more than N times")
+    w.add_argument("--media-dir", type=Path, default=None,
+                   help="local media folder (default: <data dir>/media)")
+    w.add_argument("--ambiguous-create", choices=POLICIES,
+                   default=os.environ.get("CALLWARDEN_AMBIGUOUS_CREATE", "sweep"),
+                   help="a call left created without a task id: leave it to the "
+                        "reconciler (sweep) or create again (recreate)")
+    w.add_argument("--ambiguous-create-for", action="append", default=[],
+                   metavar="KIND=POLICY", help="per-kind policy (repeatable)")
+    w.add_argument("--poll-interval", type=float, default=None, metavar="S",
+                   help="poll every S seconds, every kind (default: the kind's)")
+    w.add_argument("--poll-budget", type=float, default=None, metavar="S",
+                   help="give up polling after S seconds, every kind (the reconciler "
+                        "takes over; default: the kind's)")
+    w.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="expose this process's Prometheus /metrics on 127.0.0.1:N")
+    w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S",
+                   help="shortest finalization lease (grown to fit the media to store)")
+    w.add_argument("--media-timeout", type=float, default=120.0, metavar="S",
+                   help="time allowed to download one result")
+    w.add_argument("--store-timeout", type=float, default=60.0, metavar="S",
+                   help="time allowed to store one result")
+    w.add_argument("--lease-margin", type=float, default=None, metavar="S",
+                   help="a finalizer gives up this long before its lease ends (default: "
+                        "15 s, or a quarter of a shorter --finalize-lease)")
+    w.add_argument("--heartbeat-every", type=float, default=10.0, metavar="S")
+    w.set_defaults(handler=_worker)
+
+
+def _register_enqueue(sub: Any) -> None:
+    e = sub.add_parser("enqueue", help="create job rows (with a credit reservation)")
+    e.add_argument("--kind", required=True, help="provider_kind, e.g. kie-standard")
+    e.add_argument("--request", required=True, metavar="JSON", help="the provider request")
+    e.add_argument("--credits", type=float, default=10.0, help="credits to reserve")
+    e.add_argument("--operation", default=None, help="ElevenLabs operation, e.g. tts")
+    e.add_argument("--user", default="user-1")
+    e.add_argument("--count", type=int, default=1)
+    e.set_defaults(handler=_enqueue)
+
+
+def _policy_pairs(pairs: list[str]) -> dict[str, AmbiguousCreate]:
+    out: dict[str, AmbiguousCreate] = {}
+    for pair in pairs:
+        kind, _, policy = pair.partition("=")
+        if policy not in POLICIES:
+            raise ConfigError(f"--ambiguous-create-for {pair!r}: want KIND=sweep|recreate")
+        out[kind] = "recreate" if policy == "recreate" else "sweep"
+    return out
+
+
+def call_config(args: argparse.Namespace) -> CallConfig:
+    """The worker's :class:`CallConfig` from its flags (validated)."""
+    intervals = ({k: args.poll_interval for k in KINDS}
+                 if args.poll_interval is not None else {})
+    budgets = ({k: args.poll_budget for k in KINDS} if args.poll_budget is not None else {})
+    try:
+        return CallConfig(
+            finalize_lease_s=args.finalize_lease, heartbeat_every_s=args.heartbeat_every,
+            media_timeout_s=args.media_timeout, store_timeout_s=args.store_timeout,
+            lease_margin_s=(args.lease_margin if args.lease_margin is not None
+                            else min(15.0, args.finalize_lease / 4)),
+            media_allow_hosts=media_allow_hosts(os.environ),
+            ambiguous_create=args.ambiguous_create,
+            ambiguous_create_by_kind=_policy_pairs(args.ambiguous_create_for),
+            poll_interval_s=intervals, poll_budget_s=budgets)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def media_allow_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``CALLWARDEN_MEDIA_ALLOW_HOSTS``: extra media hosts, comma-separated."""
+    return tuple(h.strip() for h in env.get("CALLWARDEN_MEDIA_ALLOW_HOSTS", "").split(",")
+                 if h.strip())
+
+
+def _media_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    if args.media_dir is not None:
+        env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
+    return env
+
+
+async def _worker(args: argparse.Namespace, url: str) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.concurrency < 1 or args.visibility <= 0 or args.poll_empty <= 0:
+        raise ConfigError("--concurrency must be >= 1, --visibility and --poll-empty > 0")
+    config = call_config(args)
+    if args.metrics_port is not None:
+        _, port = start_metrics_server(args.metrics_port)
+        logging.getLogger("callwarden.worker").info("metrics on 127.0.0.1:%d/metrics", port)
+    data_dir = args.data_dir or default_data_dir()
+    store = store_from_env(_media_env(args), default_dir=data_dir / "media")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await run_worker(url, ProviderSettings.from_env(), store,
+                            concurrency=args.concurrency, visibility_s=args.visibility,
+                            poll_empty_s=args.poll_empty, stop=stop, config=config,
+                            grace_s=args.grace, max_deliveries=args.max_deliveries,
+                            callback_base_url=os.environ.get("CALLWARDEN_CALLBACK_BASE_URL"),
+                            pricing=pricing_from_env(os.environ))
+
+
+async def _enqueue(args: argparse.Namespace, url: str) -> int:
+    if args.kind not in KINDS:
+        raise ConfigError(f"unknown provider_kind {args.kind!r}; known: {', '.join(KINDS)}")
+    try:
+        request = msgspec.json.decode(args.request)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"--request is not JSON: {exc}") from exc
+    if not isinstance(request, dict):
+        raise ConfigError("--request must be a JSON object")
+    data = input_data(args.kind, request, args.operation)
+    conn = await connect(url)
+    async with conn:
+        for _ in range(max(args.count, 0)):
+            job = await create_job(conn, user_id=args.user, input_data=data,
+                                   credits=args.credits)
+            print(job)
+    return 0

@@ -1,0 +1,110 @@
+"""The reference worker's queue on the ``jobs`` table: at-least-once delivery.
+
+A claim leases a batch of unacked jobs to one owner (a process incarnation) for the
+visibility timeout, with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers never share a
+job. A live worker extends the lease while a call runs; a dead worker's jobs become
+claimable again once their lease expires (``queue_deliveries`` counts deliveries). The ack,
+fenced on the owner, ends the job's life in the queue: whatever is left of its call (a
+``created`` call after an ambiguous create, a still-running task) belongs to the reconciler.
+
+A job's request is ``jobs.input_data``::
+
+    {"provider_kind": "kie-standard", "request": {...}, "operation": null}
+
+:func:`parse_job` (pure) reads it; a job it refuses is cancelled (refunded) and acked in
+one transaction by :func:`reject` — never lost, never redelivered forever.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from engine.store.write import AppendResult, Conn, cancel, execute
+from providers.kinds import KINDS
+
+__all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
+           "reject"]
+
+_dec = msgspec.json.Decoder()
+
+
+class Claimed(msgspec.Struct, frozen=True, kw_only=True):
+    """One delivery of a job: its id, raw ``input_data`` and delivery count (1 = first)."""
+
+    job_id: uuid.UUID
+    input_data: str
+    deliveries: int
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker runs for a job: ``CallRunner.run(job_id, kind, request, operation=)``."""
+
+    kind: str
+    request: dict[str, Any]
+    operation: str | None = None
+
+
+def input_data(kind: str, request: Mapping[str, Any],
+               operation: str | None = None) -> dict[str, Any]:
+    """The ``jobs.input_data`` the worker understands (what ``enqueue`` writes)."""
+    out: dict[str, Any] = {"provider_kind": kind, "request": dict(request)}
+    if operation is not None:
+        out["operation"] = operation
+    return out
+
+
+def parse_job(raw: str) -> JobSpec | str:
+    """The job's spec, or the reason it cannot be run (a string)."""
+    try:
+        data = _dec.decode(raw)
+    except msgspec.DecodeError as exc:
+        return f"input_data is not JSON: {exc}"
+    if not isinstance(data, dict):
+        return "input_data is not an object"
+    kind = data.get("provider_kind")
+    if not isinstance(kind, str) or not kind:
+        return "input_data has no provider_kind"
+    if kind not in KINDS:
+        return f"unknown provider_kind {kind!r}"
+    request, operation = data.get("request"), data.get("operation")
+    if not isinstance(request, dict):
+        return "input_data.request is not an object"
+    if operation is not None and not isinstance(operation, str):
+        return "input_data.operation is not a string"
+    return JobSpec(kind=kind, request=request, operation=operation)
+
+
+async def claim(conn: Conn, *, owner: str, batch: int, visibility_s: float) -> list[Claimed]:
+    """Lease up to ``batch`` claimable jobs to ``owner`` (one statement)."""
+    if batch <= 0:
+        return []
+    rows = await execute(conn, "queue_claim", {
+        "owner": owner, "batch": batch, "visibility_s": visibility_s})
+    return [Claimed(job_id=r["id"], input_data=r["input_data"], deliveries=r["deliveries"])
+            for r in rows]
+
+
+async def extend(conn: Conn, job_id: uuid.UUID, *, owner: str, visibility_s: float) -> bool:
+    """Push the lease ``visibility_s`` from now; false if ``owner`` no longer holds it."""
+    rows = await execute(conn, "queue_extend", {
+        "job_id": job_id, "owner": owner, "visibility_s": visibility_s})
+    return bool(rows)
+
+
+async def ack(conn: Conn, job_id: uuid.UUID, *, owner: str) -> bool:
+    """Take the job out of the queue; false if ``owner`` no longer holds it."""
+    return bool(await execute(conn, "queue_ack", {"job_id": job_id, "owner": owner}))
+
+
+async def reject(conn: Conn, job_id: uuid.UUID, *, owner: str,
+                 now: datetime) -> tuple[AppendResult, bool]:
+    """Cancel the job's call (refunding its reservation) and ack it, in one transaction."""
+    async with conn.transaction():
+        result = await cancel(conn, job_id, by=owner, now=now)
+        acked = await ack(conn, job_id, owner=owner)
+    return result, acked

@@ -1,0 +1,5 @@
+"""The reconciler: find stuck calls and advance them (recover, sweep, or give up).
+
+``config`` (thresholds and caps: defaults < file < environment, validated), ``decide``
+(what to do with one claimed call: pure), ``loop`` (the claim, the actions, the passes).
+"""

@@ -1,0 +1,417 @@
+"""The reconciler: find stuck calls and settle them, from one process or many.
+
+River's job rescuer in our terms: a thin loop (:meth:`Reconciler.run`) around
+:meth:`Reconciler.reconcile_once`, which returns :class:`Counts`. One pass:
+
+1. claim a batch in one statement (``FOR UPDATE SKIP LOCKED`` over partial indexes, with a
+   lease owned by this process incarnation), so replicas never hold the same call;
+2. per call: renew the claim (skip it if it is no longer ours), decide with the pure
+   :func:`engine.reconciler.decide.decide`, act through the engine's write path — every
+   event is appended fenced on the ``call_version`` that was read, so a call that a worker
+   settled meanwhile is never overwritten — then release the claim.
+
+A call's outcome is logged; a provider error is stored on the call (attempt + 1, the error
+kept, next attempt after the re-poll interval), never dropped. Nothing about one row stops
+the others or the loop: a row whose callwarden columns do not decode is read from its log;
+an unexpected error while handling a call is recorded on it the same way (attempt + 1); a
+row that cannot be read at all (columns and log) is parked until the next re-poll and
+counted as ``unreadable``; a database error is counted and the call's claim simply expires
+if it cannot be released. A host that ended the job meanwhile is recorded as such
+(``HostEnded``), never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import aiohttp
+import msgspec
+from psycopg.rows import DictRow
+
+from engine.calls.config import CallConfig
+from engine.calls.failpoints import failpoint
+from engine.calls.finalize import Finalizer
+from engine.calls.identity import incarnation
+from engine.calls.inline import store_inline
+from engine.calls.pricing import Pricing
+from engine.calls.runner import upstream_event
+from engine.errors import CallwardenError, DatabaseError, DatabaseUnavailable
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.decide import (
+    Action,
+    Adopt,
+    Candidate,
+    Exhaust,
+    Finalize,
+    PollUpstream,
+    RecordHostEnded,
+    Skip,
+    Sweep,
+    adopted_event,
+    decide,
+    next_scan_delay,
+)
+from engine.service.metrics import record_reconcile
+from engine.store.clock import DatabaseClock, sync_clock
+from engine.store.db import Pool
+from engine.store.host import host_status_ended
+from engine.store.write import AppendResult, append, execute, from_log, load
+from events.codec import EventDecodeError
+from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
+from projections.columns import ProjectionUnreadable
+from projections.fold import CallProjection
+from providers.base import ProviderSettings
+from providers.errors import ProviderError, StorageError
+from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from providers.registry import poll_task
+from providers.storage import MediaStore
+
+__all__ = ["Counts", "Reconciler", "Signal"]
+
+log = logging.getLogger("callwarden.reconcile")
+
+Clock = Callable[[], datetime]
+Signal = Callable[[str, uuid.UUID], Awaitable[None]]
+"""Test signal (River's ``testsignal``): awaited at named points of a call's handling
+(``claimed``, ``decided``, ``write``, ``released``); never a sleep."""
+
+_FINALIZE_COUNT = {"completed": "completed", "result_gone": "failed", "failed": "failed",
+                   "not_claimable": "lost_race", "host_ended": "host_ended",
+                   "lost_race": "lost_race", "cancelled": "cancelled"}
+
+
+class Counts(msgspec.Struct, kw_only=True):
+    """What one pass did. ``recovered``: upstream results this pass captured (then
+    finalized: ``completed``); ``lost_race``: calls someone else moved first."""
+
+    claimed: int = 0
+    recovered: int = 0
+    completed: int = 0
+    failed: int = 0
+    swept: int = 0
+    exhausted: int = 0
+    still_running: int = 0
+    adopted: int = 0
+    cancelled: int = 0
+    host_ended: int = 0
+    skipped: int = 0
+    lost_race: int = 0
+    errors: int = 0
+    unreadable: int = 0
+    pass_failed: bool = False  # the claim itself failed: this pass handled nothing
+
+    def bump(self, name: str) -> None:
+        setattr(self, name, getattr(self, name) + 1)
+
+
+class Reconciler:
+    """Reconciles for one process incarnation (``owner``)."""
+
+    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
+                 store: MediaStore, *, config: ReconcileConfig | None = None,
+                 owner: str | None = None, clock: Clock | None = None,
+                 call_config: CallConfig | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 signal: Signal | None = None, pricing: Pricing | None = None) -> None:
+        self.pool, self.session, self.settings = pool, session, settings
+        self.config = config or ReconcileConfig()
+        self.owner = owner or incarnation("reconciler")
+        self.clock = clock if clock is not None else DatabaseClock()
+        self.sleep, self.signal = sleep, signal
+        self._pass_start = (self.clock(), time.monotonic())
+        self._logical = False
+        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
+                                   clock=self._event_clock, config=call_config,
+                                   pricing=pricing)
+
+    def _event_clock(self) -> datetime:
+        """Now, during a pass: the clock itself, or — when the pass was given a logical
+        ``now`` — that ``now`` advanced by the real time elapsed since it began."""
+        if not self._logical:
+            return self.clock()
+        start, mono = self._pass_start
+        return start + timedelta(seconds=time.monotonic() - mono)
+
+    async def _signal(self, point: str, job_id: uuid.UUID) -> None:
+        if self.signal is not None:
+            await self.signal(point, job_id)
+
+    # -- one pass ---------------------------------------------------------------------
+
+    async def reconcile_once(self, now: datetime | None = None) -> Counts:
+        """Claim a batch of stale calls and settle or advance each; see the module doc.
+        ``now``: a logical time (tests); by default the database's clock."""
+        self._logical = now is not None
+        if now is None:
+            await sync_clock(self.clock, self.pool)
+            now = self.clock()
+        self._pass_start = (now, time.monotonic())
+        counts = Counts()
+        try:
+            batch = await self.claim(now)
+        except DatabaseError as exc:
+            log.warning("claim failed: %s", exc)
+            counts.errors += 1
+            counts.pass_failed = True
+            return counts
+        counts.claimed = len(batch)
+        if batch:
+            failpoint("reconciler_after_claim")
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(item: DictRow) -> None:
+            async with gate:
+                await self._handle(item, now, counts)
+
+        async with asyncio.TaskGroup() as group:
+            for item in batch:
+                group.create_task(one(item))
+        return counts
+
+    def claim_params(self, now: datetime) -> dict[str, Any]:
+        """The parameters of the ``reconcile_claim`` statement at ``now``."""
+        c = self.config
+        cutoff = now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s))
+        return {
+            "now": now, "cutoff": cutoff, "owner": self.owner,
+            "lease_until": now + timedelta(seconds=c.claim_lease_s),
+            "thresholds": msgspec.json.encode(c.thresholds).decode(),
+            "unknown_threshold_s": c.legacy_threshold_s,
+            "legacy_threshold_s": c.legacy_threshold_s,
+            "horizon_extra_s": c.attempt_cap * c.repoll_interval_s,
+            "legacy_cutoff": c.legacy_cutoff,
+            "heartbeat_timeout_s": c.heartbeat_timeout_s, "batch_size": c.batch_size,
+        }
+
+    async def claim(self, now: datetime) -> list[DictRow]:
+        """Claim up to ``batch_size`` stale calls for this owner (one statement); the rows
+        as read (each is turned into a :class:`Candidate` on its own, so one unreadable
+        row never costs the batch)."""
+        async with self.pool.connection() as conn:
+            return await execute(conn, "reconcile_claim", self.claim_params(now))
+
+    async def candidate(self, row: DictRow) -> Candidate:
+        """The row as a :class:`Candidate`; a row whose callwarden columns do not decode
+        is read from its log (``EventDecodeError`` when that fails too)."""
+        try:
+            return Candidate.from_row(row)
+        except ProjectionUnreadable as exc:
+            log.warning("job %s: %s; reading the call from its log", row["id"], exc)
+            async with self.pool.connection() as conn:
+                return Candidate.from_row(row, await from_log(conn, row["id"], row))
+
+    async def _handle(self, row: DictRow, now: datetime, counts: Counts) -> None:
+        job: uuid.UUID = row["id"]
+        park = False
+        try:
+            await self._signal("claimed", job)
+            if not await self._renew(job):
+                log.info("job %s: claim lost to another reconciler", job)
+                counts.lost_race += 1
+                return
+            item = await self.candidate(row)
+            action = decide(item, now, self.config)
+            await self._signal("decided", job)
+            await self._act(job, item.call, action, now, counts)
+        except EventDecodeError as exc:
+            log.error("job %s: cannot be read (%s); parked until the next re-poll", job, exc)
+            counts.unreadable += 1
+            park = True
+        except DatabaseUnavailable as exc:  # an outage: the claim expires, nothing lost
+            log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
+            counts.errors += 1
+        except Exception as exc:  # any other failure is this row's outcome, not the pass's
+            log.exception("job %s: unexpected error", job)
+            park = not await self._record_error(job, exc, now, counts)
+        finally:
+            await self._release(job, park=park)
+
+    async def _record_error(self, job: uuid.UUID, exc: Exception, now: datetime,
+                            counts: Counts) -> bool:
+        """Attempt + 1 with the error kept; ``False`` if even that could not be written."""
+        try:
+            async with self.pool.connection() as conn:
+                p = await load(conn, job)
+            if p.state is None or p.terminal:
+                counts.errors += 1
+                return False
+            await self._attempted(job, p, "error", f"{type(exc).__name__}: {exc}"[:500],
+                                  now, counts, count="errors")
+            return True
+        except Exception:  # the row is parked instead
+            log.exception("job %s: could not record the error either", job)
+            counts.errors += 1
+            return False
+
+    async def _renew(self, job: uuid.UUID) -> bool:
+        """Extend the claim from the time of renewal (not from the pass's start)."""
+        lease = self._event_clock() + timedelta(seconds=self.config.claim_lease_s)
+        async with self.pool.connection() as conn:
+            rows = await execute(conn, "reconcile_renew",
+                                 {"job_id": job, "owner": self.owner, "lease_until": lease})
+        return bool(rows)
+
+    async def _release(self, job: uuid.UUID, *, park: bool = False) -> None:
+        until = self._event_clock() + timedelta(seconds=self.config.repoll_interval_s)
+        with contextlib.suppress(DatabaseError):  # the claim lease expires on its own
+            async with self.pool.connection() as conn:
+                if park:
+                    await execute(conn, "reconcile_park",
+                                  {"job_id": job, "owner": self.owner, "until": until})
+                else:
+                    await execute(conn, "reconcile_release",
+                                  {"job_id": job, "owner": self.owner})
+        await self._signal("released", job)
+
+    # -- acting on a decision -----------------------------------------------------------
+
+    async def _act(self, job: uuid.UUID, p: CallProjection, action: Action, now: datetime,
+                   counts: Counts) -> None:
+        if isinstance(action, Skip):
+            log.debug("job %s: left alone (%s)", job, action.reason)
+            counts.skipped += 1
+        elif isinstance(action, Adopt):
+            await self._adopt(job, p, action, now, counts)
+        elif isinstance(action, Sweep):
+            why = f" ({action.why})" if action.why else ""
+            await self._write(job, p, Swept(at=now, actor=self.owner, reason=action.reason),
+                              counts, "swept", f"swept: {action.reason}{why}")
+        elif isinstance(action, Exhaust):
+            await self._write(job, p, Exhausted(
+                at=now, actor=self.owner, attempts=action.attempts,
+                last_error=action.last_error), counts, "exhausted",
+                f"exhausted after {action.attempts} attempts")
+        elif isinstance(action, Finalize):
+            await self._finalize(job, counts, final=action.final)
+        elif isinstance(action, RecordHostEnded):
+            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
+                              counts, "host_ended", f"ended by the host ({action.status})")
+        else:
+            await self._poll(job, p, action, now, counts)
+
+    async def _adopt(self, job: uuid.UUID, p: CallProjection, action: Adopt, now: datetime,
+                     counts: Counts) -> None:
+        event = adopted_event(action, now, self.owner)
+        r = await self._write(job, p, event, counts, "adopted",
+                              f"adopted ({action.kind}, task {action.task_id})")
+        if r is not None:
+            await self._act(job, r.projection, action.then, now, counts)
+
+    async def _write(self, job: uuid.UUID, p: CallProjection, event: Event, counts: Counts,
+                     count: str, what: str) -> AppendResult | None:
+        """Append ``event`` fenced on the version read (``p``); ``None`` if the call
+        moved meanwhile (the write is dropped, never retried blindly)."""
+        async with self.pool.connection() as conn:
+            await self._signal("write", job)
+            r = await append(conn, job, p, event)
+        if not r.ok and not isinstance(event, HostEnded) and host_status_ended(r.projection):
+            assert r.projection.status is not None  # the host ended it meanwhile: record it
+            await self._write(job, r.projection, HostEnded(
+                at=event.at, actor=self.owner, status=r.projection.status), counts,
+                "host_ended", f"ended by the host ({r.projection.status})")
+            return None
+        if not r.ok:
+            state = r.projection.state.value if r.projection.state else "none"
+            log.info("job %s: %s skipped: the call moved to %s meanwhile", job,
+                     type(event).__name__, state)
+            counts.lost_race += 1
+            record_reconcile(p.provider_kind, "lost_race")
+            return None
+        log.info("job %s: %s", job, what)
+        counts.bump(count)
+        record_reconcile(p.provider_kind or r.projection.provider_kind, count)
+        return r
+
+    async def _finalize(self, job: uuid.UUID, counts: Counts, *, final: bool = False) -> None:
+        done = await self.finalizer.finalize(job)
+        log.info("job %s: finalize -> %s%s", job, done.outcome,
+                 f" ({done.error})" if done.error else "")
+        if done.outcome == "retry_later" and final:  # past the horizon: it ends here
+            p = done.projection
+            await self._write(job, p, Exhausted(
+                at=self._event_clock(), actor=self.owner, attempts=p.reconcile_attempts,
+                last_error=done.error), counts, "exhausted",
+                "exhausted: the result could not be stored before the horizon")
+        elif done.outcome == "retry_later":  # FinalizeFailed recorded: retry after re-poll
+            await self._attempted(job, done.projection, "finalize_failed", done.error,
+                                  self._event_clock(), counts, count="errors")
+        else:
+            counts.bump(_FINALIZE_COUNT[done.outcome])
+            record_reconcile(done.projection.provider_kind, _FINALIZE_COUNT[done.outcome])
+
+    async def _poll(self, job: uuid.UUID, p: CallProjection, action: PollUpstream,
+                    now: datetime, counts: Counts) -> None:
+        outcome, error = await self._poll_once(action)
+        if action.final and (outcome is None or isinstance(outcome, Running)):
+            await self._write(job, p, Exhausted(
+                at=now, actor=self.owner, attempts=p.reconcile_attempts,
+                last_error=error or p.reconcile_last_error), counts, "exhausted",
+                "exhausted: past its horizon without an upstream result")
+            return
+        if outcome is None or isinstance(outcome, Running):
+            kind = "error" if outcome is None else "still_running"
+            await self._attempted(job, p, kind, error, now, counts,
+                                  count="errors" if outcome is None else kind)
+            return
+        try:
+            outcome, keys = await store_inline(
+                self.finalizer.store, job, action.kind, outcome, settings=self.settings,
+                config=self.finalizer.config)
+        except StorageError as exc:  # re-polled next time: the answer is still there
+            await self._attempted(job, p, "error", f"storing an inline result: {exc}", now,
+                                  counts, count="errors")
+            return
+        event = upstream_event(outcome, self.owner, now, stored_keys=keys)
+        assert event is not None
+        count = {Succeeded: "recovered", Failed: "failed", NotFound: "swept"}[type(outcome)]
+        r = await self._write(job, p, event, counts, count,
+                              f"upstream {type(outcome).__name__.lower()}")
+        if r is not None and isinstance(outcome, Succeeded):
+            await self._finalize(job, counts)
+
+    async def _poll_once(self, action: PollUpstream) -> tuple[PollOutcome | None, str | None]:
+        """ONE poll (no loop): the outcome, or ``None`` and the provider error."""
+        created = action.call_started_at.timestamp() if action.call_started_at else None
+        try:
+            return await poll_task(action.kind, action.task_id, self.session, self.settings,
+                                   created_at=created, sleep=self.sleep), None
+        except ProviderError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    async def _attempted(self, job: uuid.UUID, p: CallProjection, outcome: str,
+                         error: str | None, now: datetime, counts: Counts,
+                         count: str) -> None:
+        """Attempt + 1 with the outcome (and error) kept; next poll after the re-poll
+        interval, so a frequent scan never burns attempts faster."""
+        due = now + timedelta(seconds=self.config.repoll_interval_s)
+        event = ReconcileAttempted(at=now, actor=self.owner, outcome=outcome, error=error,
+                                   next_attempt_at=due)
+        what = f"{outcome}{f' ({error})' if error else ''}; next attempt {due.isoformat()}"
+        await self._write(job, p, event, counts, count, what)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:
+        """``reconcile_once`` every jittered scan interval until ``stop`` is set; a pass
+        in hand is always finished."""
+        rng = rng or random.Random()
+        while not stop.is_set():
+            try:
+                counts = await self.reconcile_once()
+                if counts.claimed:
+                    log.info("pass: %s", msgspec.json.encode(counts).decode())
+            except CallwardenError as exc:
+                log.warning("pass failed: %s", exc)
+            except Exception:  # a bug must not end the process: the next pass tries again
+                log.exception("pass failed unexpectedly")
+            delay = next_scan_delay(self.config, rng.random())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -1,0 +1,210 @@
+"""The service application: webhooks, ``/metrics``, ``/healthz``, ``/readyz``, the
+dashboard and the admin actions, over one connection pool.
+
+``build_app(pool, finalizer, config)`` returns an ``aiohttp`` application; the caller owns
+the pool (opened) and runs the app (``callwarden serve`` or an ``AppRunner`` in tests).
+Admin actions need ``Authorization: Bearer <admin token>``; with no token configured they
+are refused (403) — the service is then read-only.
+
+- ``POST /admin/jobs/{id}/force-fail``: ``Cancelled(by="admin")`` through the write path
+  (refunds the reservation in the same statement). Cancelled rather than Exhausted:
+  Exhausted means "the reconciler hit its attempt cap" and feeds the reconcile statistics;
+  an operator stopping a call is a cancellation, and ``by="admin"`` says who.
+- ``POST /admin/jobs/{id}/requeue-reconcile``: ``ReconcileAttempted(outcome="requeued",
+  next_attempt_at=None)`` with actor ``admin``: a fenced append that clears
+  ``reconcile_next_at`` so the next scan takes the call. An event rather than a bare
+  ``UPDATE``: ``reconcile_next_at`` is a folded column, and writing it outside the log
+  would make ``verify`` report the job (it counts one reconcile attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+
+import msgspec
+import psycopg
+from aiohttp import web
+from aiohttp.web_log import AccessLogger
+
+from engine.calls.finalize import Finalizer
+from engine.errors import DatabaseError, DatabaseUnavailable
+from engine.service.dashboard import Dashboard
+from engine.service.metrics import CallGauges, exposition
+from engine.service.webhooks import Receiver, TaskPoll, WebhookConfig
+from engine.store.clock import Clock, DatabaseClock
+from engine.store.db import Pool
+from engine.store.migrate import pending
+from engine.store.write import AppendResult, cancel, execute, transition
+from events.types import Event, ReconcileAttempted
+from projections.fold import CallProjection
+from providers.kinds import KINDS
+
+__all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
+           "redact_path"]
+
+RECEIVER = web.AppKey("receiver", Receiver)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
+    webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
+    admin_token: str | None = None
+    thresholds: dict[str, float] = msgspec.field(
+        default_factory=lambda: {k: s.stale_threshold_s for k, s in KINDS.items()})
+    legacy_threshold_s: float = 3600.0
+    legacy_cutoff: datetime | None = None
+    prune_every_s: float = 60.0
+    ready_timeout_s: float = 2.0
+
+
+def _authorized(request: web.Request, token: str | None) -> bool:
+    given = request.headers.get("Authorization", "")
+    if not token or not given.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(given[7:].encode(), token.encode())
+
+
+class _Admin:
+    def __init__(self, pool: Pool, token: str | None, now: Callable[[], datetime]) -> None:
+        self.pool, self.token, self.now = pool, token, now
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/admin/jobs/{job_id}/force-fail", self.force_fail),
+                web.post("/admin/jobs/{job_id}/requeue-reconcile", self.requeue)]
+
+    def _job(self, request: web.Request) -> uuid.UUID:
+        if not _authorized(request, self.token):
+            raise web.HTTPForbidden(text="admin token required")
+        try:
+            return uuid.UUID(request.match_info["job_id"])
+        except ValueError:
+            raise web.HTTPNotFound(text="not a job id") from None
+
+    async def force_fail(self, request: web.Request) -> web.Response:
+        job_id = self._job(request)
+        async with self.pool.connection() as conn:
+            result = await cancel(conn, job_id, by="admin", now=self.now())
+        return _answer(job_id, result)
+
+    async def requeue(self, request: web.Request) -> web.Response:
+        job_id = self._job(request)
+        now = self.now()
+
+        def decide(p: CallProjection) -> Event | None:
+            if p.state is None or p.terminal:
+                return None
+            return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
+                                      next_attempt_at=None)
+
+        async with self.pool.connection() as conn:
+            result = await transition(conn, job_id, decide)
+        return _answer(job_id, result)
+
+
+def _answer(job_id: uuid.UUID, result: AppendResult) -> web.Response:
+    p = result.projection
+    body = {"job_id": str(job_id), "ok": result.ok,
+            "call_state": p.state.value if p.state else None,
+            "settlement": result.settlement}
+    return web.json_response(body, status=200 if result.ok else 409)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "up"})
+
+
+class _Probes:
+    def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
+        self.pool, self.config, self.now = pool, config, now
+        self.gauges = CallGauges(config.thresholds,
+                                 legacy_threshold_s=config.legacy_threshold_s,
+                                 legacy_cutoff=config.legacy_cutoff)
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        try:
+            async with self.pool.connection(timeout=self.config.ready_timeout_s) as conn:
+                await execute(conn, "service_ping", {})
+                todo = await pending(conn)
+        except Exception as exc:  # any failure to reach the database: not ready
+            return web.json_response({"status": "database unreachable",
+                                      "detail": str(exc)[:300]}, status=503)
+        if todo:
+            names = [f"{m.version:04d}_{m.name}" for m in todo]
+            return web.json_response({"status": "migrations pending", "pending": names},
+                                     status=503)
+        return web.json_response({"status": "ready"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            async with self.pool.connection(timeout=self.config.ready_timeout_s) as conn:
+                families = await self.gauges.families(conn, self.now())
+        except (DatabaseUnavailable, DatabaseError, psycopg.Error):
+            families = []  # the process counters are still worth scraping
+        return web.Response(body=exposition(families), headers={"Content-Type": METRICS_TYPE})
+
+
+async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
+    keep = timedelta(seconds=2 * max(config.webhooks.tolerance_s,
+                                     config.webhooks.elevenlabs_tolerance_s))
+    while True:
+        with contextlib.suppress(DatabaseUnavailable, DatabaseError):
+            async with pool.connection() as conn:
+                await execute(conn, "webhook_prune_deliveries", {"before": now() - keep})
+        await asyncio.sleep(config.prune_every_s)
+
+
+_SECRET_PATH = re.compile(r"^(/webhooks/kie/[^/?]+/)[^/?]+")
+
+
+def redact_path(path: str) -> str:
+    """``path`` with the secret callback token of a KIE callback URL blanked out."""
+    return _SECRET_PATH.sub(r"\1redacted", path)
+
+
+class RedactingAccessLogger(AccessLogger):
+    """aiohttp's access log, without the secrets that travel in URL paths."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse,
+            time: float) -> None:
+        redacted = redact_path(request.rel_url.raw_path)
+        if redacted != request.rel_url.raw_path:
+            request = request.clone(rel_url=redacted)
+        super().log(request, response, time)
+
+
+def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
+              clock: Callable[[], float] = time.time, now: Clock | None = None,
+              poll: TaskPoll | None = None) -> web.Application:
+    """The service over an opened ``pool``; ``clock`` (unix seconds) checks webhook
+    signature timestamps, ``now`` stamps events and windows (default: the database's
+    clock), ``poll`` checks a KIE task a callback signals. Run it with
+    ``web.AppRunner(app, access_log_class=RedactingAccessLogger)``."""
+    now = now if now is not None else DatabaseClock()
+    app = web.Application()
+    receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll)
+    probes = _Probes(pool, config, now)
+    app.add_routes(receiver.routes())
+    app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", probes.readyz),
+                    web.get("/metrics", probes.metrics)])
+    app.add_routes(Dashboard(pool, config.thresholds, now=now).routes())
+    app.add_routes(_Admin(pool, config.admin_token, now).routes())
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        pruner = asyncio.get_running_loop().create_task(_prune_loop(pool, config, now))
+        yield
+        pruner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pruner
+        await receiver.drain()
+
+    app.cleanup_ctx.append(lifecycle)
+    app[RECEIVER] = receiver
+    return app
+

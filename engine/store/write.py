@@ -1,0 +1,298 @@
+"""The write path: one transition = one statement = one transaction (DESIGN §5).
+
+``append`` folds the event onto the projection the caller read (pure), then sends one
+statement that updates the ``jobs`` projection fenced on what was read (``call_version``,
+the host's ``status``, the reservations already settled), appends the event at
+``seq = version + 1`` and, for a settling transition, moves the job's reservations from
+``reserved`` with a compare-and-set. A lost race writes nothing and returns ``ok=False``
+with the projection that won; ``transition`` re-decides on it, never re-sending the same
+event blindly.
+
+The host's decision wins (DESIGN §10): when the row's ``status`` says host code ended the
+job (:func:`engine.store.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
+the actor's event — the call ends as the host decided, settling only what the host left
+reserved — and answers ``ok=False, host_ended=True``: an outcome, not a conflict.
+
+Reading: :func:`load` returns the projection the row caches; a row whose callwarden
+columns do not decode (host code wrote over them) is read from its log instead, the truth
+the columns only cache. :func:`load_stored` is the strict read ``verify`` needs.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+import psycopg
+from psycopg.rows import DictRow
+
+from engine.errors import (
+    ConflictExhausted,
+    DatabaseError,
+    DatabaseUnavailable,
+    JobNotFound,
+    TaskAlreadyClaimed,
+    WriteConflict,
+)
+from engine.store.db import Conn
+from engine.store.host import host_ended, job_ended_by_host
+from engine.store.queries import QUERIES
+from events.codec import EventDecodeError, decode, encode
+from events.types import CallStarted, Cancelled, Completed, Event, HostEnded
+from projections.columns import ProjectionUnreadable, from_row, to_columns
+from projections.fold import CallProjection, apply, fold
+
+__all__ = [
+    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "from_log", "load",
+    "load_events", "load_stored", "observe", "transition", "without_nul",
+]
+
+Decide = Callable[[CallProjection], Event | None]
+Settled = Literal["settled", "no_reservation", "already_settled"]
+
+# SQLSTATEs after which the statement did nothing and may be decided again.
+_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# What the write path moves a reservation to ("host": left to the host, see HostEnded).
+_SETTLES = frozenset({"committed", "refunded"})
+
+
+class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``ok``: the event was appended. ``projection``: the call after the attempt (the
+    winner's state when ``ok`` is false). ``settlement``: for a settling transition,
+    whether this write moved the reservation, found none, or found it already settled.
+    ``host_ended``: the host had ended the job; :class:`HostEnded` was recorded in place
+    of the actor's event (``ok`` is false: the actor's own event was not appended)."""
+
+    ok: bool
+    projection: CallProjection
+    event: Event | None = None
+    settlement: Settled | None = None
+    host_ended: bool = False
+
+
+_observers: list[Callable[[AppendResult], None]] = []
+
+
+def observe(fn: Callable[[AppendResult], None]) -> None:
+    """Call ``fn`` with every successful append of this process (metrics hook it here)."""
+    if fn not in _observers:
+        _observers.append(fn)
+
+
+class _Retry(Exception):
+    """The statement was rolled back by a serialization failure or a deadlock."""
+
+
+def _translate(exc: psycopg.Error) -> Exception:
+    """The one place driver errors become engine errors (by class, SQLSTATE and constraint
+    name, never by message text)."""
+    if exc.sqlstate in _RETRYABLE:
+        return _Retry(str(exc))
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseUnavailable(f"database unavailable: {exc}")
+    diag = getattr(exc, "diag", None)
+    constraint = diag.constraint_name if diag is not None else None
+    if isinstance(exc, psycopg.errors.UniqueViolation) and constraint == "jobs_provider_task_idx":
+        return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
+    return DatabaseError(f"database error: {exc}")
+
+
+async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
+    try:
+        cur = await conn.execute(QUERIES[name], params)
+        return await cur.fetchall() if cur.description is not None else []
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "call_events_pkey":
+            return []  # someone appended this seq first: a lost race
+        raise _translate(exc) from exc
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+
+
+async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
+    """Run the named query; driver errors come out as :mod:`engine.errors` types (a
+    deadlock or serialization failure as :class:`DatabaseError`)."""
+    try:
+        return await _run(conn, name, params)
+    except _Retry as exc:
+        raise DatabaseError(f"database error: {exc}") from exc
+
+
+async def load_events(conn: Conn, job_id: uuid.UUID) -> list[Event]:
+    """The job's events in order; ``EventDecodeError`` names the first bad one, and a gap
+    in ``seq`` is reported the same way."""
+    rows = await execute(conn, "load_events", {"job_id": job_id})
+    events = []
+    for expected_seq, row in enumerate(rows, start=1):
+        if row["seq"] != expected_seq:
+            raise EventDecodeError(job_id, expected_seq, f"missing event (next is {row['seq']})")
+        events.append(decode(row["type"], row["version"], row["payload"],
+                             job_id=job_id, seq=row["seq"]))
+    return events
+
+
+async def _row(conn: Conn, job_id: uuid.UUID) -> DictRow:
+    rows = await execute(conn, "load_projection", {"job_id": job_id})
+    if not rows:
+        raise JobNotFound(job_id)
+    return rows[0]
+
+
+async def load_stored(conn: Conn, job_id: uuid.UUID) -> CallProjection:
+    """The projection exactly as the row stores it (:class:`ProjectionUnreadable` if a
+    callwarden column does not decode)."""
+    return from_row(await _row(conn, job_id))
+
+
+async def load(conn: Conn, job_id: uuid.UUID) -> CallProjection:
+    """The call's projection; :class:`JobNotFound` if there is no such job. Read from the
+    row, or from the log when the row's callwarden columns do not decode
+    (``EventDecodeError`` if the log does not either)."""
+    row = await _row(conn, job_id)
+    try:
+        return from_row(row)
+    except ProjectionUnreadable:
+        return await from_log(conn, job_id, row)
+
+
+async def from_log(conn: Conn, job_id: uuid.UUID, row: DictRow) -> CallProjection:
+    """The fold of the job's log, with the host-visible facts the row shows (status,
+    settled reservations) and the row's ``call_version`` (the write fence)."""
+    folded = fold(await load_events(conn, job_id))
+    if folded.version != row["call_version"]:
+        raise EventDecodeError(job_id, folded.version + 1,
+                               f"row at version {row['call_version']} but the log has "
+                               f"{folded.version} events")
+    return msgspec.structs.replace(
+        folded, status=row["status"] if not folded.terminal else folded.status,
+        settled_reservations=int(row["settled_reservations"] or 0))
+
+
+def _cost(new: CallProjection) -> float | None:
+    """The credits a commit charges: the ``Completed`` event's (the pricing hook's), or
+    ``None`` (the reservation); never negative or non-finite (the last line)."""
+    cost = new.provider_cost
+    if cost is None or not math.isfinite(cost):
+        return None
+    return max(cost, 0.0)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    return value
+
+
+def without_nul(event: Event) -> Event:
+    """``event`` with every NUL character (which Postgres refuses in text and jsonb) made
+    U+FFFD: a provider's answer that carries one must still be recordable."""
+    if b"\\u0000" not in msgspec.json.encode(event):
+        return event
+    return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
+
+
+def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
+            event: Event) -> dict[str, Any]:
+    """The ``append_event`` statement's parameters for ``event`` moving ``current`` to
+    ``new`` (its fold): the one place they are built (the benchmarks use it too)."""
+    type_name, version, payload = encode(event)
+    settling = new.terminal and not current.terminal
+    is_start = isinstance(event, CallStarted)
+    params = to_columns(new)
+    params.update(
+        job_id=job_id, expected_version=current.version, type=type_name,
+        event_version=version, payload=payload.decode(), actor=event.actor,
+        is_start=is_start, is_completion=isinstance(event, Completed),
+        owns_seed=new.provider_kind is not None,
+        host_status=event.status if isinstance(event, HostEnded) else None,
+        expected_settled=None if is_start else current.settled_reservations,
+        settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
+        cost=_cost(new),
+    )
+    return params
+
+
+def _settled(settle_to: str | None, row: DictRow) -> Settled | None:
+    if settle_to is None:
+        return None
+    if row["settled"]:
+        return "settled"
+    return "already_settled" if row["reservations"] else "no_reservation"
+
+
+async def append(
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event
+) -> AppendResult:
+    """Append ``event`` to a call whose projection the caller read as ``current``.
+
+    Raises ``InvalidTransition`` (nothing written) if the event may not follow
+    ``current``; returns ``ok=False`` with the fresh projection if someone else wrote
+    first, or if the host's state changed since ``current`` was read."""
+    event = without_nul(event)
+    new = apply(current, event)
+    params = append_params(job_id, current, new, event)
+    try:
+        rows = await _run(conn, "append_event", params)
+    except _Retry as exc:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
+                                "rolled back; decide again in a new one)") from exc
+        rows = []  # rolled back: as if someone else wrote first
+    if not rows or not rows[0]["appended"]:
+        return AppendResult(ok=False, projection=await load(conn, job_id))
+    if rows[0]["settled"]:
+        new = msgspec.structs.replace(
+            new, settled_reservations=new.settled_reservations + int(rows[0]["settled"]))
+    result = AppendResult(ok=True, projection=new, event=event,
+                          settlement=_settled(params["settle_to"], rows[0]))
+    for fn in _observers:
+        fn(result)
+    return result
+
+
+async def transition(
+    conn: Conn, job_id: uuid.UUID, decide: Decide, *, max_conflicts: int = 8,
+    current: CallProjection | None = None,
+) -> AppendResult:
+    """Read, decide, append; on a lost race re-decide on the winner's projection.
+
+    ``decide`` returns the event to append or ``None`` when nothing should happen (then
+    the result is ``ok=False`` with the projection as read). When the host has ended the
+    job, :class:`HostEnded` is recorded instead (stamped like the actor's event; nothing
+    when the job never had a call) and the result is ``ok=False, host_ended=True``."""
+    projection = current if current is not None else await load(conn, job_id)
+    for _ in range(max_conflicts):
+        event = decide(projection)
+        if event is None:
+            return AppendResult(ok=False, projection=projection)
+        if projection.state is None and job_ended_by_host(projection):
+            # The host ended a job callwarden never had a call for: nothing to record.
+            return AppendResult(ok=False, projection=projection, host_ended=True)
+        ended = host_ended(projection, at=event.at, actor=event.actor)
+        result = await append(conn, job_id, projection, ended or event)
+        if result.ok and ended is not None:
+            return AppendResult(ok=False, projection=result.projection, event=ended,
+                                settlement=result.settlement, host_ended=True)
+        if result.ok:
+            return result
+        projection = result.projection
+    raise ConflictExhausted(f"job {job_id}: lost {max_conflicts} races in a row")
+
+
+async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: datetime) -> AppendResult:
+    """Cancel the job's call (refunding its reservation) unless it is already terminal;
+    ``ok=False`` with the terminal projection otherwise."""
+
+    def decide(p: CallProjection) -> Event | None:
+        return None if p.terminal else Cancelled(at=now, actor=by, by=by)
+
+    return await transition(conn, job_id, decide)
+
