@@ -33,7 +33,7 @@ from engine.store.db import connect
 from engine.store.jobs import create_job
 from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
-from providers.signing import replicate_sign
+from providers.replicate.webhook import replicate_sign
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 Delivery = tuple[bytes, dict[str, str]]

@@ -22,6 +22,7 @@ __all__ = [
     "KindSpec",
     "get_kind",
     "is_sync_call",
+    "kinds_of",
 ]
 
 Provider = Literal["kie", "replicate", "elevenlabs", "anthropic"]
@@ -102,6 +103,12 @@ KINDS: dict[str, KindSpec] = {
 # Operations filed under ``elevenlabs-async`` by the seed that the reference shows are
 # synchronous: no id to poll, so they get sweep semantics.
 ELEVENLABS_SYNC_OPERATIONS = frozenset({"voice-clone", "voice-design", "forced-alignment"})
+
+
+def kinds_of(provider: str, mode: Mode | None = None) -> tuple[str, ...]:
+    """The kinds of ``provider`` (of ``mode`` only, when given), in registry order."""
+    return tuple(k for k, s in KINDS.items()
+                 if s.provider == provider and (mode is None or s.mode == mode))
 
 
 def get_kind(name: str) -> KindSpec:

@@ -13,19 +13,30 @@ from typing import cast
 import aiohttp
 import msgspec
 
-from providers.anthropic import anthropic_client_for
+from providers.anthropic.client import anthropic_client_for
 from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
-from providers.elevenlabs import elevenlabs_client_for, media_auth_headers
+from providers.elevenlabs import webhook as elevenlabs_webhook
+from providers.elevenlabs.client import elevenlabs_client_for
+from providers.elevenlabs.operations import media_auth_headers
 from providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
-from providers.kie import kie_client_for
+from providers.kie import webhook as kie_webhook
+from providers.kie.client import kie_client_for
 from providers.kinds import get_kind
 from providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
 from providers.media_guard import MediaPolicy
 from providers.outcomes import Failed, NotFound, PollOutcome
-from providers.replicate import replicate_client_for
+from providers.replicate import webhook as replicate_webhook
+from providers.replicate.client import replicate_client_for
 from providers.transport import Sleep
+from providers.webhooks import WebhookScheme
 
-__all__ = ["MediaFetch", "client_for", "media_fetch_for", "poll_task"]
+__all__ = ["WEBHOOKS", "MediaFetch", "client_for", "media_fetch_for", "poll_task"]
+
+#: The providers that call back, by name: how their deliveries are authenticated and read
+#: (:mod:`providers.webhooks`). The webhook receiver mounts one route per entry.
+WEBHOOKS: dict[str, WebhookScheme] = {
+    s.provider: s for s in (replicate_webhook.SCHEME, kie_webhook.SCHEME,
+                            elevenlabs_webhook.SCHEME)}
 
 
 def client_for(

@@ -135,7 +135,7 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
                           owner=incarnation("webhook"), config=DEMO_CALLS,
                           pricing=DEMO_PRICING)
     config = ServiceConfig(webhooks=WebhookConfig(
-        replicate_secret=rs.sim.webhook_secrets["replicate"]))
+        secrets={"replicate": rs.sim.webhook_secrets["replicate"]}))
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, rs.settings, created_at=created_at)
 

@@ -151,8 +151,7 @@ class _Probes:
 
 
 async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
-    keep = timedelta(seconds=2 * max(config.webhooks.tolerance_s,
-                                     config.webhooks.elevenlabs_tolerance_s))
+    keep = timedelta(seconds=2 * config.webhooks.longest_tolerance_s)
     while True:
         with contextlib.suppress(DatabaseUnavailable, DatabaseError):
             async with pool.connection() as conn:

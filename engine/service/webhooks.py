@@ -1,8 +1,11 @@
 """Webhook receivers: verify, find the job, record the outcome, finalize in the background.
 
-``POST /webhooks/replicate`` (Svix signature, replay protection on ``webhook-id``),
-``POST /webhooks/kie/{job_id}/{token}`` (KIE HMAC when a key is configured, else the job's
-secret callback token) and ``POST /webhooks/elevenlabs`` (``ElevenLabs-Signature``).
+One route per provider scheme in :data:`providers.registry.WEBHOOKS` (what a provider's
+deliveries look like lives in ``providers/<provider>/webhook.py``; this module knows none):
+a signed-body scheme at ``POST /webhooks/<provider>`` (Replicate: Svix, replay key
+``webhook-id``; ElevenLabs: ``ElevenLabs-Signature``), a signal scheme at ``POST
+/webhooks/<provider>/{job_id}/{token}`` (KIE: its HMAC when a key is configured, else the
+job's secret callback token).
 
 Every request is answered from its own facts. Only a missing or wrong signature, a stale
 timestamp, an oversized body or a malformed one gets 4xx (providers retry on 4xx, so
@@ -41,15 +44,6 @@ from engine.calls.inline import store_inline
 from engine.calls.runner import ACTIVE, upstream_event
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
-from engine.service.webhook_parse import (
-    ELEVENLABS_KINDS,
-    REPLICATE_KINDS,
-    MalformedDelivery,
-    Parsed,
-    kie_task_id,
-    parse_elevenlabs,
-    parse_replicate,
-)
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.write import Conn, execute, load, transition
@@ -57,7 +51,8 @@ from events.states import CallState
 from providers.errors import ProviderError, SignatureError, StorageError
 from providers.kinds import KINDS
 from providers.outcomes import PollOutcome
-from providers.signing import verify_elevenlabs, verify_kie, verify_replicate
+from providers.registry import WEBHOOKS
+from providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
 
 __all__ = ["CallbackUrls", "Receiver", "Reject", "TaskPoll", "WebhookConfig",
            "callback_url_for", "ensure_callback_token"]
@@ -71,22 +66,25 @@ over the service's session); raises ``ProviderError``."""
 
 
 class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Secrets (``None``: that receiver refuses everything, except KIE which then relies
-    on per-job tokens), the body limit and the signature tolerances."""
+    """Signing secrets by provider (a signed-body receiver without one refuses everything;
+    a signal receiver without one relies on per-job tokens), the body limit and how long
+    a KIE callback may wait for its poll."""
 
-    replicate_secret: str | None = None
-    kie_hmac_key: str | None = None
-    elevenlabs_secret: str | None = None
+    secrets: Mapping[str, str] = msgspec.field(default_factory=dict)
     max_body_bytes: int = MiB
-    tolerance_s: float = 300.0
-    elevenlabs_tolerance_s: float = 1800.0
     poll_timeout_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WebhookConfig:
-        return cls(replicate_secret=env.get("CALLWARDEN_REPLICATE_WEBHOOK_SECRET") or None,
-                   kie_hmac_key=env.get("CALLWARDEN_KIE_WEBHOOK_HMAC_KEY") or None,
-                   elevenlabs_secret=env.get("CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET") or None)
+        """Each scheme's secret from its variable (``CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET``;
+        KIE's ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY``)."""
+        return cls(secrets={name: env[s.secret_env] for name, s in WEBHOOKS.items()
+                            if env.get(s.secret_env)})
+
+    @property
+    def longest_tolerance_s(self) -> float:
+        """How long a replay key must be kept (a replay older is refused as stale)."""
+        return max(s.tolerance_s for s in WEBHOOKS.values())
 
 
 # -- callback URLs ---------------------------------------------------------------------------
@@ -95,14 +93,9 @@ def callback_url_for(base_url: str, job_id: uuid.UUID, kind: str, token: str | N
                      ) -> str | None:
     """The URL a provider should call back for ``job_id``'s call of ``kind`` (``None``:
     the provider has no per-request callback, or KIE without a token)."""
-    spec, root = KINDS.get(kind), base_url.rstrip("/")
-    if spec is None or spec.mode != "async":
-        return None
-    if spec.provider == "kie":
-        return f"{root}/webhooks/kie/{job_id}/{token}" if token else None
-    if spec.provider == "replicate":
-        return f"{root}/webhooks/replicate"
-    return None  # ElevenLabs webhooks are configured per workspace, not per request
+    spec = KINDS.get(kind)
+    scheme = WEBHOOKS.get(spec.provider) if spec is not None and spec.mode == "async" else None
+    return scheme.callback_url(base_url, job_id, token) if scheme is not None else None
 
 
 async def ensure_callback_token(conn: Conn, job_id: uuid.UUID) -> str | None:
@@ -188,9 +181,16 @@ class Receiver:
         self.background: set[asyncio.Task[None]] = set()
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/webhooks/replicate", self._wrap("replicate", self._replicate)),
-                web.post("/webhooks/kie/{job_id}/{token}", self._wrap("kie", self._kie)),
-                web.post("/webhooks/elevenlabs", self._wrap("elevenlabs", self._elevenlabs))]
+        """``POST /webhooks/<provider>`` for a signed-body scheme,
+        ``/webhooks/<provider>/{job_id}/{token}`` for a signal scheme."""
+        out = []
+        for name, scheme in WEBHOOKS.items():
+            if scheme.trusts_body:
+                out.append(web.post(f"/webhooks/{name}", self._wrap(name, self._signed(scheme))))
+            else:
+                out.append(web.post(f"/webhooks/{name}/{{job_id}}/{{token}}",
+                                    self._wrap(name, self._signal(scheme))))
+        return out
 
     async def drain(self, timeout: float = 10.0) -> int:  # noqa: ASYNC109
         """Wait for the background finalizations started so far; cancel those still
@@ -225,47 +225,46 @@ class Receiver:
                                      headers=headers)
         return handle
 
-    # -- providers ---------------------------------------------------------------------------
+    # -- the two kinds of scheme -------------------------------------------------------------
 
-    async def _replicate(self, request: web.Request) -> tuple[str, str]:
-        secret = self.config.replicate_secret
-        if not secret:
-            raise Reject(401, "not_configured", "no Replicate webhook secret configured")
-        body = await read_body(request, self.config.max_body_bytes)
-        try:
-            msg_id = verify_replicate(secret, request.headers, body, now=self.clock(),
-                                      tolerance_s=self.config.tolerance_s)
-        except SignatureError as exc:
-            raise _signature_reject(exc) from None
-        parsed = _parse(lambda: parse_replicate(body))
-        return await self._deliver("replicate", f"id:{msg_id}", REPLICATE_KINDS, parsed)
+    def _signed(self, scheme: WebhookScheme) -> Handler:
+        """The signature covers the body: verify, read the outcome from it, record it."""
+        async def handle(request: web.Request) -> tuple[str, str]:
+            secret = self.config.secrets.get(scheme.provider)
+            if not secret:
+                raise Reject(401, "not_configured",
+                             f"no {scheme.provider} webhook secret configured")
+            body = await read_body(request, self.config.max_body_bytes)
+            try:
+                replay_key = scheme.verify(secret, None, request.headers, body,
+                                           now=self.clock())
+            except SignatureError as exc:
+                raise _signature_reject(exc) from None
+            parsed = _parse(lambda: scheme.parse(body))
+            if parsed is None:
+                return "ignored", "event type concerns no call"
+            return await self._deliver(scheme.provider, replay_key, scheme.kinds, parsed)
+        return handle
 
-    async def _elevenlabs(self, request: web.Request) -> tuple[str, str]:
-        secret = self.config.elevenlabs_secret
-        if not secret:
-            raise Reject(401, "not_configured", "no ElevenLabs webhook secret configured")
-        body = await read_body(request, self.config.max_body_bytes)
-        header = request.headers.get("ElevenLabs-Signature")
-        try:
-            replay_key = verify_elevenlabs(secret, header, body, now=self.clock(),
-                                           tolerance_s=self.config.elevenlabs_tolerance_s)
-        except SignatureError as exc:
-            raise _signature_reject(exc) from None
-        parsed = _parse(lambda: parse_elevenlabs(body))
-        if parsed is None:
-            return "ignored", "event type concerns no call"
-        return await self._deliver("elevenlabs", f"sig:{replay_key}", ELEVENLABS_KINDS, parsed)
+    def _signal(self, scheme: WebhookScheme) -> Handler:
+        """The body only names a task: authenticate (the scheme's signature, else the job's
+        URL token), then poll the task and record what the poll says."""
+        async def handle(request: web.Request) -> tuple[str, str]:
+            body = await read_body(request, self.config.max_body_bytes)
+            task_id = _parse(lambda: scheme.task_id(body))
+            delivery = self._signal_signature(scheme, request, task_id, body)
+            job = await self._signal_job(request, authenticated=delivery is not None)
+            return await self._signalled(scheme, job, task_id, delivery)
+        return handle
 
-    async def _kie(self, request: web.Request) -> tuple[str, str]:
-        body = await read_body(request, self.config.max_body_bytes)
-        task_id = _parse(lambda: kie_task_id(body))
-        delivery = self._kie_signature(request, task_id)
-        job = await self._kie_job(request, authenticated=delivery is not None)
+    async def _signalled(self, scheme: WebhookScheme, job: dict[str, Any], task_id: str,
+                         delivery: str | None) -> tuple[str, str]:
         kind = str(job["provider_kind"] or "")
-        # An authentic callback is never answered 4xx (KIE retries those): one that
+        # An authentic signal is never answered 4xx (providers retry those): one that
         # concerns nothing callwarden tracks is acknowledged and changes nothing.
-        if not kind.startswith("kie-") or KINDS.get(kind) is None or KINDS[kind].mode != "async":
-            raise Reply("ignored", f"job {job['id']} has no KIE task: nothing to do")
+        if kind not in scheme.kinds:
+            raise Reply("ignored", f"job {job['id']} has no {scheme.provider} task: "
+                        "nothing to do")
         if job["provider_task_id"] is None:
             raise Reply("not_yet_known", "the job's task id is not recorded yet; its "
                         "worker polls it", status=202)
@@ -273,20 +272,20 @@ class Receiver:
             raise Reply("ignored", f"callback about task {task_id}, not the job's current "
                         "task: acknowledged, nothing changed")
         async with self.pool.connection() as conn:
-            if delivery is not None and not await _claim_delivery(conn, "kie", delivery,
-                                                                  job["id"]):
+            if delivery is not None and not await _claim_delivery(
+                    conn, scheme.provider, delivery, job["id"]):
                 return "duplicate", "delivery already processed"
         try:
-            return await self._poll_and_record(job["id"], kind, task_id,
+            return await self._poll_and_record(scheme.provider, job["id"], kind, task_id,
                                                job["provider_call_started_at"])
-        except (DatabaseUnavailable, DatabaseError):
+        except (DatabaseUnavailable, DatabaseError, StorageError):
             if delivery is not None:
-                await _forget_delivery(self.pool, "kie", delivery)
+                await _forget_delivery(self.pool, scheme.provider, delivery)
             raise
 
-    async def _poll_and_record(self, job_id: uuid.UUID, kind: str, task_id: str,
-                               started: datetime | None) -> tuple[str, str]:
-        """A KIE callback is a signal: poll the task and record what the poll says."""
+    async def _poll_and_record(self, provider: str, job_id: uuid.UUID, kind: str,
+                               task_id: str, started: datetime | None) -> tuple[str, str]:
+        """A signal: poll the task and record what the poll says."""
         async with self.pool.connection() as conn:
             p = await load(conn, job_id)
         if p.state not in ACTIVE:
@@ -306,23 +305,22 @@ class Receiver:
         if parsed.intermediate:
             return "intermediate", "the task is still running upstream"
         async with self.pool.connection() as conn:
-            return await self._record(conn, "kie", job_id, parsed)
+            return await self._record(conn, provider, job_id, parsed)
 
-    def _kie_signature(self, request: web.Request, task_id: str) -> str | None:
-        """With an HMAC key: verify and return a replay key (the signature: it covers the
-        task and the timestamp, all that is signed). Without: ``None`` (the URL token
-        authenticates)."""
-        key = self.config.kie_hmac_key
-        if not key:
+    def _signal_signature(self, scheme: WebhookScheme, request: web.Request, task_id: str,
+                          body: bytes) -> str | None:
+        """With a secret: verify and return the replay key. Without: ``None`` (the URL
+        token authenticates)."""
+        secret = self.config.secrets.get(scheme.provider)
+        if not secret:
             return None
         try:
-            verify_kie(key, task_id, request.headers, now=self.clock(),
-                       tolerance_s=self.config.tolerance_s)
+            return scheme.verify(secret, task_id, request.headers, body, now=self.clock())
         except SignatureError as exc:
             raise _signature_reject(exc) from None
-        return f"sig:{request.headers.get('X-Webhook-Signature')}"
 
-    async def _kie_job(self, request: web.Request, *, authenticated: bool) -> dict[str, Any]:
+    async def _signal_job(self, request: web.Request, *, authenticated: bool
+                          ) -> dict[str, Any]:
         try:
             job_id = uuid.UUID(request.match_info["job_id"])
         except ValueError:
@@ -330,12 +328,12 @@ class Receiver:
         async with self.pool.connection() as conn:
             rows = await execute(conn, "webhook_job_by_id", {"job_id": job_id})
         if not rows:
-            if authenticated:  # HMAC-verified: KIE's own callback for a job we do not have
+            if authenticated:  # signature-verified: the provider's own, for a job we lack
                 raise Reply("unknown_task", "no such job: acknowledged", status=202)
             raise Reject(401, "unknown_task", "no such job")
         stored, given = rows[0]["callback_token"], request.match_info["token"]
         if stored is None and authenticated:
-            return rows[0]  # HMAC-verified; the job never had a token
+            return rows[0]  # signature-verified; the job never had a token
         if not (isinstance(stored, str)
                 and hmac.compare_digest(given.encode(), stored.encode())):
             raise Reject(401, "bad_signature", "callback token does not match the job")

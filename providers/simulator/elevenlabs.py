@@ -69,7 +69,7 @@ from urllib.parse import urlparse
 import msgspec
 from aiohttp import web
 
-from providers.signing import elevenlabs_sign
+from providers.elevenlabs.webhook import elevenlabs_sign
 from providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
 from providers.simulator.media import fake_media
 from providers.simulator.webhooks import retry_server_errors

@@ -49,7 +49,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from providers.signing import kie_sign
+from providers.kie.webhook import kie_sign
 from providers.simulator.core import MAX_HANG_S, Phase, Script, Simulator, Task
 from providers.simulator.kie_render import (
     ACCOUNT_CREDITS,

@@ -70,7 +70,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from providers.signing import replicate_sign
+from providers.replicate.webhook import replicate_sign
 from providers.simulator.core import Phase, Simulator, Task
 from providers.simulator.media import fake_media
 

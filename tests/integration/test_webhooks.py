@@ -38,9 +38,11 @@ from engine.store.db import Pool
 from engine.store.jobs import create_job
 from engine.store.write import Conn, append, cancel, load, load_events
 from events.types import CallStarted, TaskCreated
+from providers.elevenlabs.webhook import elevenlabs_sign
+from providers.kie.webhook import kie_sign
 from providers.outcomes import PollOutcome
 from providers.registry import poll_task
-from providers.signing import elevenlabs_sign, kie_sign, replicate_sign
+from providers.replicate.webhook import replicate_sign
 from providers.simulator.core import Delivery, RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.recorded import load as load_fixture
@@ -61,10 +63,11 @@ class Service:
 
 @asynccontextmanager
 async def serving(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
-                  tmp_path: Path, **webhooks: Any) -> AsyncIterator[Service]:
-    secrets = sim.sim.webhook_secrets
-    config = ServiceConfig(admin_token="tok", webhooks=WebhookConfig(
-        replicate_secret=secrets["replicate"], elevenlabs_secret=secrets["elevenlabs"], **webhooks))
+                  tmp_path: Path, kie_hmac_key: str | None = None) -> AsyncIterator[Service]:
+    secrets = {p: sim.sim.webhook_secrets[p] for p in ("replicate", "elevenlabs")}
+    if kie_hmac_key is not None:
+        secrets["kie"] = kie_hmac_key
+    config = ServiceConfig(admin_token="tok", webhooks=WebhookConfig(secrets=secrets))
     finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), sim.settings,
                           owner="webhook:test", clock=lambda: datetime.now(UTC))
     offset = [0.0]

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from providers.anthropic import AnthropicClient, anthropic_client_for
+from providers.anthropic.client import AnthropicClient, anthropic_client_for
 from providers.base import Endpoint
 from providers.errors import (
     AuthenticationError,

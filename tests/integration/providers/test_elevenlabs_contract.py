@@ -10,13 +10,13 @@ import aiohttp
 import pytest
 
 from providers.base import Endpoint
-from providers.elevenlabs import (
+from providers.elevenlabs.client import (
     ElevenLabsDubbingClient,
     ElevenLabsSyncClient,
     elevenlabs_client_for,
-    media_auth_headers,
 )
-from providers.elevenlabs_wire import classify_elevenlabs
+from providers.elevenlabs.operations import media_auth_headers
+from providers.elevenlabs.wire import classify_elevenlabs
 from providers.errors import (
     AuthenticationError,
     BadRequest,

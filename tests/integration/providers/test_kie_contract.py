@@ -21,9 +21,9 @@ from providers.errors import (
     ProviderTimeout,
     TransientError,
 )
-from providers.kie import RECORD_PENDING, KieLlmClient, KieTaskClient, kie_client_for
+from providers.kie.client import RECORD_PENDING, KieLlmClient, KieTaskClient, kie_client_for
+from providers.kie.webhook import verify_kie
 from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.signing import verify_kie
 from providers.simulator.core import Fault, RunningSimulator, Script, Step
 from providers.transport import RetryPolicy
 from tests.support import poll_until_done

@@ -20,8 +20,8 @@ from providers.errors import (
     TransientError,
 )
 from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.replicate import ReplicatePredictionClient, ReplicateTrainingClient
-from providers.signing import verify_replicate
+from providers.replicate.client import ReplicatePredictionClient, ReplicateTrainingClient
+from providers.replicate.webhook import verify_replicate
 from providers.simulator.core import Fault, RunningSimulator
 from providers.transport import RetryPolicy
 from tests.support import poll_until_done

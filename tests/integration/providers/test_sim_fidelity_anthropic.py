@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from providers.anthropic import AnthropicClient, anthropic_client_for
+from providers.anthropic.client import AnthropicClient, anthropic_client_for
 from providers.errors import InsufficientCredits
 from providers.outcomes import Failed, Succeeded
 from providers.simulator.anthropic import REFUSAL_CATEGORIES

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from providers.signing import verify_elevenlabs
+from providers.elevenlabs.webhook import verify_elevenlabs
 from providers.simulator.core import Fault, RunningSimulator
 from providers.simulator.elevenlabs import CHARACTER_COST, set_workspace_webhook
 from tests.recorded import FIXTURES, Recorded, load
@@ -69,7 +69,7 @@ COMPARED: dict[str, str] = {
 NOT_COMPARABLE: dict[str, str] = {
     "error_401_legacy": "an older serializer of the bad-key 401; the simulator sends the "
                         "live current one (error_401), so a bad key cannot take both shapes",
-    "signature_vectors": "HMAC test vectors of providers/signing.py, not an answer (the "
+    "signature_vectors": "HMAC test vectors of providers/elevenlabs/webhook.py, not an answer (the "
                          "simulator's deliveries are verified with it in the webhook test)",
 }
 

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from providers.signing import verify_kie
+from providers.kie.webhook import verify_kie
 from providers.simulator.core import Fault, RunningSimulator
 from providers.simulator.kie import RETRY_SCHEDULE_S, signer
 from providers.simulator.kie_render import CREATE_PATHS, POLL_PATHS

@@ -7,10 +7,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.anthropic import (
+from providers.anthropic.client import AnthropicClient, anthropic_client_for
+from providers.anthropic.wire import (
     ANTHROPIC_VERSION,
-    AnthropicClient,
-    anthropic_client_for,
     build_messages_request,
     classify_anthropic,
     parse_message,

@@ -9,15 +9,15 @@ import msgspec
 import pytest
 
 from providers.base import Endpoint
-from providers.elevenlabs import (
+from providers.elevenlabs.client import (
     ElevenLabsDubbingClient,
     ElevenLabsSyncClient,
-    FilePart,
+    elevenlabs_client_for,
+)
+from providers.elevenlabs.operations import (
     build_dubbing_create_request,
     build_dubbing_poll_request,
     build_sync_request,
-    classify_elevenlabs,
-    elevenlabs_client_for,
     media_auth_headers,
     parse_audio,
     parse_dubbing_created,
@@ -28,7 +28,7 @@ from providers.elevenlabs import (
     parse_voice_clone,
     parse_voice_design,
 )
-from providers.elevenlabs_wire import encode_multipart
+from providers.elevenlabs.wire import FilePart, classify_elevenlabs, encode_multipart
 from providers.errors import (
     AuthenticationError,
     BadRequest,

@@ -17,13 +17,9 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.kie import (
-    build_create_request,
-    build_llm_request,
-    build_poll_request,
-    parse_llm,
-)
-from providers.kie_parse import classify_kie, classify_kie_poll, parse_poll, parse_task_id
+from providers.kie.llm import parse_llm
+from providers.kie.requests import build_create_request, build_llm_request, build_poll_request
+from providers.kie.wire import classify_kie, classify_kie_poll, parse_poll, parse_task_id
 from providers.outcomes import Failed, NotFound, Running, Succeeded
 from providers.raw import RawResponse
 

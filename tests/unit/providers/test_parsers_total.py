@@ -16,15 +16,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.service.webhook_parse import (
-    MalformedDelivery,
-    kie_task_id,
-    parse_elevenlabs,
-    parse_replicate,
-)
-from providers import anthropic, elevenlabs, kie, kie_parse, replicate
+from providers.anthropic import wire as anthropic
+from providers.elevenlabs import operations as elevenlabs
+from providers.elevenlabs.webhook import parse_elevenlabs
+from providers.elevenlabs.wire import classify_elevenlabs
 from providers.errors import ProviderError
+from providers.kie import llm as kie
+from providers.kie import wire as kie_parse
+from providers.kie.webhook import kie_task_id
 from providers.raw import RawResponse
+from providers.replicate import wire as replicate
+from providers.replicate.webhook import parse_replicate
+from providers.webhooks import MalformedDelivery
 from tests.recorded import all_fixtures
 
 ELEVENLABS_OPS = sorted(elevenlabs.SYNC_OPERATIONS)
@@ -48,7 +51,7 @@ PARSERS: dict[str, Callable[[RawResponse], Any]] = {
     "elevenlabs.parse_dubbing_status": lambda raw: elevenlabs.parse_dubbing_status(
         raw, base_url="https://api.elevenlabs.io"),
     "elevenlabs.parse_dubbing_created": elevenlabs.parse_dubbing_created,
-    "elevenlabs.classify": elevenlabs.classify_elevenlabs,
+    "elevenlabs.classify": classify_elevenlabs,
     **{f"elevenlabs.parse_sync[{op}]": functools.partial(elevenlabs.parse_sync, op)
        for op in ELEVENLABS_OPS},
     "anthropic.parse_message": anthropic.parse_message,

@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine.service.webhook_parse import (
-    kie_task_id,
-    parse_elevenlabs,
-    parse_replicate,
-)
-from providers.anthropic import classify_anthropic, parse_message
-from providers.elevenlabs import (
-    classify_elevenlabs,
+from providers.anthropic.wire import classify_anthropic, parse_message
+from providers.elevenlabs.operations import (
     parse_audio,
     parse_dubbing_created,
     parse_dubbing_status,
@@ -25,6 +19,8 @@ from providers.elevenlabs import (
     parse_voice_clone,
     parse_voice_design,
 )
+from providers.elevenlabs.webhook import parse_elevenlabs
+from providers.elevenlabs.wire import classify_elevenlabs
 from providers.errors import (
     AuthenticationError,
     BadRequest,
@@ -34,11 +30,13 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.kie import parse_llm
-from providers.kie_parse import classify_kie, parse_poll, parse_task_id
+from providers.kie.llm import parse_llm
+from providers.kie.webhook import kie_task_id
+from providers.kie.wire import classify_kie, parse_poll, parse_task_id
 from providers.outcomes import Failed, NotFound, Running, Succeeded
 from providers.raw import RawResponse
-from providers.replicate import (
+from providers.replicate.webhook import parse_replicate
+from providers.replicate.wire import (
     classify_replicate,
     output_urls,
     parse_created,

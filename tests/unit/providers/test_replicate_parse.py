@@ -19,8 +19,8 @@ from providers.errors import (
 )
 from providers.outcomes import Failed, NotFound, Running, Succeeded
 from providers.raw import RawResponse
-from providers.replicate import (
-    ReplicatePredictionClient,
+from providers.replicate.client import ReplicatePredictionClient
+from providers.replicate.wire import (
     build_get_request,
     build_prediction_request,
     build_training_request,

@@ -3,7 +3,7 @@ provider, each naming its source). Replicate's are the official Svix vectors the
 with (evidence ``C``). KIE's docs and ElevenLabs' SDK tests give the algorithm but publish
 no literal expected value (the SDK tests compute theirs at run time), so those files are
 ``D`` (derived): their values are recomputed here from the published algorithm with
-``hmac`` directly, independently of :mod:`providers.signing`, before our signer and
+``hmac`` directly, independently of the providers' webhook modules, before our signer and
 verifier are checked against them."""
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ from typing import Any
 
 import pytest
 
+from providers.elevenlabs.webhook import elevenlabs_sign, verify_elevenlabs
 from providers.errors import SignatureError
-from providers.signing import (
-    elevenlabs_sign,
-    kie_sign,
-    replicate_sign,
-    verify_elevenlabs,
-    verify_kie,
-    verify_replicate,
-)
+from providers.kie.webhook import kie_sign, verify_kie
+from providers.replicate.webhook import replicate_sign, verify_replicate
 from tests.recorded import vectors
 
 REPLICATE = vectors("replicate")

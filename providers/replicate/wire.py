@@ -1,8 +1,9 @@
-"""Replicate clients (``replicate-prediction``, ``replicate-training``), split sans-I/O.
+"""Replicate's wire (``replicate-prediction``, ``replicate-training``): pure request builders
+and answer parsers, no I/O.
 
 Pure functions build each request (:class:`Request`) and parse each response into a
 :mod:`providers.outcomes` value or a typed :mod:`providers.errors` error, keeping
-Replicate's own ``detail``. The two client classes only glue them to
+Replicate's own ``detail``. The clients (:mod:`providers.replicate.client`) only glue them to
 :func:`providers.transport.send`.
 
 Mapping of a prediction/training object (reference §11, §14):
@@ -25,17 +26,13 @@ Mapping of a prediction/training object (reference §11, §14):
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
-import aiohttp
 import msgspec
 
-from providers.base import Endpoint
 from providers.errors import (
     AuthenticationError,
     BadRequest,
@@ -45,9 +42,7 @@ from providers.errors import (
     ProviderError,
     RateLimited,
     TransientError,
-    UnknownProviderKind,
 )
-from providers.kinds import KINDS
 from providers.outcomes import (
     Failed,
     NotFound,
@@ -58,38 +53,21 @@ from providers.outcomes import (
     reported_number,
 )
 from providers.raw import JSONTooDeep, RawResponse, decode_json
-from providers.transport import (
-    DEFAULT_POLICY,
-    Classify,
-    RetryPolicy,
-    Sleep,
-    send,
-)
 
-__all__ = [
-    "PROVIDER",
-    "ReplicatePredictionClient",
-    "ReplicateTrainingClient",
-    "Request",
-    "build_get_request",
-    "build_prediction_request",
-    "build_training_request",
-    "classify_replicate",
-    "classify_replicate_poll",
-    "output_text",
-    "output_urls",
-    "parse_created",
-    "parse_prediction",
-    "replicate_client_for",
-    "throttle_delay",
-]
+__all__ = ["PROVIDER", "Request", "build_get_request", "build_prediction_request",
+           "build_training_request", "classify_replicate", "classify_replicate_poll",
+           "output_text", "output_urls", "parse_created", "parse_prediction", "throttle_delay"]
+
 
 PROVIDER: Final = "replicate"
-Collection = Literal["predictions", "trainings"]
-RUNNING_STATES: Final = frozenset({"starting", "processing"})
-FAILED_STATES: Final = frozenset({"failed", "canceled", "aborted"})
-DEFAULT_EVENTS: Final = ("completed",)
 
+Collection = Literal["predictions", "trainings"]
+
+RUNNING_STATES: Final = frozenset({"starting", "processing"})
+
+FAILED_STATES: Final = frozenset({"failed", "canceled", "aborted"})
+
+DEFAULT_EVENTS: Final = ("completed",)
 
 class Request(msgspec.Struct, frozen=True, kw_only=True):
     """One HTTP request to send, relative to the endpoint's base URL."""
@@ -99,13 +77,9 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     headers: dict[str, str]
     json: dict[str, Any] | None = None
 
-
-# -- requests (pure) -------------------------------------------------------------------------
-
 def auth_headers(api_key: str) -> dict[str, str]:
     """Replicate auth: ``Authorization: Bearer <token>``."""
     return {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
-
 
 def _owner_name(value: Any, field: str) -> tuple[str, str]:
     if not isinstance(value, str) or value.count("/") != 1 or not all(value.split("/")):
@@ -113,13 +87,11 @@ def _owner_name(value: Any, field: str) -> tuple[str, str]:
     owner, name = value.split("/")
     return owner, name
 
-
 def _input(request: Mapping[str, Any]) -> dict[str, Any]:
     inputs = request.get("input")
     if not isinstance(inputs, Mapping):
         raise BadRequest("request needs an 'input' object", provider=PROVIDER)
     return dict(inputs)
-
 
 def _with_webhook(body: dict[str, Any], request: Mapping[str, Any],
                   callback_url: str | None) -> dict[str, Any]:
@@ -128,7 +100,6 @@ def _with_webhook(body: dict[str, Any], request: Mapping[str, Any],
         body["webhook_events_filter"] = list(request.get("webhook_events_filter",
                                                          DEFAULT_EVENTS))
     return body
-
 
 def build_prediction_request(request: Mapping[str, Any], *, api_key: str,
                              callback_url: str | None = None) -> Request:
@@ -146,7 +117,6 @@ def build_prediction_request(request: Mapping[str, Any], *, api_key: str,
     return Request(method="POST", path=path, headers=auth_headers(api_key),
                    json=_with_webhook(body, request, callback_url))
 
-
 def build_training_request(request: Mapping[str, Any], *, api_key: str,
                            callback_url: str | None = None) -> Request:
     """Create a training of ``model`` at ``version`` into ``destination``."""
@@ -160,14 +130,10 @@ def build_training_request(request: Mapping[str, Any], *, api_key: str,
     return Request(method="POST", path=path, headers=auth_headers(api_key),
                    json=_with_webhook(body, request, callback_url))
 
-
 def build_get_request(collection: Collection, task_id: str, *, api_key: str) -> Request:
     """The status request; never creates anything."""
     return Request(method="GET", path=f"/v1/{collection}/{quote(task_id, safe='')}",
                    headers=auth_headers(api_key))
-
-
-# -- responses (pure) ------------------------------------------------------------------------
 
 def _detail(raw: RawResponse) -> tuple[str, str | None]:
     """The problem's ``detail`` (or the body's text) and its ``title``."""
@@ -181,9 +147,7 @@ def _detail(raw: RawResponse) -> tuple[str, str | None]:
         return str(detail), str(title) if title is not None else None
     return str(body), None
 
-
 _THROTTLE = re.compile(r"(?:available in|resets in)\s*~?\s*(\d+(?:\.\d+)?)\s*s", re.I)
-
 
 def throttle_delay(raw: RawResponse) -> float | None:
     """How long a 429 asks to wait: ``Retry-After`` when sent, else the body's numeric
@@ -204,7 +168,6 @@ def throttle_delay(raw: RawResponse) -> float | None:
     found = _THROTTLE.search(str(body.get("detail") or ""))
     return float(found.group(1)) if found else None
 
-
 def _error_for(raw: RawResponse) -> ProviderError:
     message, title = _detail(raw)
     kw: dict[str, Any] = {"provider": PROVIDER, "status": raw.status, "code": title}
@@ -220,16 +183,13 @@ def _error_for(raw: RawResponse) -> ProviderError:
         return BadRequest(message, **kw)
     return MalformedResponse(f"unexpected HTTP {raw.status}: {message}", **kw)
 
-
 def classify_replicate(raw: RawResponse) -> ProviderError | None:
     """For creates and cancels: any non-2xx is an error (404 = bad model/destination)."""
     return None if 200 <= raw.status < 300 else _error_for(raw)
 
-
 def classify_replicate_poll(raw: RawResponse) -> ProviderError | None:
     """For GETs: a 404 is an answer (:class:`NotFound`), not an error."""
     return None if raw.status == 404 else classify_replicate(raw)
-
 
 def _document(raw: RawResponse) -> dict[str, Any]:
     body = raw.json(PROVIDER)
@@ -237,7 +197,6 @@ def _document(raw: RawResponse) -> dict[str, Any]:
         raise MalformedResponse(f"expected a JSON object, got {type(body).__name__}",
                                 provider=PROVIDER, status=raw.status)
     return body
-
 
 def parse_created(raw: RawResponse) -> str:
     """The new prediction's (or training's) id."""
@@ -247,15 +206,12 @@ def parse_created(raw: RawResponse) -> str:
                                 status=raw.status)
     return task_id
 
-
 _FILE_PREFIXES: Final = ("https://", "http://", "data:")
-
 
 def _is_file(value: str) -> bool:
     # The official SDKs' rule: an https: or data: string anywhere in the output is a file
     # (http: too here, for a simulator or a proxy).
     return value[:8].lower().startswith(_FILE_PREFIXES)
-
 
 def _walk_files(value: Any) -> Iterator[str]:
     if isinstance(value, str):
@@ -268,12 +224,10 @@ def _walk_files(value: Any) -> Iterator[str]:
         for item in value.values():
             yield from _walk_files(item)
 
-
 def output_urls(output: Any) -> tuple[str, ...]:
     """Every file in ``output`` — an ``http(s)`` URL or a ``data:`` URI, anywhere in a
     string, a list or an object's values — in order, without repeats."""
     return tuple(dict.fromkeys(_walk_files(output)))
-
 
 def output_text(output: Any) -> str | None:
     """A result with no file as text: a string as is, a list of string tokens joined (a
@@ -286,7 +240,6 @@ def output_text(output: Any) -> str | None:
         return "".join(output)
     return msgspec.json.encode(output).decode()
 
-
 def _placed(value: Any, index: dict[str, int]) -> Any:
     """``value`` with each file replaced by ``{"media": i}``, its place among the
     result's media (the SDK likewise keeps the structure, with file objects in place)."""
@@ -297,7 +250,6 @@ def _placed(value: Any, index: dict[str, int]) -> Any:
     if isinstance(value, dict):
         return {k: _placed(v, index) for k, v in value.items()}
     return value
-
 
 def structured_text(output: Any, files: tuple[str, ...]) -> str | None:
     """The text of an output that has files: ``None`` when the files are all it holds (a
@@ -310,7 +262,6 @@ def structured_text(output: Any, files: tuple[str, ...]) -> str | None:
         return None
     return msgspec.json.encode(_placed(output, {f: i for i, f in enumerate(files)})).decode()
 
-
 def _redacted(value: Any) -> Any:
     """``value`` with ``data:`` URIs cut to their header (the bytes are in the outcome's
     media, not worth a second copy in ``raw``)."""
@@ -321,7 +272,6 @@ def _redacted(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _redacted(v) for k, v in value.items()}
     return value
-
 
 def _usage(doc: dict[str, Any]) -> Usage:
     usage: Usage = {}
@@ -338,7 +288,6 @@ def _usage(doc: dict[str, Any]) -> Usage:
             usage[key] = doc[key]
     return usage
 
-
 def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
     if doc.get("data_removed") is True:
         raise MediaExpired(f"output of {doc.get('id')} was removed (data_removed)",
@@ -348,7 +297,6 @@ def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
     trimmed = {k: _redacted(v) for k, v in doc.items() if k != "logs"}
     text = structured_text(output, files) if files else output_text(output)
     return Succeeded(media_urls=files, text=text, cost=None, raw=trimmed, usage=_usage(doc))
-
 
 def parse_prediction(raw: RawResponse) -> PollOutcome:
     """A GET (or cancel) answer for a prediction or training."""
@@ -370,78 +318,3 @@ def parse_prediction(raw: RawResponse) -> PollOutcome:
                       raw={k: v for k, v in doc.items() if k != "logs"})
     raise MalformedResponse(f"unknown Replicate status {status!r}", provider=PROVIDER,
                             status=raw.status)
-
-
-# -- clients ---------------------------------------------------------------------------------
-
-class _ReplicateClient:
-    collection: Collection
-    family: str
-
-    def __init__(
-        self, session: aiohttp.ClientSession, endpoint: Endpoint, kind: str,
-        policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep, *,
-        now: Callable[[], float] = time.monotonic,
-    ) -> None:
-        spec = KINDS.get(kind)
-        if spec is None or spec.provider != PROVIDER or spec.family != self.family:
-            raise UnknownProviderKind(f"not a Replicate {self.family} kind: {kind!r}",
-                                      provider=PROVIDER)
-        self.kind = kind
-        self._session, self._endpoint = session, endpoint
-        self._policy, self._sleep, self._now = policy, sleep, now
-
-    async def _send(self, req: Request, *, classify: Classify, idempotent: bool) -> RawResponse:
-        url = self._endpoint.base_url.rstrip("/") + req.path
-        return await send(self._session, req.method, url, provider=PROVIDER,
-                          classify=classify, policy=self._policy, idempotent=idempotent,
-                          sleep=self._sleep, headers=req.headers, json=req.json)
-
-    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
-        raise NotImplementedError
-
-    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
-        req = self._build_create(request, callback_url)
-        raw = await self._send(req, classify=classify_replicate, idempotent=False)
-        return parse_created(raw)
-
-    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        req = build_get_request(self.collection, task_id, api_key=self._endpoint.api_key)
-        raw = await self._send(req, classify=classify_replicate_poll, idempotent=True)
-        return parse_prediction(raw)
-
-
-class ReplicatePredictionClient(_ReplicateClient):
-    """``replicate-prediction``: ``request`` = ``{"version" | "model", "input"}``."""
-
-    collection: Collection = "predictions"
-    family = "prediction"
-
-    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
-        return build_prediction_request(request, api_key=self._endpoint.api_key,
-                                        callback_url=callback_url)
-
-
-class ReplicateTrainingClient(_ReplicateClient):
-    """``replicate-training``: ``request`` = ``{"model", "version", "destination",
-    "input"}``."""
-
-    collection: Collection = "trainings"
-    family = "training"
-
-    def _build_create(self, request: Mapping[str, Any], callback_url: str | None) -> Request:
-        return build_training_request(request, api_key=self._endpoint.api_key,
-                                      callback_url=callback_url)
-
-
-def replicate_client_for(
-    kind: str, session: aiohttp.ClientSession, endpoint: Endpoint, *,
-    policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
-) -> ReplicatePredictionClient | ReplicateTrainingClient:
-    """The client for a ``replicate-*`` kind."""
-    classes: Sequence[type[ReplicatePredictionClient | ReplicateTrainingClient]] = (
-        ReplicatePredictionClient, ReplicateTrainingClient)
-    for cls in classes:
-        if KINDS.get(kind) is not None and KINDS[kind].family == cls.family:
-            return cls(session, endpoint, kind, policy, sleep)
-    raise UnknownProviderKind(f"not a Replicate kind: {kind!r}", provider=PROVIDER)

@@ -1,11 +1,11 @@
-"""ElevenLabs clients: dubbing (``elevenlabs-async``) and the one-round-trip operations
+"""ElevenLabs operations, pure: dubbing (``elevenlabs-async``) and the one-round-trip operations
 (``elevenlabs-sync``, and the sync operations filed under ``elevenlabs-async``).
 
 Sans-I/O: ``build_*_request`` turn a job's request mapping into a :class:`Request`,
 ``parse_*`` turn a :class:`~providers.transport.RawResponse` into an outcome (or raise a
 typed :mod:`providers.errors` error keeping ElevenLabs' message and code), and
-:func:`classify_elevenlabs` decides errors for the transport. The clients only glue them to
-:func:`providers.transport.send`.
+:func:`classify_elevenlabs` decides errors for the transport. The clients
+(:mod:`providers.elevenlabs.client`) only glue them to :func:`providers.transport.send`.
 
 Request mappings (our shape; every other key is passed through to ElevenLabs):
 
@@ -23,32 +23,24 @@ outcomes never carry secrets, so the media downloader must add
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-
 from providers.base import Endpoint
-from providers.elevenlabs_wire import (
+from providers.elevenlabs.wire import (
     PROVIDER,
-    FilePart,
     Request,
     bad_request,
-    classify_elevenlabs,
-    encode_multipart,
     form_fields,
     json_object,
     require,
 )
-from providers.errors import MalformedResponse, TaskNotFound, UnknownProviderKind
+from providers.errors import MalformedResponse
 from providers.outcomes import (
     Blob,
     Failed,
-    NotFound,
     PollOutcome,
     Running,
     Succeeded,
@@ -56,35 +48,16 @@ from providers.outcomes import (
     reported_cost,
 )
 from providers.raw import RawResponse
-from providers.transport import DEFAULT_POLICY, RetryPolicy, Sleep, send
 
-__all__ = [
-    "SYNC_OPERATIONS",
-    "ElevenLabsDubbingClient",
-    "ElevenLabsSyncClient",
-    "FilePart",
-    "Request",
-    "build_dubbing_create_request",
-    "build_dubbing_poll_request",
-    "build_sync_request",
-    "classify_elevenlabs",
-    "elevenlabs_client_for",
-    "media_auth_headers",
-    "parse_audio",
-    "parse_dubbing_created",
-    "parse_dubbing_status",
-    "parse_forced_alignment",
-    "parse_stt",
-    "parse_sync",
-    "parse_voice_clone",
-    "parse_voice_design",
-]
+__all__ = ["SYNC_OPERATIONS", "build_dubbing_create_request", "build_dubbing_poll_request",
+           "build_sync_request", "media_auth_headers", "parse_audio", "parse_dubbing_created",
+           "parse_dubbing_status", "parse_forced_alignment", "parse_stt", "parse_sync",
+           "parse_voice_clone", "parse_voice_design"]
+
 
 RUNNING_STATUSES = frozenset({"queued", "preparing", "dubbing"})
+
 DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
-
-
-# --------------------------------------------------------------------------- builders
 
 def build_dubbing_create_request(request: Mapping[str, Any]) -> Request:
     """``POST /v1/dubbing`` (multipart) from a dubbing request mapping."""
@@ -95,13 +68,11 @@ def build_dubbing_create_request(request: Mapping[str, Any]) -> Request:
     return Request(method="POST", path="/v1/dubbing",
                    form=form_fields(fields, skip=("operation",)))
 
-
 def build_dubbing_poll_request(dubbing_id: str) -> Request:
     """``GET /v1/dubbing/{dubbing_id}``."""
     if not dubbing_id:
         raise bad_request("empty dubbing id")
     return Request(method="GET", path=f"/v1/dubbing/{dubbing_id}")
-
 
 def _build_tts(request: Mapping[str, Any]) -> Request:
     voice_id = require(request, "voice_id")
@@ -112,14 +83,12 @@ def _build_tts(request: Mapping[str, Any]) -> Request:
     return Request(method="POST", path=f"/v1/text-to-speech/{voice_id}",
                    params={"output_format": fmt}, json_body=body)
 
-
 def _json_call(path: str, required: str) -> Callable[[Mapping[str, Any]], Request]:
     def build(request: Mapping[str, Any]) -> Request:
         require(request, required)
         body = {k: v for k, v in request.items() if k != "operation"}
         return Request(method="POST", path=path, json_body=body)
     return build
-
 
 def _form_call(path: str, *required: str) -> Callable[[Mapping[str, Any]], Request]:
     def build(request: Mapping[str, Any]) -> Request:
@@ -129,14 +98,12 @@ def _form_call(path: str, *required: str) -> Callable[[Mapping[str, Any]], Reque
                        form=form_fields(request, skip=("operation",)))
     return build
 
-
 def _build_stt(request: Mapping[str, Any]) -> Request:
     if request.get("file") is None and not request.get("cloud_storage_url"):
         raise bad_request("speech-to-text needs 'file' or 'cloud_storage_url'")
     if request.get("webhook") in (True, "true"):
         raise bad_request("speech-to-text with webhook=true is asynchronous, not a sync call")
     return _form_call("/v1/speech-to-text", "model_id")(request)
-
 
 _BUILDERS: dict[str, Callable[[Mapping[str, Any]], Request]] = {
     "tts": _build_tts,
@@ -146,8 +113,8 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any]], Request]] = {
     "voice-design": _json_call("/v1/text-to-voice/design", "voice_description"),
     "forced-alignment": _form_call("/v1/forced-alignment", "file", "text"),
 }
-SYNC_OPERATIONS = frozenset(_BUILDERS)
 
+SYNC_OPERATIONS = frozenset(_BUILDERS)
 
 def build_sync_request(request: Mapping[str, Any]) -> Request:
     """The request of a sync operation (``request["operation"]``, default ``tts``)."""
@@ -156,17 +123,12 @@ def build_sync_request(request: Mapping[str, Any]) -> Request:
         raise bad_request(f"unknown ElevenLabs operation {request.get('operation')!r}")
     return builder(request)
 
-
 def _operation(request: Mapping[str, Any]) -> str:
     return str(request.get("operation") or "tts")
-
 
 def media_auth_headers(endpoint: Endpoint) -> dict[str, str]:
     """Headers the media downloader must send to fetch an ElevenLabs result URL."""
     return {"xi-api-key": endpoint.api_key}
-
-
-# --------------------------------------------------------------------------- parsers
 
 def parse_dubbing_created(raw: RawResponse) -> str:
     """The ``dubbing_id`` of a create response."""
@@ -175,7 +137,6 @@ def parse_dubbing_created(raw: RawResponse) -> str:
         raise MalformedResponse(f"dubbing create response without dubbing_id: {raw.body[:200]!r}",
                                 provider=PROVIDER, status=raw.status)
     return dubbing_id
-
 
 def parse_dubbing_status(raw: RawResponse, *, base_url: str) -> PollOutcome:
     """A ``GET /v1/dubbing/{id}`` body as an outcome; result URLs are built on ``base_url``."""
@@ -193,7 +154,6 @@ def parse_dubbing_status(raw: RawResponse, *, base_url: str) -> PollOutcome:
     raise MalformedResponse(f"unknown dubbing status {status!r}", provider=PROVIDER,
                             status=raw.status)
 
-
 def _dub_urls(body: Mapping[str, Any], base_url: str, http_status: int) -> tuple[str, ...]:
     dubbing_id, langs = body.get("dubbing_id"), body.get("target_languages")
     if not (isinstance(dubbing_id, str) and dubbing_id and isinstance(langs, list) and langs
@@ -203,14 +163,11 @@ def _dub_urls(body: Mapping[str, Any], base_url: str, http_status: int) -> tuple
     root = base_url.rstrip("/")
     return tuple(f"{root}/v1/dubbing/{dubbing_id}/audio/{lang}" for lang in langs)
 
-
 def _cost(raw: RawResponse) -> float | None:
     return reported_cost(raw.headers.get("character-cost"))
 
-
 def _usage(cost: float | None) -> Usage:
     return {"characters": cost} if cost is not None else {}
-
 
 def parse_audio(raw: RawResponse) -> Succeeded:
     """TTS / SFX: the body is the audio; ``character-cost`` is the cost."""
@@ -223,7 +180,6 @@ def parse_audio(raw: RawResponse) -> Succeeded:
     return Succeeded(blobs=(Blob(content_type=content_type, data=raw.body),), cost=cost,
                      usage=_usage(cost))
 
-
 def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...],
            raw: RawResponse) -> Any:
     value = body.get(key)
@@ -232,7 +188,6 @@ def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...],
                                 provider=PROVIDER, status=raw.status)
     return value
 
-
 def parse_stt(raw: RawResponse) -> Succeeded:
     """Speech-to-text: the transcript as ``text``, the whole JSON as ``raw``."""
     body = json_object(raw)
@@ -240,14 +195,12 @@ def parse_stt(raw: RawResponse) -> Succeeded:
     return Succeeded(text=_field(body, "text", str, raw), raw=body, cost=cost,
                      usage=_usage(cost))
 
-
 def parse_voice_clone(raw: RawResponse) -> Succeeded:
     """Instant voice clone: ``raw = {voice_id, requires_verification}``."""
     body = json_object(raw)
     voice_id = _field(body, "voice_id", str, raw)
     return Succeeded(raw={"voice_id": voice_id,
                           "requires_verification": bool(body.get("requires_verification"))})
-
 
 def parse_voice_design(raw: RawResponse) -> Succeeded:
     """Voice design: each preview's audio decoded as a blob; ``raw`` keeps the previews'
@@ -261,7 +214,6 @@ def parse_voice_design(raw: RawResponse) -> Succeeded:
     meta = [{k: v for k, v in p.items() if k != "audio_base_64"} for p in previews]
     return Succeeded(blobs=blobs, raw={"text": body.get("text"), "previews": meta})
 
-
 def _preview_blob(preview: Mapping[str, Any], raw: RawResponse) -> Blob:
     encoded = _field(preview, "audio_base_64", str, raw)
     try:
@@ -271,14 +223,12 @@ def _preview_blob(preview: Mapping[str, Any], raw: RawResponse) -> Blob:
                                 status=raw.status) from exc
     return Blob(content_type=str(preview.get("media_type") or "audio/mpeg"), data=data)
 
-
 def parse_forced_alignment(raw: RawResponse) -> Succeeded:
     """Forced alignment: ``raw = {characters, words, loss}``."""
     body = json_object(raw)
     _field(body, "characters", list, raw)
     _field(body, "words", list, raw)
     return Succeeded(raw=body)
-
 
 _PARSERS: dict[str, Callable[[RawResponse], Succeeded]] = {
     "tts": parse_audio,
@@ -289,73 +239,9 @@ _PARSERS: dict[str, Callable[[RawResponse], Succeeded]] = {
     "forced-alignment": parse_forced_alignment,
 }
 
-
 def parse_sync(operation: str, raw: RawResponse) -> Succeeded:
     """The outcome of a sync ``operation`` from its successful response."""
     parser = _PARSERS.get(operation)
     if parser is None:
         raise bad_request(f"unknown ElevenLabs operation {operation!r}")
     return parser(raw)
-
-
-# --------------------------------------------------------------------------- clients
-
-class _Base:
-    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, kind: str,
-                 policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep) -> None:
-        self.kind = kind
-        self._session, self._endpoint = session, endpoint
-        self._policy, self._sleep = policy, sleep
-
-    async def _send(self, req: Request, *, idempotent: bool) -> RawResponse:
-        headers = {"xi-api-key": self._endpoint.api_key, "accept": "*/*"}
-        kwargs: dict[str, Any] = {"params": req.params or None}
-        if req.form is not None:
-            body, content_type = encode_multipart(req.form, secrets.token_hex(16))
-            kwargs["data"] = body
-            headers["content-type"] = content_type
-        elif req.json_body is not None:
-            kwargs["json"] = req.json_body
-        return await send(self._session, req.method, self._endpoint.base_url + req.path,
-                          provider=PROVIDER, classify=classify_elevenlabs, policy=self._policy,
-                          idempotent=idempotent, sleep=self._sleep, headers=headers, **kwargs)
-
-
-class ElevenLabsDubbingClient(_Base):
-    """``elevenlabs-async`` dubbing: create, poll and resume a ``dubbing_id``."""
-
-    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
-        """Start a dub (ElevenLabs takes no per-request callback URL; it is ignored)."""
-        raw = await self._send(build_dubbing_create_request(request), idempotent=False)
-        return parse_dubbing_created(raw)
-
-    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        try:
-            raw = await self._send(build_dubbing_poll_request(task_id), idempotent=True)
-        except TaskNotFound as exc:
-            return NotFound(message=exc.message)
-        return parse_dubbing_status(raw, base_url=self._endpoint.base_url)
-
-
-class ElevenLabsSyncClient(_Base):
-    """One-round-trip ElevenLabs operations (TTS, SFX, STT, voice clone, voice design,
-    forced alignment), selected by ``request["operation"]``."""
-
-    async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
-        raw = await self._send(build_sync_request(request), idempotent=False)
-        return parse_sync(_operation(request), raw)
-
-
-def elevenlabs_client_for(
-    kind: str, session: aiohttp.ClientSession, endpoint: Endpoint,
-    operation: str | None = None, *, policy: RetryPolicy = DEFAULT_POLICY,
-    sleep: Sleep = asyncio.sleep,
-) -> ElevenLabsDubbingClient | ElevenLabsSyncClient:
-    """The client for ``kind`` (and, under ``elevenlabs-async``, ``operation``)."""
-    if kind == "elevenlabs-async" and operation in (None, "dubbing"):
-        return ElevenLabsDubbingClient(session, endpoint, kind, policy, sleep)
-    if kind in ("elevenlabs-async", "elevenlabs-sync") and (
-            operation is None or operation in SYNC_OPERATIONS):
-        return ElevenLabsSyncClient(session, endpoint, kind, policy, sleep)
-    raise UnknownProviderKind(f"no ElevenLabs client for kind {kind!r} operation {operation!r}",
-                              provider=PROVIDER)

@@ -35,14 +35,11 @@ the error type and the ``request_id``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 
-from providers.base import Endpoint
 from providers.errors import (
     AuthenticationError,
     BadRequest,
@@ -51,33 +48,21 @@ from providers.errors import (
     ProviderError,
     RateLimited,
     TransientError,
-    UnknownProviderKind,
 )
 from providers.llm_stop import StopPolicy, failure_code, judge
 from providers.outcomes import Failed, Succeeded, Usage, reported_number
 from providers.raw import JSONTooDeep, RawResponse, decode_json
-from providers.transport import (
-    DEFAULT_POLICY,
-    RetryPolicy,
-    Sleep,
-    send,
-)
 
-__all__ = [
-    "ANTHROPIC_VERSION",
-    "AnthropicClient",
-    "MessagesRequest",
-    "anthropic_client_for",
-    "build_messages_request",
-    "classify_anthropic",
-    "judged",
-    "message_usage",
-    "parse_message",
-]
+__all__ = ["ANTHROPIC_VERSION", "MessagesRequest", "build_messages_request", "classify_anthropic",
+           "judged", "message_usage", "parse_message"]
+
 
 PROVIDER = "anthropic"
+
 KIND = "anthropic-sync"
+
 ANTHROPIC_VERSION = "2023-06-01"
+
 REQUIRED = ("model", "max_tokens", "messages")
 
 _BY_STATUS: dict[int, type[ProviderError]] = {
@@ -86,6 +71,7 @@ _BY_STATUS: dict[int, type[ProviderError]] = {
     408: TransientError, 409: TransientError,
     500: TransientError, 504: TransientError, 529: TransientError,
 }
+
 # For an error envelope under a status the table does not know (or a 2xx).
 _BY_TYPE: dict[str, type[ProviderError]] = {
     "invalid_request_error": BadRequest, "authentication_error": AuthenticationError,
@@ -95,7 +81,6 @@ _BY_TYPE: dict[str, type[ProviderError]] = {
     "timeout_error": TransientError, "overloaded_error": TransientError,
 }
 
-
 class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
     """``POST /v1/messages`` as data (the path is fixed; headers besides the key here)."""
 
@@ -104,7 +89,6 @@ class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
     headers: dict[str, str] = msgspec.field(
         default_factory=lambda: {"anthropic-version": ANTHROPIC_VERSION,
                                  "content-type": "application/json"})
-
 
 def build_messages_request(request: Mapping[str, Any]) -> MessagesRequest:
     """The Messages request: ``{model, max_tokens, messages, system?, ...}`` passed through.
@@ -117,10 +101,8 @@ def build_messages_request(request: Mapping[str, Any]) -> MessagesRequest:
         raise BadRequest("stream=true is not supported by the sync client", provider=PROVIDER)
     return MessagesRequest(body=dict(request))
 
-
 def _malformed(message: str, raw: RawResponse) -> MalformedResponse:
     return MalformedResponse(message, provider=PROVIDER, status=raw.status)
-
 
 def _text_of(content: list[Any], raw: RawResponse) -> str:
     parts = []
@@ -133,19 +115,16 @@ def _text_of(content: list[Any], raw: RawResponse) -> str:
             parts.append(block["text"])
     return "".join(parts)
 
-
 def _tool_calls(content: list[Any]) -> str | None:
     """The tool calls of an answer that has no text, as JSON (for one call, the output)."""
     calls = [{"name": b.get("name"), "input": b.get("input")} for b in content
              if isinstance(b, dict) and b.get("type") == "tool_use"]
     return msgspec.json.encode(calls).decode() if calls else None
 
-
 def message_text(content: list[Any], raw: RawResponse) -> str:
     """An Anthropic-shaped message's output: its text blocks joined or, with no text, its
     tool calls as JSON (``""`` when it has neither); a malformed block is refused."""
     return _text_of(content, raw) or _tool_calls(content) or ""
-
 
 def message_usage(body: dict[str, Any]) -> Usage:
     """Tokens (and the model) an Anthropic-shaped message reports it used: input and
@@ -162,14 +141,12 @@ def message_usage(body: dict[str, Any]) -> Usage:
         usage["model"] = body["model"]
     return usage
 
-
 def _failure_text(body: dict[str, Any], stop_reason: str | None, text: str) -> str:
     details = body.get("stop_details")
     if isinstance(details, dict) and isinstance(details.get("explanation"), str):
         return f"{stop_reason}: {details['explanation']}"
     tail = f": {text[:200]}" if text else ""
     return f"the model stopped ({stop_reason or 'no stop_reason'}){tail}"
-
 
 def judged(body: dict[str, Any], text: str, policy: StopPolicy | None,
            usage: Usage) -> Succeeded | Failed:
@@ -181,7 +158,6 @@ def judged(body: dict[str, Any], text: str, policy: StopPolicy | None,
         return Succeeded(text=text, cost=None, raw=body, usage=usage, stop_reason=stop_reason)
     return Failed(error=_failure_text(body, stop_reason, text),
                   code=failure_code(stop_reason), raw=body)
-
 
 def parse_message(raw: RawResponse, policy: StopPolicy | None = None) -> Succeeded | Failed:
     """A message object as an outcome: ``text`` is the text blocks joined (or, with no
@@ -197,7 +173,6 @@ def parse_message(raw: RawResponse, policy: StopPolicy | None = None) -> Succeed
     if not isinstance(content, list):
         raise _malformed("message without a content list", raw)
     return judged(body, message_text(content, raw), policy, message_usage(body))
-
 
 def _envelope(raw: RawResponse) -> tuple[str, str, str | None, str | None]:
     """(error type, message, request id, ``error.details.error_code``) of an error
@@ -217,9 +192,7 @@ def _envelope(raw: RawResponse) -> tuple[str, str, str | None, str | None]:
     return (str(error.get("type") or ""), str(error.get("message") or ""),
             rid if isinstance(rid, str) else None, code if isinstance(code, str) else None)
 
-
 _SPEND_CAP_CODES = frozenset({"enforced_spend_limit_reached"})
-
 
 def _error_class(status: int, etype: str, should_retry: str | None,
                  detail_code: str | None = None) -> type[ProviderError]:
@@ -233,11 +206,9 @@ def _error_class(status: int, etype: str, should_retry: str | None,
         return TransientError
     return cls
 
-
 def _retry_after(raw: RawResponse) -> float | None:
     millis = raw.retry_after("retry-after-ms")
     return millis / 1000.0 if millis is not None else raw.retry_after()
-
 
 def _error_from(raw: RawResponse) -> ProviderError:
     etype, message, rid, detail_code = _envelope(raw)
@@ -250,43 +221,8 @@ def _error_from(raw: RawResponse) -> ProviderError:
                            status=raw.status, code=etype or None)
     return cls(text, provider=PROVIDER, status=raw.status, code=etype or None)
 
-
 def classify_anthropic(raw: RawResponse) -> ProviderError | None:
     """``None`` for a 2xx response, else the typed error (table in the module doc)."""
     if 200 <= raw.status < 300:
         return None
     return _error_from(raw)
-
-
-class AnthropicClient:
-    """``anthropic-sync``: one Messages call per job; ``stop_policy`` overrides which
-    stop reasons are results (:mod:`providers.llm_stop`)."""
-
-    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint,
-                 kind: str = KIND, policy: RetryPolicy = DEFAULT_POLICY,
-                 sleep: Sleep = asyncio.sleep, *,
-                 stop_policy: StopPolicy | None = None) -> None:
-        self.kind = kind
-        self._session, self._endpoint = session, endpoint
-        self._policy, self._sleep = policy, sleep
-        self._stop_policy = stop_policy
-
-    async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
-        req = build_messages_request(request)
-        headers = {"x-api-key": self._endpoint.api_key, **req.headers}
-        raw = await send(self._session, "POST", self._endpoint.base_url + req.path,
-                         provider=PROVIDER, classify=classify_anthropic, policy=self._policy,
-                         idempotent=False, sleep=self._sleep, headers=headers,
-                         data=msgspec.json.encode(req.body))
-        return parse_message(raw, self._stop_policy)
-
-
-def anthropic_client_for(
-    kind: str, session: aiohttp.ClientSession, endpoint: Endpoint, *,
-    policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
-    stop_policy: StopPolicy | None = None,
-) -> AnthropicClient:
-    """The client for ``anthropic-sync``; :class:`UnknownProviderKind` for anything else."""
-    if kind != KIND:
-        raise UnknownProviderKind(f"no Anthropic client for kind {kind!r}", provider=PROVIDER)
-    return AnthropicClient(session, endpoint, kind, policy, sleep, stop_policy=stop_policy)
