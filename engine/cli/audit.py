@@ -159,8 +159,7 @@ async def _stats(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     async with await connect(url) as conn:
         report = await stats(conn, now=datetime.now(UTC), window=args.window,
-                             thresholds=config.thresholds,
-                             legacy_threshold_s=config.legacy_threshold_s,
+                             stale=config.stale,
                              legacy_cutoff=config.legacy_cutoff)
     if args.json:
         _emit_json(report)

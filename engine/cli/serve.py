@@ -62,8 +62,7 @@ def service_config(args: argparse.Namespace, settings: ProviderSettings) -> Serv
     webhooks = WebhookConfig.from_env(env)
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
-                         thresholds=reconcile.thresholds,
-                         legacy_threshold_s=reconcile.legacy_threshold_s,
+                         stale=reconcile.stale,
                          legacy_cutoff=reconcile.legacy_cutoff)
 
 

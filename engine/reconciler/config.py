@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import ConfigError
+from engine.reconciler.stale import StaleRule
 from providers.kinds import KINDS
 
 __all__ = ["ENV_PREFIX", "ReconcileConfig", "load_config"]
@@ -65,6 +66,12 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def thresholds(self) -> dict[str, float]:
         """Every known kind's effective threshold."""
         return {kind: self.threshold_for(kind) for kind in KINDS}
+
+    @property
+    def stale(self) -> StaleRule:
+        """The staleness rule with these thresholds (every reader of staleness uses it)."""
+        return StaleRule(thresholds=self.thresholds, legacy_threshold_s=self.legacy_threshold_s,
+                         heartbeat_timeout_s=self.heartbeat_timeout_s)
 
     @property
     def min_threshold_s(self) -> float:

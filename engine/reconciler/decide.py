@@ -166,27 +166,20 @@ def _known(kind: str | None) -> bool:
 
 
 def _age_threshold(row: Candidate, config: ReconcileConfig) -> tuple[datetime | None, float]:
-    """(when the call started, its threshold in seconds)."""
-    if row.call.provider_call_started_at is None:
-        return row.started_at or row.created_at, config.legacy_threshold_s
-    if _known(row.call.provider_kind):
-        assert row.call.provider_kind is not None
-        return row.call.provider_call_started_at, config.threshold_for(row.call.provider_kind)
-    return row.call.provider_call_started_at, config.legacy_threshold_s
-
-
-def _heartbeat_fresh(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
-    hb = row.heartbeat_at
-    return hb is not None and now - hb < timedelta(seconds=config.heartbeat_timeout_s)
+    """(when the call's age is counted from, its threshold in seconds): the stale rule's."""
+    rule, call = config.stale, row.call
+    kind = call.provider_kind if _known(call.provider_kind) else None
+    since = rule.aged_from(call.provider_call_started_at, row.started_at, row.created_at)
+    return since, rule.threshold_for(kind, has_call=call.provider_call_started_at is not None)
 
 
 def is_stale(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
-    """Whether the call looks abandoned: its heartbeat went silent, or (never having
-    heartbeated) it is older than its threshold."""
-    if row.heartbeat_at is not None:
-        return not _heartbeat_fresh(row, now, config)
-    started, threshold = _age_threshold(row, config)
-    return started is not None and now - started >= timedelta(seconds=threshold)
+    """Whether the call looks abandoned (:class:`~engine.reconciler.stale.StaleRule`)."""
+    kind = row.call.provider_kind if _known(row.call.provider_kind) else None
+    return config.stale.is_stale(now=now, kind=kind,
+                                 call_started_at=row.call.provider_call_started_at,
+                                 heartbeat_at=row.heartbeat_at, host_started_at=row.started_at,
+                                 created_at=row.created_at)
 
 
 def past_horizon(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
@@ -195,7 +188,6 @@ def past_horizon(row: Candidate, now: datetime, config: ReconcileConfig) -> bool
     started, threshold = _age_threshold(row, config)
     horizon = threshold + config.attempt_cap * config.repoll_interval_s
     return started is not None and now - started >= timedelta(seconds=horizon)
-
 
 
 def _exhaust(row: Candidate) -> Exhaust:
@@ -229,7 +221,7 @@ def _held(row: Candidate, now: datetime, config: ReconcileConfig) -> str | None:
     """Why the call is left alone for now (``None``: it is not held)."""
     if row.call.reconcile_next_at is not None and now < row.call.reconcile_next_at:
         return "next attempt not due"
-    if _heartbeat_fresh(row, now, config):
+    if row.heartbeat_at is not None and not is_stale(row, now, config):
         return "heartbeat fresh"
     if row.call.state is CallState.FINALIZING and _lease_live(row, now):
         return "finalization lease held"

@@ -181,14 +181,10 @@ class Reconciler:
         c = self.config
         cutoff = now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s))
         return {
-            "now": now, "cutoff": cutoff, "owner": self.owner,
+            **c.stale.sql_params(now), "cutoff": cutoff, "owner": self.owner,
             "lease_until": now + timedelta(seconds=c.claim_lease_s),
-            "thresholds": msgspec.json.encode(c.thresholds).decode(),
-            "unknown_threshold_s": c.legacy_threshold_s,
-            "legacy_threshold_s": c.legacy_threshold_s,
             "horizon_extra_s": c.attempt_cap * c.repoll_interval_s,
-            "legacy_cutoff": c.legacy_cutoff,
-            "heartbeat_timeout_s": c.heartbeat_timeout_s, "batch_size": c.batch_size,
+            "legacy_cutoff": c.legacy_cutoff, "batch_size": c.batch_size,
         }
 
     async def claim(self, now: datetime) -> list[DictRow]:

@@ -17,8 +17,9 @@
 -- Every mutable predicate (state, heartbeat, next attempt, claim lease, finalization lease)
 -- sits on the locked relation itself, so a row changed by a concurrent commit is re-checked
 -- on its newest version before it is locked (no stale-snapshot claim, River #1302).
--- %(cutoff)s = now - min(smallest kind threshold, heartbeat timeout): the index range;
--- %(thresholds)s: {kind: seconds} as JSON; %(unknown_threshold_s)s for kinds not in it;
+-- Staleness is callwarden_is_stale (migration 0007, the one rule; its %(stale_*)s
+-- arguments come from StaleRule.sql_params). %(cutoff)s = now - min(smallest kind
+-- threshold, heartbeat timeout): the index range every stale open call falls in;
 -- %(horizon_extra_s)s = attempt cap x re-poll interval.
 WITH cut AS (
     SELECT COALESCE(%(legacy_cutoff)s::timestamptz,
@@ -32,23 +33,17 @@ WITH cut AS (
       AND (
           COALESCE(j.status, 'pending') NOT IN ('pending', 'processing')
           OR j.provider_call_started_at <= %(now)s::timestamptz - make_interval(secs =>
-                 COALESCE((%(thresholds)s::jsonb ->> j.provider_kind)::float8,
-                          %(unknown_threshold_s)s::float8) + %(horizon_extra_s)s::float8)
+                 COALESCE((%(stale_thresholds)s::jsonb ->> j.provider_kind)::float8,
+                          %(stale_legacy_s)s::float8) + %(horizon_extra_s)s::float8)
           OR (j.provider_call_started_at < %(cutoff)s::timestamptz
               AND (j.reconcile_next_at IS NULL
                    OR j.reconcile_next_at <= %(now)s::timestamptz)
               AND NOT (j.call_state = 'finalizing'
                        AND j.finalize_lease_until > %(now)s::timestamptz)
-              AND CASE
-                    WHEN j.heartbeat_at IS NOT NULL THEN
-                        j.heartbeat_at <= %(now)s::timestamptz
-                            - make_interval(secs => %(heartbeat_timeout_s)s::float8)
-                    ELSE
-                        j.provider_call_started_at <= %(now)s::timestamptz
-                            - make_interval(secs =>
-                                COALESCE((%(thresholds)s::jsonb ->> j.provider_kind)::float8,
-                                         %(unknown_threshold_s)s::float8))
-                  END))
+              AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
+                                      j.heartbeat_at, j.provider_kind,
+                                      %(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
+                                      %(stale_heartbeat_s)s::float8, %(now)s::timestamptz)))
     LIMIT %(batch_size)s
     FOR UPDATE OF j SKIP LOCKED
 ), seed_rows AS (
@@ -59,15 +54,10 @@ WITH cut AS (
       AND (j.provider_call_started_at < %(cutoff)s::timestamptz
            OR (j.provider_call_started_at IS NULL AND j.created_at < cut.legacy_cutoff))
       AND (j.reconcile_lease_until IS NULL OR j.reconcile_lease_until <= %(now)s::timestamptz)
-      AND CASE
-            WHEN j.provider_call_started_at IS NULL THEN
-                COALESCE(j.started_at, j.created_at) <= %(now)s::timestamptz
-                    - make_interval(secs => %(legacy_threshold_s)s::float8)
-            ELSE
-                j.provider_call_started_at <= %(now)s::timestamptz - make_interval(secs =>
-                    COALESCE((%(thresholds)s::jsonb ->> j.provider_kind)::float8,
-                             %(legacy_threshold_s)s::float8))
-          END
+      AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
+                              j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
+                              %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
+                              %(now)s::timestamptz)
     LIMIT (SELECT greatest(%(batch_size)s - count(*), 0) FROM open_calls)
     FOR UPDATE OF j SKIP LOCKED
 )

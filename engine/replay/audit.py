@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import msgspec
 from psycopg.rows import DictRow
 
 from engine.errors import JobNotFound
+from engine.reconciler.stale import StaleRule
 from engine.store.write import Conn, execute, load_events
 from events.codec import EventDecodeError
 from projections.columns import as_float
@@ -76,11 +76,10 @@ async def _kind_state(conn: Conn) -> list[KindState]:
     return [KindState(kind=r["kind"], state=r["state"], calls=r["calls"]) for r in rows]
 
 
-async def _stale(conn: Conn, thresholds: Mapping[str, float], now: datetime) -> list[KindStale]:
-    rows = await execute(conn, "audit_stats_stale", {
-        "kinds": list(thresholds), "thresholds": list(thresholds.values()), "now": now})
-    return [KindStale(kind=r["kind"], threshold_s=thresholds.get(r["kind"]), stale=r["stale"])
-            for r in rows]
+async def _stale(conn: Conn, rule: StaleRule, now: datetime) -> list[KindStale]:
+    rows = await execute(conn, "audit_stats_stale", rule.sql_params(now))
+    return [KindStale(kind=r["kind"], threshold_s=rule.thresholds.get(r["kind"]),
+                      stale=r["stale"]) for r in rows]
 
 
 async def _terminal(conn: Conn, since: datetime) -> list[TerminalCount]:
@@ -96,9 +95,8 @@ def _latency(row: DictRow) -> Latency:
 
 
 async def stats(conn: Conn, *, now: datetime, window: timedelta,
-                thresholds: Mapping[str, float], legacy_threshold_s: float = 3600.0,
-                legacy_cutoff: datetime | None = None) -> StatsReport:
-    """Calls by kind and state, stale counts per kind (``thresholds``: kind -> seconds),
+                stale: StaleRule, legacy_cutoff: datetime | None = None) -> StatsReport:
+    """Calls by kind and state, stale counts per kind (by the reconciler's ``stale`` rule),
     and, over ``window`` before ``now``: recoveries, sweeps, time-to-terminal; and the
     host's jobs waiting without a call with credits reserved."""
     since = now - window
@@ -106,11 +104,11 @@ async def stats(conn: Conn, *, now: datetime, window: timedelta,
     latency = await execute(conn, "audit_stats_time_to_terminal", {"since": since})
     return StatsReport(
         now=now, window_s=window.total_seconds(), by_kind_state=await _kind_state(conn),
-        stale=await _stale(conn, thresholds, now), recoveries=recoveries(terminal),
+        stale=await _stale(conn, stale, now), recoveries=recoveries(terminal),
         sweeps=sweeps(terminal), terminal_events=terminal,
         time_to_terminal=[_latency(r) for r in latency],
         jobs_without_call=await jobs_without_call(
-            conn, now=now, legacy_threshold_s=legacy_threshold_s,
+            conn, now=now, legacy_threshold_s=stale.legacy_threshold_s,
             legacy_cutoff=legacy_cutoff))
 
 

@@ -134,17 +134,17 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: audit_stats_stale
--- Open calls (or seed rows not yet adopted) older than their kind's stale threshold; a
--- kind with no threshold (unknown to this version) counts every open call as stale.
+-- Open calls (or seed rows not yet adopted) the reconciler counts as stale
+-- (callwarden_is_stale, the one rule, with the configured thresholds).
 SELECT j.provider_kind AS kind, count(*) AS stale
 FROM jobs j
-LEFT JOIN unnest(%(kinds)s::text[], %(thresholds)s::float8[]) AS k(kind, threshold_s)
-       ON k.kind = j.provider_kind
 WHERE j.provider_kind IS NOT NULL
   AND (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
        OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')))
-  AND j.provider_call_started_at
-      < %(now)s::timestamptz - make_interval(secs => coalesce(k.threshold_s, 0))
+  AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
+                            j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
+                            %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
+                            %(now)s::timestamptz)
 GROUP BY 1
 ORDER BY 1;
 

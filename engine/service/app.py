@@ -35,6 +35,8 @@ from aiohttp.web_log import AccessLogger
 
 from engine.calls.finalize import Finalizer
 from engine.errors import DatabaseError, DatabaseUnavailable
+from engine.reconciler.config import ReconcileConfig
+from engine.reconciler.stale import StaleRule
 from engine.service.dashboard import Dashboard
 from engine.service.metrics import CallGauges, exposition
 from engine.service.webhooks import Receiver, TaskPoll, WebhookConfig
@@ -44,7 +46,6 @@ from engine.store.migrate import pending
 from engine.store.write import AppendResult, cancel, execute, transition
 from events.types import Event, ReconcileAttempted
 from projections.fold import CallProjection
-from providers.kinds import KINDS
 
 __all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
            "redact_path"]
@@ -56,9 +57,7 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
     admin_token: str | None = None
-    thresholds: dict[str, float] = msgspec.field(
-        default_factory=lambda: {k: s.stale_threshold_s for k, s in KINDS.items()})
-    legacy_threshold_s: float = 3600.0
+    stale: StaleRule = msgspec.field(default_factory=lambda: ReconcileConfig().stale)
     legacy_cutoff: datetime | None = None
     prune_every_s: float = 60.0
     ready_timeout_s: float = 2.0
@@ -123,9 +122,7 @@ async def _healthz(request: web.Request) -> web.Response:
 class _Probes:
     def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
         self.pool, self.config, self.now = pool, config, now
-        self.gauges = CallGauges(config.thresholds,
-                                 legacy_threshold_s=config.legacy_threshold_s,
-                                 legacy_cutoff=config.legacy_cutoff)
+        self.gauges = CallGauges(config.stale, legacy_cutoff=config.legacy_cutoff)
 
     async def readyz(self, request: web.Request) -> web.Response:
         try:
@@ -192,7 +189,7 @@ def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
     app.add_routes(receiver.routes())
     app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", probes.readyz),
                     web.get("/metrics", probes.metrics)])
-    app.add_routes(Dashboard(pool, config.thresholds, now=now).routes())
+    app.add_routes(Dashboard(pool, config.stale, now=now).routes())
     app.add_routes(_Admin(pool, config.admin_token, now).routes())
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

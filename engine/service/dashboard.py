@@ -19,6 +19,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from engine.errors import JobNotFound
+from engine.reconciler.stale import StaleRule
 from engine.replay.audit import AuditReport, audit_job
 from engine.store.db import Pool
 from engine.store.write import execute
@@ -93,11 +94,11 @@ def render_job(report: AuditReport) -> str:
 
 
 class Dashboard:
-    """The read-only pages over ``pool``; ``thresholds``: kind -> stale threshold (s)."""
+    """The read-only pages over ``pool``; ``stale``: the reconciler's staleness rule."""
 
-    def __init__(self, pool: Pool, thresholds: Mapping[str, float], *,
+    def __init__(self, pool: Pool, stale: StaleRule, *,
                  now: Callable[[], datetime], recent_window_s: float = 86400.0) -> None:
-        self.pool, self.thresholds, self.now = pool, dict(thresholds), now
+        self.pool, self.stale, self.now = pool, stale, now
         self.recent_window_s = recent_window_s
 
     def routes(self) -> list[web.RouteDef]:
@@ -107,8 +108,7 @@ class Dashboard:
     async def home(self, request: web.Request) -> web.Response:
         now = self.now()
         since = now - timedelta(seconds=self.recent_window_s)
-        stale_args = {"kinds": list(self.thresholds),
-                      "thresholds": list(self.thresholds.values()), "now": now, "limit": 50}
+        stale_args = {**self.stale.sql_params(now), "limit": 50}
         async with self.pool.connection() as conn:
             inflight = await execute(conn, "metrics_open_calls", {})
             stale = await execute(conn, "dashboard_stale_calls", stale_args)

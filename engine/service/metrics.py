@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from engine.reconciler.stale import StaleRule
 from engine.store.write import AppendResult, Conn, execute, observe
 
 __all__ = [
@@ -121,25 +122,22 @@ def _family(name: str, doc: str, labels: list[str],
 class CallGauges:
     """Gauges read from the database at scrape time: open calls by kind and state (partial
     index), calls ended in the last ``recent_window_s`` (events' time index), stale calls
-    per kind (``thresholds``: kind -> seconds), and the host's jobs waiting without a call
-    with credits reserved (older than ``legacy_threshold_s``, newer than the legacy
+    per kind (by the reconciler's ``stale`` rule), and the host's jobs waiting without a
+    call with credits reserved (older than the legacy threshold, newer than the legacy
     cutoff: never swept, so reported)."""
 
-    def __init__(self, thresholds: Mapping[str, float], *, recent_window_s: float = 3600.0,
-                 legacy_threshold_s: float = 3600.0,
+    def __init__(self, stale: StaleRule, *, recent_window_s: float = 3600.0,
                  legacy_cutoff: datetime | None = None) -> None:
-        self.thresholds, self.recent_window_s = dict(thresholds), recent_window_s
-        self.legacy_threshold_s, self.legacy_cutoff = legacy_threshold_s, legacy_cutoff
+        self.stale, self.recent_window_s = stale, recent_window_s
+        self.legacy_cutoff = legacy_cutoff
 
     async def families(self, conn: Conn, now: datetime) -> list[Metric]:
         open_rows = await execute(conn, "metrics_open_calls", {})
         ended = await execute(conn, "metrics_recent_terminal", {
             "since": now - timedelta(seconds=self.recent_window_s)})
-        stale = await execute(conn, "metrics_stale_calls", {
-            "kinds": list(self.thresholds), "thresholds": list(self.thresholds.values()),
-            "now": now})
+        stale = await execute(conn, "metrics_stale_calls", self.stale.sql_params(now))
         waiting = await execute(conn, "audit_stats_jobs_without_call", {
-            "older_than": now - timedelta(seconds=self.legacy_threshold_s),
+            "older_than": now - timedelta(seconds=self.stale.legacy_threshold_s),
             "legacy_cutoff": self.legacy_cutoff})
         return [
             _family("callwarden_calls", "Open calls by kind and state", ["kind", "state"],
@@ -158,7 +156,7 @@ class CallGauges:
     def _stale_rows(self, rows: Iterable[Mapping[str, object]]) -> Iterator[
             tuple[list[str], float]]:
         found = {str(r["kind"]): float(str(r["stale"])) for r in rows}
-        for kind in sorted(set(self.thresholds) | set(found)):
+        for kind in sorted(set(self.stale.thresholds) | set(found)):
             yield [kind], found.get(kind, 0.0)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from engine.cli.main import main
 from engine.errors import JobNotFound
+from engine.reconciler.config import ReconcileConfig
 from engine.replay.audit import audit_job, stats
 from engine.store.db import connect
 from engine.store.jobs import create_job
@@ -192,7 +193,8 @@ async def test_stats_counts_kinds_states_stale_recoveries_and_latency(conn: Conn
     now = datetime.now(UTC)
     await _fleet(conn, now)
     report = await stats(conn, now=now, window=timedelta(hours=24),
-                         thresholds={"kie-standard": 600.0, "kie-llm": 300.0})
+                         stale=ReconcileConfig(thresholds_s={"kie-standard": 600.0,
+                                                            "kie-llm": 300.0}).stale)
     by = {(k.kind, k.state): k.calls for k in report.by_kind_state}
     assert by == {("kie-standard", "completed"): 5, ("kie-standard", "polling"): 2,
                   ("kie-llm", "swept"): 2}
@@ -206,7 +208,7 @@ async def test_stats_counts_kinds_states_stale_recoveries_and_latency(conn: Conn
 async def test_stats_percentiles_match_the_pure_definition(conn: Conn) -> None:
     now = datetime.now(UTC)
     durations = await _fleet(conn, now)
-    report = await stats(conn, now=now, window=timedelta(hours=24), thresholds={})
+    report = await stats(conn, now=now, window=timedelta(hours=24), stale=ReconcileConfig().stale)
     std = next(x for x in report.time_to_terminal if x.kind == "kie-standard")
     assert std.calls == len(durations)
     assert std.p50_s == pytest.approx(percentile(durations, 0.5))
@@ -218,7 +220,7 @@ async def test_stats_window_excludes_older_events(conn: Conn) -> None:
     now = datetime.now(UTC)
     await _fleet(conn, now)
     await conn.execute("UPDATE call_events SET recorded_at = now() - interval '3 days'")
-    report = await stats(conn, now=now, window=timedelta(hours=24), thresholds={})
+    report = await stats(conn, now=now, window=timedelta(hours=24), stale=ReconcileConfig().stale)
     assert report.recoveries == {}
     assert report.sweeps == {}
 

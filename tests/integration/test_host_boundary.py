@@ -244,7 +244,7 @@ async def test_call_less_rows_created_after_the_call_columns_are_never_swept(
         r = await row(conn, job)
         assert (r["call_state"], r["credits"]) == (None, "reserved")
     report = await stats(conn, now=utcnow(), window=timedelta(hours=1),
-                         thresholds=ReconcileConfig().thresholds)
+                         stale=ReconcileConfig().stale)
     assert report.jobs_without_call == 2
 
 
