@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
+from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, connect
 from engine.store.migrate import migrate
 
@@ -27,9 +27,7 @@ def fresh_database(prefix: str = "bench") -> Iterator[str]:
         server = EmbeddedServer(Path(tempfile.mkdtemp(prefix="cw-bench-")), cleanup="delete")
         admin = server.url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}".encode())
-    url = make_conninfo(admin, dbname=name)
+    url = create_database(admin, name)
 
     async def _migrate() -> None:
         async with await connect(url) as conn:
@@ -39,8 +37,7 @@ def fresh_database(prefix: str = "bench") -> Iterator[str]:
     try:
         yield url
     finally:
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
+        drop_database(admin, name)
         if server is not None:
             server.stop()
 

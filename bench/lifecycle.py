@@ -59,6 +59,7 @@ from sqlalchemy.engine import URL
 
 from engine.calls.config import CallConfig
 from engine.calls.runner import CallRunner
+from engine.store.databases import drop_database
 from engine.store.db import connect, open_pool
 from engine.store.jobs import create_job
 from engine.store.queries import QUERIES
@@ -342,8 +343,7 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
     finally:
         DBOS.destroy()
         _PEER.clear()
-        with psycopg.connect(db.admin, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS {db.name}_dbos WITH (FORCE)".encode())
+        drop_database(db.admin, f"{db.name}_dbos")
 
 
 async def cell(db: Db, runner: CallRunner, peer_pool: Pool, args: argparse.Namespace,

@@ -1,14 +1,18 @@
-"""The engine's error tree. Driver errors are translated here, keeping ``__cause__``.
+"""The engine's error tree, drawn once. Driver errors become these in one place,
+:mod:`engine.store.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
+else catches a driver error.
 
 ::
 
     CallwardenError
     ├── DatabaseError               the database failed us
     │   ├── DatabaseUnavailable     cannot connect / connection lost (transient)
-    │   └── WriteConflict           a deadlock or serialization failure rolled back the
-    │                               caller's own transaction: decide again in a new one
+    │   └── WriteConflict           a deadlock or serialization failure (40001, 40P01)
+    │                               rolled back the caller's own transaction: decide
+    │                               again in a new one
     ├── JobNotFound                 no ``jobs`` row with that id
     ├── TaskAlreadyClaimed          another job already holds this (kind, task id)
+    │                               (unique violation of jobs_provider_task_idx)
     ├── ConflictExhausted           lost the race too many times in a row
     ├── ConfigError                 invalid configuration
     └── MigrationError              a migration failed or the schema is ahead of us

@@ -4,7 +4,9 @@ The states and transitions are declared once in :mod:`events.states`; this modul
 the ``transitions`` machine from that declaration (``auto_transitions=False``, no
 callbacks, so nothing here can cause a side effect). The hot path uses the lookup table
 derived from the same declaration (:func:`next_state`); a unit test proves the two agree
-on every (state, event) pair.
+on every (state, event) pair. :func:`state_diagram` draws the same machine (``transitions``'
+mermaid engine) into ``docs/states.md``; a test checks the page shows the machine as
+declared (``python -m engine.machine`` prints it).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from transitions import Machine
+from transitions.extensions import GraphMachine
 
 from events.states import (
     TRANSITIONS,
@@ -21,7 +24,8 @@ from events.states import (
     next_state,
 )
 
-__all__ = ["EMPTY", "InvalidTransition", "TerminalStateError", "build_machine", "next_state"]
+__all__ = ["EMPTY", "InvalidTransition", "TerminalStateError", "build_machine", "next_state",
+           "state_diagram"]
 
 EMPTY = "none"  # the pseudo-state of a call with no event yet
 
@@ -32,8 +36,7 @@ class _Model:
     state: str
 
 
-def build_machine(initial: CallState | None = None) -> tuple[Machine, Any]:
-    """A ``transitions`` machine and its model, built from :data:`TRANSITIONS`."""
+def _spec() -> tuple[list[str], list[dict[str, str]]]:
     states = [EMPTY, *[s.value for s in CallState]]
     spec = []
     for t in TRANSITIONS:
@@ -41,6 +44,12 @@ def build_machine(initial: CallState | None = None) -> tuple[Machine, Any]:
             source = EMPTY if src is None else src.value
             dest = source if t.dest is None else t.dest.value
             spec.append({"trigger": t.trigger, "source": source, "dest": dest})
+    return states, spec
+
+
+def build_machine(initial: CallState | None = None) -> tuple[Machine, Any]:
+    """A ``transitions`` machine and its model, built from :data:`TRANSITIONS`."""
+    states, spec = _spec()
     model = _Model()
     machine = Machine(
         model=model, states=states, transitions=spec,
@@ -48,3 +57,21 @@ def build_machine(initial: CallState | None = None) -> tuple[Machine, Any]:
         auto_transitions=False, ignore_invalid_triggers=False,
     )
     return machine, model
+
+
+def state_diagram() -> str:
+    """The machine as a mermaid ``stateDiagram-v2`` (drawn by ``transitions``; its
+    styling lines dropped so the page reads as text too)."""
+    states, spec = _spec()
+    model = _Model()
+    GraphMachine(model=model, states=states, transitions=spec, initial=EMPTY,
+                 auto_transitions=False, graph_engine="mermaid",
+                 title="callwarden call states")
+    source = str(model.get_graph().draw(None))  # type: ignore[attr-defined]
+    keep = [ln.rstrip() for ln in source.splitlines()
+            if not ln.strip().startswith(("classDef", "Class "))]
+    return "\n".join(ln for i, ln in enumerate(keep) if ln or (i and keep[i - 1])) + "\n"
+
+
+if __name__ == "__main__":
+    print(state_diagram(), end="")

@@ -23,7 +23,18 @@ from events.states import CallState
 from events.types import StoredMedia, UpstreamResult
 from projections.fold import CallProjection
 
-__all__ = ["ProjectionUnreadable", "as_float", "call_output", "from_row", "to_columns"]
+__all__ = ["READ_COLUMNS", "ProjectionUnreadable", "as_float", "call_output", "from_row",
+           "to_columns"]
+
+#: The ``jobs`` columns :func:`from_row` reads: every statement whose rows become a
+#: projection (``load_projection``, ``reconcile_claim``, ``audit_histories``) returns each of
+#: them (``tests/unit/test_projection_writes.py`` checks all three and ``from_row``).
+#: ``settled_reservations`` is read when present (the write path's fence).
+READ_COLUMNS = ("status", "call_state", "call_version", "provider_kind", "provider_task_id",
+                "provider_call_started_at", "call_sync", "reconcile_attempts",
+                "reconcile_last_error", "reconcile_next_at", "error_message",
+                "finalize_owner", "finalize_lease_until", "upstream_result", "call_output",
+                "provider_cost", "call_finished_at", "call_settlement")
 
 _enc = msgspec.json.Encoder()
 _result_dec = msgspec.json.Decoder(UpstreamResult)

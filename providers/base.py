@@ -15,9 +15,18 @@ import msgspec
 
 from providers.llm_stop import StopPolicy
 from providers.outcomes import PollOutcome, SyncOutcome
-from providers.transport import RetryPolicy
 
-__all__ = ["AsyncKindClient", "Endpoint", "ProviderSettings", "SyncKindClient"]
+__all__ = ["AsyncKindClient", "Endpoint", "ProviderSettings", "RetryPolicy", "SyncKindClient"]
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How the transport retries one request (bounded, jittered; see providers.transport)."""
+
+    max_attempts: int = 4
+    base_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+    max_total_s: float = 30.0
+    timeout_s: float = 30.0
 
 
 

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
-import msgspec
 
+from providers.base import RetryPolicy
 from providers.errors import (
     ProviderError,
     ProviderTimeout,
@@ -32,14 +32,6 @@ from providers.errors import (
 from providers.raw import RawResponse
 
 __all__ = ["Classify", "RetryPolicy", "Sleep", "send"]
-
-
-class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    max_attempts: int = 4
-    base_delay_s: float = 0.25
-    max_delay_s: float = 8.0
-    max_total_s: float = 30.0
-    timeout_s: float = 30.0
 
 
 DEFAULT_POLICY = RetryPolicy()

@@ -12,11 +12,10 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
-from psycopg.conninfo import make_conninfo
 
+from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, connect
 from engine.store.migrate import migrate
 from engine.store.write import Conn
@@ -31,11 +30,6 @@ settings.register_profile(
     "dev", max_examples=10, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-def _admin(url: str, sql: str) -> None:
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute(sql.encode())
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +48,10 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_db(pg_admin_url: str) -> Iterator[str]:
     name = f"cw_template_{uuid.uuid4().hex[:12]}"
-    _admin(pg_admin_url, f"CREATE DATABASE {name}")
+    url = create_database(pg_admin_url, name)
 
     async def _migrate() -> None:
-        conn = await connect(make_conninfo(pg_admin_url, dbname=name))
+        conn = await connect(url)
         async with conn:
             await migrate(conn)
 
@@ -65,25 +59,23 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
 
     asyncio.run(_migrate())
     yield name
-    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    drop_database(pg_admin_url, name)
 
 
 @pytest.fixture
 def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     name = f"cw_test_{uuid.uuid4().hex[:12]}"
-    _admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    yield make_conninfo(pg_admin_url, dbname=name)
-    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    yield create_database(pg_admin_url, name, template=template_db)
+    drop_database(pg_admin_url, name)
 
 
 @pytest.fixture
 def empty_db_url(pg_admin_url: str) -> Iterator[str]:
     """A fresh database with no schema at all (for migration tests)."""
     name = f"cw_empty_{uuid.uuid4().hex[:12]}"
-    _admin(pg_admin_url, f"CREATE DATABASE {name}")
-    yield make_conninfo(pg_admin_url, dbname=name)
-    _admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    yield create_database(pg_admin_url, name)
+    drop_database(pg_admin_url, name)
 
 
 @pytest.fixture

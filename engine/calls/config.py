@@ -1,16 +1,26 @@
-"""Settings for the actors that run calls (workers, finalizer), validated on creation."""
+"""Settings for the actors that run calls (workers, finalizer), validated on creation.
+
+Loaded like every actor's (:mod:`engine.config`): defaults < the config file's ``[calls]``
+table < ``CALLWARDEN_CALL_<FIELD>`` (per kind: ``CALLWARDEN_CALL_POLL_INTERVAL_<KIND>``,
+``..._POLL_BUDGET_<KIND>``, ``..._AMBIGUOUS_CREATE_<KIND>``; ``CALLWARDEN_MEDIA_ALLOW_HOSTS``
+is read too) < a command's flags."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import msgspec
 
+from engine.config import load
 from engine.errors import ConfigError
 from providers.kinds import KINDS
 
-__all__ = ["AmbiguousCreate", "CallConfig"]
+__all__ = ["ENV_PREFIX", "AmbiguousCreate", "CallConfig", "load_call_config"]
+
+ENV_PREFIX = "CALLWARDEN_CALL_"
+MEDIA_ALLOW_ENV = "CALLWARDEN_MEDIA_ALLOW_HOSTS"
 
 AmbiguousCreate = Literal["sweep", "recreate"]
 
@@ -72,3 +82,15 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def budget_for(self, kind: str) -> float:
         return self.poll_budget_s.get(kind, KINDS[kind].poll_budget_s)
+
+
+def load_call_config(path: Path | None = None, env: Mapping[str, str] | None = None,
+                     overrides: Mapping[str, Any] | None = None) -> CallConfig:
+    """Defaults < ``path``'s ``[calls]`` < ``env`` < ``overrides`` (see the module)."""
+    env = dict(env or {})
+    if env.get(MEDIA_ALLOW_ENV) and ENV_PREFIX + "MEDIA_ALLOW_HOSTS" not in env:
+        env[ENV_PREFIX + "MEDIA_ALLOW_HOSTS"] = env[MEDIA_ALLOW_ENV]
+    return load(CallConfig, path=path, env=env, prefix=ENV_PREFIX, section="calls",
+                maps={"POLL_INTERVAL": "poll_interval_s", "POLL_BUDGET": "poll_budget_s",
+                      "AMBIGUOUS_CREATE": "ambiguous_create_by_kind"},
+                overrides=overrides)

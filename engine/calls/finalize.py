@@ -39,6 +39,7 @@ from engine.calls.config import CallConfig
 from engine.calls.failpoints import failpoint
 from engine.calls.pricing import ChargeReservation, Pricing, checked_charge
 from engine.errors import WriteConflict
+from engine.store.boundary import connection
 from engine.store.clock import Clock, DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.host import host_ended
@@ -132,7 +133,7 @@ class Finalizer:
 
     async def _claim(self, job_id: uuid.UUID, current: CallProjection | None,
                      claim_owner: str) -> AppendResult:
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return await transition(conn, job_id, self._decide_claim(claim_owner),
                                     current=current)
 
@@ -199,7 +200,7 @@ class Finalizer:
             mine = p.state is CallState.FINALIZING and p.finalize_owner == claim_owner
             return stop.event if mine else None
 
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             r = await transition(conn, job_id, decide)
         outcome: Outcome = "host_ended" if r.host_ended else (
             stop.outcome if r.ok else "lost_race")
@@ -214,13 +215,13 @@ class Finalizer:
         for _ in range(_MAX_COMPLETE_TRIES):
             ended = host_ended(p, at=event.at, actor=event.actor)
             try:
-                async with self.pool.connection() as conn, conn.transaction():
+                async with connection(self.pool) as conn, conn.transaction():
                     r = await append(conn, job_id, p, ended or event)
                     if r.ok and ended is None:
                         await _record_assets(conn, job_id, media)
                         await execute(conn, "reopen_workflow", {"job_id": job_id})
             except WriteConflict:  # a deadlock rolled the transaction back: read, retry
-                async with self.pool.connection() as conn:
+                async with connection(self.pool) as conn:
                     p = await load(conn, job_id)
                 continue
             if r.ok:

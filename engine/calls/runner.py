@@ -26,7 +26,6 @@ from typing import Any, Literal, cast
 
 import aiohttp
 import msgspec
-import psycopg
 
 from engine.calls.config import CallConfig
 from engine.calls.failpoints import failpoint
@@ -35,6 +34,7 @@ from engine.calls.identity import incarnation
 from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.errors import DatabaseError
+from engine.store.boundary import connection
 from engine.store.clock import Clock, DatabaseClock, sync_clock, utcnow
 from engine.store.db import Pool
 from engine.store.write import Decide, append, execute, load, transition
@@ -257,7 +257,7 @@ class CallRunner:
         """Optimistically start the call as if it were new (one statement, fenced on
         version 0); otherwise the append re-reads and we continue from what is there."""
         event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             r = await append(conn, job_id, EMPTY, event)
         return r.projection, r.ok
 
@@ -268,11 +268,11 @@ class CallRunner:
                       current: CallProjection | None = None) -> CallProjection:
         """``transition`` from the projection we hold (``current``): no re-read unless
         someone else wrote in between."""
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return (await transition(conn, job_id, decide, current=current)).projection
 
     async def _load(self, job_id: uuid.UUID) -> CallProjection:
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return await load(conn, job_id)
 
     async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
@@ -282,11 +282,11 @@ class CallRunner:
         if now - self._last_beat.get(job_id, -1e9) < self.config.heartbeat_every_s:
             return
         try:
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 await execute(conn, "heartbeat", {
                     "job_id": job_id, "owner": self.owner,
                     "progress": int(progress) if progress is not None else None})
-        except (DatabaseError, psycopg.Error) as exc:  # psycopg.Error: the pool's timeout
+        except DatabaseError as exc:  # the pool's timeout too (DatabaseUnavailable)
             log.warning("job %s: heartbeat not written (%s); still polling", job_id, exc)
             return
         self._last_beat[job_id] = now

@@ -26,6 +26,7 @@ from engine.replay import render
 from engine.replay.audit import audit_job, stats
 from engine.replay.rebuild import rebuild
 from engine.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
+from engine.store.clock import DatabaseClock, utcnow
 from engine.store.db import connect
 from engine.store.write import Conn
 from events.codec import EventDecodeError
@@ -48,7 +49,7 @@ def _emit_json(value: Any) -> None:
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """``--since``: a window back from now (``24h``) or an ISO time (UTC if naive)."""
     try:
-        return (now or datetime.now(UTC)) - parse_window(text)
+        return (now or utcnow()) - parse_window(text)
     except ValueError:
         pass
     try:
@@ -158,7 +159,9 @@ async def _rebuild(args: argparse.Namespace, url: str) -> int:
 async def _stats(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     async with await connect(url) as conn:
-        report = await stats(conn, now=datetime.now(UTC), window=args.window,
+        clock = DatabaseClock()  # the reconciler's clock: the same "now" for staleness
+        await clock.sync(conn)
+        report = await stats(conn, now=clock(), window=args.window,
                              stale=config.stale,
                              legacy_cutoff=config.legacy_cutoff)
     if args.json:

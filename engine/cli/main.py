@@ -1,6 +1,6 @@
 """``callwarden``: the command-line face over the engine and projections.
 
-Each group of subcommands lives in its own ``engine/cli_*.py`` module exposing
+Each group of subcommands lives in its own ``engine/cli/<command>.py`` module exposing
 ``register(sub)`` (add its parsers, each with ``handler=<async fn(args, url) -> int>`` or
 ``sync_handler=<fn(args) -> int>`` as a default) — this module only assembles them.
 """

@@ -26,9 +26,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from engine.calls.config import CallConfig
+from engine.calls.config import load_call_config
 from engine.calls.pricing import pricing_from_env
-from engine.cli.worker import media_allow_hosts
 from engine.reconciler.config import load_config
 from engine.reconciler.loop import Counts, Reconciler
 from engine.service.metrics import start_metrics_server
@@ -83,8 +82,8 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
-                                config=config, call_config=CallConfig(
-                                    media_allow_hosts=media_allow_hosts(os.environ)),
+                                config=config,
+                                call_config=load_call_config(args.config, os.environ),
                                 pricing=pricing)
         if args.once:
             counts = await reconciler.reconcile_once()

@@ -22,15 +22,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from engine.calls.config import CallConfig
+from engine.calls.config import load_call_config
 from engine.calls.finalize import Finalizer
 from engine.calls.identity import incarnation
 from engine.calls.pricing import pricing_from_env
-from engine.cli.worker import media_allow_hosts
 from engine.errors import ConfigError
 from engine.reconciler.config import load_config
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
-from engine.service.webhooks import WebhookConfig
+from engine.service.webhooks import load_webhook_config
 from engine.store.db import default_data_dir, open_pool
 from providers.base import ProviderSettings
 from providers.outcomes import PollOutcome
@@ -50,7 +49,8 @@ def register(sub: Any) -> None:
                    help="local media folder (default: <data dir>/media)")
     s.add_argument("--pool-size", type=int, default=10)
     s.add_argument("--config", type=Path, default=None,
-                   help="the reconciler's settings file (stale thresholds, legacy cutoff)")
+                   help="settings file (TOML or JSON): [webhooks], [calls] and the reconciler's "
+                        "[reconcile] (stale thresholds, legacy cutoff)")
     s.set_defaults(handler=_serve)
 
 
@@ -59,7 +59,7 @@ def service_config(args: argparse.Namespace, settings: ProviderSettings) -> Serv
     reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
     dashboard count what the reconciler acts on."""
     env = os.environ
-    webhooks = WebhookConfig.from_env(env)
+    webhooks = load_webhook_config(args.config, env)
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
                          stale=reconcile.stale,
@@ -85,7 +85,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=args.pool_size) as pool, \
             aiohttp.ClientSession() as session:
         finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
-                              config=CallConfig(media_allow_hosts=media_allow_hosts(env)),
+                              config=load_call_config(args.config, env),
                               pricing=pricing)
 
         async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:

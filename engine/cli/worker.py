@@ -20,7 +20,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from engine.calls.config import AmbiguousCreate, CallConfig
+from engine.calls.config import AmbiguousCreate, CallConfig, load_call_config
 from engine.calls.pricing import pricing_from_env
 from engine.errors import ConfigError
 from engine.queue.claims import input_data
@@ -32,7 +32,7 @@ from providers.base import ProviderSettings
 from providers.kinds import KINDS
 from providers.storage import store_from_env
 
-__all__ = ["call_config", "media_allow_hosts", "register"]
+__all__ = ["call_config", "register"]
 
 POLICIES: tuple[str, ...] = get_args(AmbiguousCreate)
 
@@ -55,10 +55,12 @@ def _register_worker(sub: Any) -> None:
                    help="give up on a job delivered more than N times")
     w.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (default: <data dir>/media)")
-    w.add_argument("--ambiguous-create", choices=POLICIES,
-                   default=os.environ.get("CALLWARDEN_AMBIGUOUS_CREATE", "sweep"),
+    w.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="settings file (TOML or JSON; its [calls] table); the environment "
+                        "(CALLWARDEN_CALL_*) overrides it, and these flags the environment")
+    w.add_argument("--ambiguous-create", choices=POLICIES, default=None,
                    help="a call left created without a task id: leave it to the "
-                        "reconciler (sweep) or create again (recreate)")
+                        "reconciler (sweep, the default) or create again (recreate)")
     w.add_argument("--ambiguous-create-for", action="append", default=[],
                    metavar="KIND=POLICY", help="per-kind policy (repeatable)")
     w.add_argument("--poll-interval", type=float, default=None, metavar="S",
@@ -68,16 +70,18 @@ def _register_worker(sub: Any) -> None:
                         "takes over; default: the kind's)")
     w.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="expose this process's Prometheus /metrics on 127.0.0.1:N")
-    w.add_argument("--finalize-lease", type=float, default=120.0, metavar="S",
-                   help="shortest finalization lease (grown to fit the media to store)")
-    w.add_argument("--media-timeout", type=float, default=120.0, metavar="S",
-                   help="time allowed to download one result")
-    w.add_argument("--store-timeout", type=float, default=60.0, metavar="S",
-                   help="time allowed to store one result")
+    w.add_argument("--finalize-lease", type=float, default=None, metavar="S",
+                   help="shortest finalization lease (grown to fit the media to store; "
+                        "default 120)")
+    w.add_argument("--media-timeout", type=float, default=None, metavar="S",
+                   help="time allowed to download one result (default 120)")
+    w.add_argument("--store-timeout", type=float, default=None, metavar="S",
+                   help="time allowed to store one result (default 60)")
     w.add_argument("--lease-margin", type=float, default=None, metavar="S",
                    help="a finalizer gives up this long before its lease ends (default: "
                         "15 s, or a quarter of a shorter --finalize-lease)")
-    w.add_argument("--heartbeat-every", type=float, default=10.0, metavar="S")
+    w.add_argument("--heartbeat-every", type=float, default=None, metavar="S",
+                   help="heartbeat a polling call at most this often (default 10)")
     w.set_defaults(handler=_worker)
 
 
@@ -102,29 +106,28 @@ def _policy_pairs(pairs: list[str]) -> dict[str, AmbiguousCreate]:
     return out
 
 
-def call_config(args: argparse.Namespace) -> CallConfig:
-    """The worker's :class:`CallConfig` from its flags (validated)."""
-    intervals = ({k: args.poll_interval for k in KINDS}
-                 if args.poll_interval is not None else {})
-    budgets = ({k: args.poll_budget for k in KINDS} if args.poll_budget is not None else {})
-    try:
-        return CallConfig(
-            finalize_lease_s=args.finalize_lease, heartbeat_every_s=args.heartbeat_every,
-            media_timeout_s=args.media_timeout, store_timeout_s=args.store_timeout,
-            lease_margin_s=(args.lease_margin if args.lease_margin is not None
-                            else min(15.0, args.finalize_lease / 4)),
-            media_allow_hosts=media_allow_hosts(os.environ),
-            ambiguous_create=args.ambiguous_create,
-            ambiguous_create_by_kind=_policy_pairs(args.ambiguous_create_for),
-            poll_interval_s=intervals, poll_budget_s=budgets)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(str(exc)) from exc
+_FLAGS = {"finalize_lease": "finalize_lease_s", "heartbeat_every": "heartbeat_every_s",
+          "media_timeout": "media_timeout_s", "store_timeout": "store_timeout_s",
+          "lease_margin": "lease_margin_s", "ambiguous_create": "ambiguous_create"}
 
 
-def media_allow_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
-    """``CALLWARDEN_MEDIA_ALLOW_HOSTS``: extra media hosts, comma-separated."""
-    return tuple(h.strip() for h in env.get("CALLWARDEN_MEDIA_ALLOW_HOSTS", "").split(",")
-                 if h.strip())
+def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> CallConfig:
+    """The worker's :class:`CallConfig`: defaults < ``--config`` < environment < flags
+    (:func:`engine.calls.config.load_call_config`); validated."""
+    env = dict(os.environ if env is None else env)
+    if "CALLWARDEN_AMBIGUOUS_CREATE" in env:  # the older name of CALLWARDEN_CALL_...
+        env.setdefault("CALLWARDEN_CALL_AMBIGUOUS_CREATE", env["CALLWARDEN_AMBIGUOUS_CREATE"])
+    flags: dict[str, Any] = {field: getattr(args, flag) for flag, field in _FLAGS.items()
+                             if getattr(args, flag) is not None}
+    if args.finalize_lease is not None and args.lease_margin is None:
+        flags["lease_margin_s"] = min(15.0, args.finalize_lease / 4)
+    if args.ambiguous_create_for:
+        flags["ambiguous_create_by_kind"] = _policy_pairs(args.ambiguous_create_for)
+    if args.poll_interval is not None:
+        flags["poll_interval_s"] = dict.fromkeys(KINDS, args.poll_interval)
+    if args.poll_budget is not None:
+        flags["poll_budget_s"] = dict.fromkeys(KINDS, args.poll_budget)
+    return load_call_config(args.config, env, flags)
 
 
 def _media_env(args: argparse.Namespace) -> dict[str, str]:

@@ -31,6 +31,7 @@ from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.service.webhooks import WebhookConfig
+from engine.store.boundary import connection
 from engine.store.db import Pool, open_pool
 from engine.store.jobs import create_job
 from engine.store.migrate import migrate
@@ -151,7 +152,7 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
 
 
 async def _states(pool: Pool) -> tuple[dict[str, int], int]:
-    async with pool.connection() as conn:
+    async with connection(pool) as conn:
         states = {r["state"]: r["n"] for r in await execute(conn, "demo_states", {})}
         recovered = (await execute(conn, "demo_recovered", {}))[0]["n"]
     return states, recovered
@@ -176,7 +177,7 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
     """Run the whole demo against the (empty) database at ``db_url``."""
     started = time.monotonic()
     async with open_pool(db_url, max_size=12) as pool:
-        async with pool.connection() as conn:
+        async with connection(pool) as conn:
             await migrate(conn)
             await install_audit(conn)
         async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http, \
@@ -185,7 +186,7 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
             rs.sim.webhooks.schedule_scale = WEBHOOK_SCHEDULE_SCALE
             pricing_file = work_dir / "pricing.json"
             pricing_file.write_bytes(msgspec.json.encode(DEMO_PRICING))
-            async with pool.connection() as conn:
+            async with connection(pool) as conn:
                 job_ids = [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
             media = work_dir / "media"
             service = await stack.enter_async_context(_service(pool, http, rs, media))
@@ -209,7 +210,7 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
             creates = creates_per_job(rs.sim, job_ids)
             late = sum(1 for d in rs.sim.webhooks.deliveries
                        if d.attempt > 1 and d.status is not None)
-        async with pool.connection() as conn:
+        async with connection(pool) as conn:
             summary = await summarize(conn, creates, late)
             rows = await execute(conn, "demo_latencies", {})
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,

@@ -27,7 +27,6 @@ import logging
 import uuid
 
 import aiohttp
-import psycopg
 
 from engine.calls.config import CallConfig
 from engine.calls.pricing import Pricing
@@ -35,6 +34,7 @@ from engine.calls.runner import CallOutcome, CallRunner
 from engine.errors import CallwardenError
 from engine.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
 from engine.service.webhooks import CallbackUrls
+from engine.store.boundary import connection
 from engine.store.db import Pool, open_pool
 from engine.store.write import load
 from providers.base import ProviderSettings
@@ -43,7 +43,7 @@ from providers.storage import MediaStore
 __all__ = ["Worker", "run_worker"]
 
 log = logging.getLogger("callwarden.worker")
-DB_ERRORS = (CallwardenError, psycopg.Error)  # psycopg.Error: the pool's own (PoolTimeout)
+DB_ERRORS = (CallwardenError,)  # the store translates every driver error (pool timeouts too)
 
 
 async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
@@ -105,7 +105,7 @@ class Worker:
         if free <= 0:
             return []
         try:
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 return await claim(conn, owner=self.owner, batch=free,
                                    visibility_s=self.visibility_s)
         except DB_ERRORS as exc:
@@ -142,7 +142,7 @@ class Worker:
         keeper = asyncio.create_task(self._keep_leased(job.job_id))
         try:
             if self.callbacks is not None:
-                async with self.pool.connection() as conn:
+                async with connection(self.pool) as conn:
                     await self.callbacks.prepare(conn, job.job_id)
             outcome = await self.runner.run(job.job_id, spec.kind, spec.request,
                                             operation=spec.operation)
@@ -161,7 +161,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.visibility_s / 2)
             try:
-                async with self.pool.connection() as conn:
+                async with connection(self.pool) as conn:
                     held = await extend(conn, job_id, owner=self.owner,
                                         visibility_s=self.visibility_s)
             except DB_ERRORS as exc:
@@ -172,11 +172,11 @@ class Worker:
                 return
 
     async def _ack(self, job_id: uuid.UUID) -> bool:
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return await ack(conn, job_id, owner=self.owner)
 
     async def _reject(self, job: Claimed, reason: str) -> None:
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             result, acked = await reject(conn, job.job_id, owner=self.owner,
                                          now=self.runner.clock())
         log.error("job %s rejected: %s; call %s, acked=%s", job.job_id, reason,
@@ -184,7 +184,7 @@ class Worker:
                   acked)
 
     async def _give_up(self, job: Claimed) -> None:
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             started = (await load(conn, job.job_id)).state is not None
         if not started:
             return await self._reject(job, f"delivered {job.deliveries} times")

@@ -1,7 +1,8 @@
 """The reconciler's settings: defaults from the seed, read from a file and the environment,
 validated at start (River's job rescuer: a config with validated defaults).
 
-Precedence: defaults < file (TOML or JSON; top level or a ``[reconcile]`` table) <
+Precedence (:mod:`engine.config`, every actor's pattern): defaults < file (TOML or JSON;
+its ``[reconcile]`` table, or the top level of a file with no actor tables) <
 environment (``CALLWARDEN_RECONCILE_<FIELD>``, e.g. ``CALLWARDEN_RECONCILE_SCAN_INTERVAL_S``;
 a kind's threshold as ``CALLWARDEN_RECONCILE_THRESHOLD_<KIND>`` with ``-`` spelled ``_``,
 e.g. ``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``). Every problem is a
@@ -10,15 +11,13 @@ e.g. ``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``). Every problem is a
 
 from __future__ import annotations
 
-import json
-import tomllib
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from engine.config import load
 from engine.errors import ConfigError
 from engine.reconciler.stale import StaleRule
 from providers.kinds import KINDS
@@ -26,8 +25,6 @@ from providers.kinds import KINDS
 __all__ = ["ENV_PREFIX", "ReconcileConfig", "load_config"]
 
 ENV_PREFIX = "CALLWARDEN_RECONCILE_"
-_THRESHOLD_PREFIX = ENV_PREFIX + "THRESHOLD_"
-_ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 
 
 class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -127,44 +124,9 @@ def _check_horizon(c: ReconcileConfig) -> None:
             f"headroom over the longest threshold ({longest:g} s)")
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise ConfigError(f"cannot read reconcile config {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"reconcile config {path} must hold a table/object")
-    section = data.get("reconcile", data)
-    return dict(section) if isinstance(section, dict) else {}
-
-
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    thresholds: dict[str, str] = {}
-    for name, value in env.items():
-        if name.startswith(_THRESHOLD_PREFIX):
-            key = name[len(_THRESHOLD_PREFIX):].removesuffix("_S")
-            if key not in _ENV_KIND:
-                raise ConfigError(f"{name}: unknown provider_kind")
-            thresholds[_ENV_KIND[key]] = value
-        elif name.startswith(ENV_PREFIX):
-            out[name[len(ENV_PREFIX):].lower()] = value
-    if thresholds:
-        out["thresholds_s"] = thresholds
-    return out
-
-
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None
                 ) -> ReconcileConfig:
-    """Defaults, then ``path``, then ``env`` (pass ``os.environ``); validated."""
-    merged: dict[str, Any] = _read_file(path) if path is not None else {}
-    from_env = _from_env(env or {})
-    thresholds = {**merged.get("thresholds_s", {}), **from_env.pop("thresholds_s", {})}
-    merged.update(from_env)
-    if thresholds:
-        merged["thresholds_s"] = thresholds
-    try:
-        return msgspec.convert(merged, ReconcileConfig, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid reconcile configuration: {exc}") from exc
+    """Defaults, then ``path``'s ``[reconcile]`` table, then ``env`` (pass ``os.environ``);
+    validated (:func:`engine.config.load`)."""
+    return load(ReconcileConfig, path=path, env=env or {}, prefix=ENV_PREFIX,
+                section="reconcile", maps={"THRESHOLD": "thresholds_s"})

@@ -60,6 +60,7 @@ from engine.reconciler.decide import (
     next_scan_delay,
 )
 from engine.service.metrics import record_reconcile
+from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.host import host_status_ended
@@ -191,7 +192,7 @@ class Reconciler:
         """Claim up to ``batch_size`` stale calls for this owner (one statement); the rows
         as read (each is turned into a :class:`Candidate` on its own, so one unreadable
         row never costs the batch)."""
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return await execute(conn, "reconcile_claim", self.claim_params(now))
 
     async def candidate(self, row: DictRow) -> Candidate:
@@ -201,7 +202,7 @@ class Reconciler:
             return Candidate.from_row(row)
         except ProjectionUnreadable as exc:
             log.warning("job %s: %s; reading the call from its log", row["id"], exc)
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 return Candidate.from_row(row, await from_log(conn, row["id"], row))
 
     async def _handle(self, row: DictRow, now: datetime, counts: Counts) -> None:
@@ -234,7 +235,7 @@ class Reconciler:
                             counts: Counts) -> bool:
         """Attempt + 1 with the error kept; ``False`` if even that could not be written."""
         try:
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 p = await load(conn, job)
             if p.state is None or p.terminal:
                 counts.errors += 1
@@ -250,7 +251,7 @@ class Reconciler:
     async def _renew(self, job: uuid.UUID) -> bool:
         """Extend the claim from the time of renewal (not from the pass's start)."""
         lease = self._event_clock() + timedelta(seconds=self.config.claim_lease_s)
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             rows = await execute(conn, "reconcile_renew",
                                  {"job_id": job, "owner": self.owner, "lease_until": lease})
         return bool(rows)
@@ -258,7 +259,7 @@ class Reconciler:
     async def _release(self, job: uuid.UUID, *, park: bool = False) -> None:
         until = self._event_clock() + timedelta(seconds=self.config.repoll_interval_s)
         with contextlib.suppress(DatabaseError):  # the claim lease expires on its own
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 if park:
                     await execute(conn, "reconcile_park",
                                   {"job_id": job, "owner": self.owner, "until": until})
@@ -305,7 +306,7 @@ class Reconciler:
                      count: str, what: str) -> AppendResult | None:
         """Append ``event`` fenced on the version read (``p``); ``None`` if the call
         moved meanwhile (the write is dropped, never retried blindly)."""
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             await self._signal("write", job)
             r = await append(conn, job, p, event)
         if not r.ok and not isinstance(event, HostEnded) and host_status_ended(r.projection):

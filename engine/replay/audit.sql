@@ -1,5 +1,5 @@
--- Audit, verify, rebuild and stats: every query of engine.audit / verify_batch / rebuild,
--- each under a "-- name: <name>" header (loaded into engine.queries.QUERIES).
+-- Audit, verify, rebuild, stats and status: every query of engine/replay/, each under a
+-- "-- name: <name>" header (loaded into engine.store.queries.QUERIES).
 
 -- name: audit_snapshot
 -- First statement of each verify/rebuild read: one consistent snapshot of rows + events
@@ -134,13 +134,13 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: audit_stats_stale
--- Open calls (or seed rows not yet adopted) the reconciler counts as stale
--- (callwarden_is_stale, the one rule, with the configured thresholds).
-SELECT j.provider_kind AS kind, count(*) AS stale
+-- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale:
+-- the same rows as metrics_stale_calls (a test checks the WHERE clauses are one text).
+SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
 FROM jobs j
-WHERE j.provider_kind IS NOT NULL
-  AND (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
-       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')))
+WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
+       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
+           AND j.provider_kind IS NOT NULL))
   AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
                             j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
                             %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
@@ -185,3 +185,13 @@ WHERE j.status IN ('pending', 'processing')
                                (SELECT applied_at FROM callwarden_migrations WHERE version = 2),
                                '-infinity'::timestamptz)
   AND EXISTS (SELECT 1 FROM usage_logs u WHERE u.job_id = j.id AND u.status = 'reserved');
+
+-- name: status_jobs_by_state
+-- `callwarden status`: jobs by the host's status and the call's state.
+SELECT status, coalesce(call_state, '-') AS call_state, count(*) AS n
+FROM jobs
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: status_event_count
+SELECT count(*) AS n FROM call_events;

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import psycopg
 
-from engine.errors import DatabaseError, DatabaseUnavailable, JobNotFound
+from engine.errors import JobNotFound
 from engine.replay.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
+from engine.store.boundary import translated
 from engine.store.queries import QUERIES
 from engine.store.write import Conn
 from events.states import OPEN_STATUSES
@@ -89,7 +89,7 @@ async def apply_writes(conn: Conn, writes: Sequence[Write]) -> set[uuid.UUID]:
     if not writes:
         return set()
     done: set[uuid.UUID] = set()
-    try:
+    with translated():
         async with conn.cursor() as cur:
             await cur.executemany(QUERIES["audit_rebuild_projection"],
                                   [_params(w) for w in writes], returning=True)
@@ -97,10 +97,6 @@ async def apply_writes(conn: Conn, writes: Sequence[Write]) -> set[uuid.UUID]:
                 done.update(r["id"] for r in await cur.fetchall())
                 if not cur.nextset():
                     break
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(f"database error: {exc}") from exc
     return done
 
 

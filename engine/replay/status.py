@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.store.migrate import applied_versions, available
-from engine.store.write import Conn
+from engine.store.write import Conn, execute
 
 __all__ = ["print_status"]
 
@@ -18,14 +18,12 @@ async def print_status(conn: Conn, console: Console) -> None:
     if len(done) < len(shipped):
         console.print("run [bold]callwarden migrate[/bold] to apply the rest")
         return
-    rows = await (await conn.execute(
-        "SELECT status, coalesce(call_state, '-') AS call_state, count(*) AS n "
-        "FROM jobs GROUP BY 1, 2 ORDER BY 1, 2")).fetchall()
+    rows = await execute(conn, "status_jobs_by_state", {})
     table = Table(title="jobs by status and call state")
     for col in ("status", "call_state", "jobs"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["status"], r["call_state"], str(r["n"]))
     console.print(table)
-    events = await (await conn.execute("SELECT count(*) AS n FROM call_events")).fetchone()
-    console.print(f"call events logged: {events['n'] if events else 0}")
+    events = await execute(conn, "status_event_count", {})
+    console.print(f"call events logged: {events[0]['n']}")

@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 
 import msgspec
-import psycopg
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
@@ -40,6 +39,7 @@ from engine.reconciler.stale import StaleRule
 from engine.service.dashboard import Dashboard
 from engine.service.metrics import CallGauges, exposition
 from engine.service.webhooks import Receiver, TaskPoll, WebhookConfig
+from engine.store.boundary import connection
 from engine.store.clock import Clock, DatabaseClock
 from engine.store.db import Pool
 from engine.store.migrate import pending
@@ -88,7 +88,7 @@ class _Admin:
 
     async def force_fail(self, request: web.Request) -> web.Response:
         job_id = self._job(request)
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             result = await cancel(conn, job_id, by="admin", now=self.now())
         return _answer(job_id, result)
 
@@ -102,7 +102,7 @@ class _Admin:
             return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
                                       next_attempt_at=None)
 
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             result = await transition(conn, job_id, decide)
         return _answer(job_id, result)
 
@@ -126,7 +126,7 @@ class _Probes:
 
     async def readyz(self, request: web.Request) -> web.Response:
         try:
-            async with self.pool.connection(timeout=self.config.ready_timeout_s) as conn:
+            async with connection(self.pool, wait_s=self.config.ready_timeout_s) as conn:
                 await execute(conn, "service_ping", {})
                 todo = await pending(conn)
         except Exception as exc:  # any failure to reach the database: not ready
@@ -140,9 +140,9 @@ class _Probes:
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:
-            async with self.pool.connection(timeout=self.config.ready_timeout_s) as conn:
+            async with connection(self.pool, wait_s=self.config.ready_timeout_s) as conn:
                 families = await self.gauges.families(conn, self.now())
-        except (DatabaseUnavailable, DatabaseError, psycopg.Error):
+        except DatabaseError:  # unavailable (a pool timeout too) or failing
             families = []  # the process counters are still worth scraping
         return web.Response(body=exposition(families), headers={"Content-Type": METRICS_TYPE})
 
@@ -151,7 +151,7 @@ async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datet
     keep = timedelta(seconds=2 * config.webhooks.longest_tolerance_s)
     while True:
         with contextlib.suppress(DatabaseUnavailable, DatabaseError):
-            async with pool.connection() as conn:
+            async with connection(pool) as conn:
                 await execute(conn, "webhook_prune_deliveries", {"before": now() - keep})
         await asyncio.sleep(config.prune_every_s)
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from engine.errors import JobNotFound
 from engine.reconciler.stale import StaleRule
 from engine.replay.audit import AuditReport, audit_job
+from engine.store.boundary import connection
 from engine.store.db import Pool
 from engine.store.write import execute
 from events.codec import EventDecodeError
@@ -109,7 +110,7 @@ class Dashboard:
         now = self.now()
         since = now - timedelta(seconds=self.recent_window_s)
         stale_args = {**self.stale.sql_params(now), "limit": 50}
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             inflight = await execute(conn, "metrics_open_calls", {})
             stale = await execute(conn, "dashboard_stale_calls", stale_args)
             exhausted = await execute(conn, "dashboard_recent_outcomes", {
@@ -126,7 +127,7 @@ class Dashboard:
             job_id = None
         rows = []
         if q:
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 rows = await execute(conn, "dashboard_search", {"job_id": job_id, "task_id": q})
         if len(rows) == 1:
             raise web.HTTPFound(f"/jobs/{rows[0]['id']}")
@@ -141,7 +142,7 @@ class Dashboard:
         except ValueError:
             return _html(page("Not a job id", "<p>Not a job id.</p>"), status=404)
         try:
-            async with self.pool.connection() as conn:
+            async with connection(self.pool) as conn:
                 report = await audit_job(conn, job_id)
         except JobNotFound:
             return _html(page("No such job", f"<p>No job {escape(str(job_id))}.</p>"), 404)

@@ -1,5 +1,5 @@
--- The service face (webhooks, metrics, dashboard, admin): every query of engine.webhooks,
--- engine.metrics, engine.dashboard and engine.web_app, each under a "-- name: <name>" header.
+-- The service face (webhooks, metrics, dashboard, admin): every query of engine/service/
+-- (webhooks, metrics, dashboard, app), each under a "-- name: <name>" header.
 
 -- name: service_ping
 SELECT 1 AS ok;
@@ -64,7 +64,8 @@ ORDER BY 1, 2;
 -- name: metrics_stale_calls
 -- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale:
 -- callwarden_is_stale, the one rule, with the configured thresholds (a kind unknown to
--- this version gets the legacy threshold). The same rows as audit_stats_stale.
+-- this version gets the legacy threshold). The same rows as audit_stats_stale and
+-- dashboard_stale_calls (a test checks the WHERE clauses are one text).
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
 FROM jobs j
 WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')

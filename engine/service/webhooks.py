@@ -34,16 +34,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
+from engine import config as actor_config
 from engine.calls.finalize import Finalizer
 from engine.calls.inline import store_inline
 from engine.calls.runner import ACTIVE, upstream_event
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
+from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.write import Conn, execute, load, transition
@@ -55,7 +58,7 @@ from providers.registry import WEBHOOKS
 from providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
 
 __all__ = ["CallbackUrls", "Receiver", "Reject", "TaskPoll", "WebhookConfig",
-           "callback_url_for", "ensure_callback_token"]
+           "callback_url_for", "ensure_callback_token", "load_webhook_config"]
 
 log = logging.getLogger("callwarden.webhooks")
 T = TypeVar("T")
@@ -76,15 +79,23 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WebhookConfig:
-        """Each scheme's secret from its variable (``CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET``;
-        KIE's ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY``)."""
-        return cls(secrets={name: env[s.secret_env] for name, s in WEBHOOKS.items()
-                            if env.get(s.secret_env)})
+        """Defaults and the secrets in ``env`` (:func:`load_webhook_config` without a file)."""
+        return load_webhook_config(None, env)
 
     @property
     def longest_tolerance_s(self) -> float:
         """How long a replay key must be kept (a replay older is refused as stale)."""
         return max(s.tolerance_s for s in WEBHOOKS.values())
+
+
+def load_webhook_config(path: Path | None, env: Mapping[str, str]) -> WebhookConfig:
+    """Like every actor's settings (:mod:`engine.config`): defaults < ``path``'s
+    ``[webhooks]`` (``max_body_bytes``, ``poll_timeout_s``) < ``CALLWARDEN_WEBHOOK_<FIELD>``.
+    The secrets come from each scheme's variable, ``CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET``
+    (KIE's ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY``), over any ``secrets`` table in the file."""
+    secrets = {name: env[s.secret_env] for name, s in WEBHOOKS.items() if env.get(s.secret_env)}
+    return actor_config.load(WebhookConfig, path=path, env=env, prefix="CALLWARDEN_WEBHOOK_",
+                section="webhooks", overrides={"secrets": secrets})
 
 
 # -- callback URLs ---------------------------------------------------------------------------
@@ -271,7 +282,7 @@ class Receiver:
         if job["provider_task_id"] != task_id:  # e.g. a task replaced under "recreate"
             raise Reply("ignored", f"callback about task {task_id}, not the job's current "
                         "task: acknowledged, nothing changed")
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             if delivery is not None and not await _claim_delivery(
                     conn, scheme.provider, delivery, job["id"]):
                 return "duplicate", "delivery already processed"
@@ -286,7 +297,7 @@ class Receiver:
     async def _poll_and_record(self, provider: str, job_id: uuid.UUID, kind: str,
                                task_id: str, started: datetime | None) -> tuple[str, str]:
         """A signal: poll the task and record what the poll says."""
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             p = await load(conn, job_id)
         if p.state not in ACTIVE:
             if p.state is CallState.UPSTREAM_SUCCEEDED:
@@ -304,7 +315,7 @@ class Receiver:
         parsed = Parsed(task_id=task_id, outcome=outcome)
         if parsed.intermediate:
             return "intermediate", "the task is still running upstream"
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             return await self._record(conn, provider, job_id, parsed)
 
     def _signal_signature(self, scheme: WebhookScheme, request: web.Request, task_id: str,
@@ -325,7 +336,7 @@ class Receiver:
             job_id = uuid.UUID(request.match_info["job_id"])
         except ValueError:
             raise Reject(404, "unknown_task", "no such job") from None
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             rows = await execute(conn, "webhook_job_by_id", {"job_id": job_id})
         if not rows:
             if authenticated:  # signature-verified: the provider's own, for a job we lack
@@ -345,7 +356,7 @@ class Receiver:
                        parsed: Parsed) -> tuple[str, str]:
         if parsed.intermediate:
             return "intermediate", "intermediate stage acknowledged"
-        async with self.pool.connection() as conn:
+        async with connection(self.pool) as conn:
             rows = await execute(conn, "webhook_find_job", {
                 "kinds": list(kinds), "task_id": parsed.task_id})
             if not rows:
@@ -409,7 +420,7 @@ async def _claim_delivery(conn: Conn, provider: str, delivery_id: str,
 
 async def _forget_delivery(pool: Pool, provider: str, delivery_id: str) -> None:
     try:
-        async with pool.connection() as conn:
+        async with connection(pool) as conn:
             await execute(conn, "webhook_forget_delivery", {
                 "provider": provider, "delivery_id": delivery_id})
     except (DatabaseUnavailable, DatabaseError):

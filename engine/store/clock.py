@@ -19,9 +19,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import psycopg
-
 from engine.errors import DatabaseError
+from engine.store.boundary import connection
 from engine.store.db import Pool
 from engine.store.write import Conn, execute
 
@@ -68,7 +67,7 @@ async def sync_clock(clock: Clock, pool: Pool) -> None:
     if not isinstance(clock, DatabaseClock) or not clock.due():
         return
     try:
-        async with pool.connection() as conn:
+        async with connection(pool) as conn:
             await clock.sync(conn)
-    except (DatabaseError, psycopg.Error) as exc:  # psycopg.Error: the pool's own timeout
+    except DatabaseError as exc:  # the pool's own timeout too (DatabaseUnavailable)
         log.warning("could not read the database clock (keeping the last offset): %s", exc)

@@ -11,22 +11,16 @@ import re
 from importlib import resources
 
 import msgspec
-import psycopg
 
-from engine.errors import DatabaseUnavailable, MigrationError
-from engine.store.write import Conn
+from engine.errors import DatabaseError, DatabaseUnavailable, MigrationError
+from engine.store.boundary import translated
+from engine.store.write import Conn, execute
 
 __all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending"]
 
 LOCK_KEY = 0x63616C6C  # "call"
 _NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
-_CREATE = """
-CREATE TABLE IF NOT EXISTS callwarden_migrations (
-    version    int PRIMARY KEY,
-    name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)"""
 
 
 class Migration(msgspec.Struct, frozen=True):
@@ -50,12 +44,9 @@ def available() -> list[Migration]:
 
 
 async def applied_versions(conn: Conn) -> set[int]:
-    exists = await (await conn.execute(
-        "SELECT to_regclass('callwarden_migrations') IS NOT NULL AS ok")).fetchone()
-    if not exists or not exists["ok"]:
+    if not (await execute(conn, "migrations_table_exists", {}))[0]["ok"]:
         return set()
-    rows = await (await conn.execute("SELECT version FROM callwarden_migrations")).fetchall()
-    return {r["version"] for r in rows}
+    return {r["version"] for r in await execute(conn, "migrations_applied", {})}
 
 
 async def pending(conn: Conn) -> list[Migration]:
@@ -66,24 +57,23 @@ async def pending(conn: Conn) -> list[Migration]:
 async def _apply(conn: Conn, mig: Migration) -> None:
     async with conn.transaction():
         await conn.execute(mig.sql.encode())
-        await conn.execute(
-            "INSERT INTO callwarden_migrations (version, name) VALUES (%s, %s)",
-            (mig.version, mig.name))
+        await execute(conn, "migrations_record", {"version": mig.version, "name": mig.name})
 
 
 async def migrate(conn: Conn) -> list[Migration]:
     """Apply the pending migrations; return those applied (empty when up to date)."""
     try:
-        await conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
-        try:
-            await conn.execute(_CREATE)
-            todo = await pending(conn)
-            for mig in todo:
-                await _apply(conn, mig)
-            return todo
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
-    except psycopg.OperationalError as exc:
+        with translated():
+            await execute(conn, "migrations_lock", {"key": LOCK_KEY})
+            try:
+                await execute(conn, "migrations_create_table", {})
+                todo = await pending(conn)
+                for mig in todo:
+                    await _apply(conn, mig)
+                return todo
+            finally:
+                await execute(conn, "migrations_unlock", {"key": LOCK_KEY})
+    except DatabaseUnavailable as exc:
         raise DatabaseUnavailable(f"database unavailable while migrating: {exc}") from exc
-    except psycopg.Error as exc:
+    except DatabaseError as exc:
         raise MigrationError(f"migration failed: {exc}") from exc

@@ -1,5 +1,6 @@
--- Every runtime query of the engine, each under a "-- name: <name>" header.
--- Loaded once by engine.queries; parameters are psycopg named placeholders.
+-- The store's queries (the write path, the clock, jobs, the migration runner's bookkeeping),
+-- each under a "-- name: <name>" header. Loaded once with every package's .sql file by
+-- engine.store.queries; parameters are psycopg named placeholders.
 
 -- name: load_projection
 -- The projection columns (callwarden's own; never the host's output_data), and how many of
@@ -167,3 +168,28 @@ RETURNING w.id;
 -- name: clock_now
 -- The database's clock: the one every actor compares leases and heartbeats on.
 SELECT now() AS now;
+
+-- The migration runner's own bookkeeping (engine/store/migrate.py).
+
+-- name: migrations_create_table
+CREATE TABLE IF NOT EXISTS callwarden_migrations (
+    version    int PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_table_exists
+SELECT to_regclass('callwarden_migrations') IS NOT NULL AS ok;
+
+-- name: migrations_applied
+SELECT version FROM callwarden_migrations;
+
+-- name: migrations_record
+INSERT INTO callwarden_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: migrations_lock
+-- Two migrators on one database serialise here.
+SELECT pg_advisory_lock(%(key)s);
+
+-- name: migrations_unlock
+SELECT pg_advisory_unlock(%(key)s);

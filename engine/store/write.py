@@ -33,11 +33,10 @@ from psycopg.rows import DictRow
 from engine.errors import (
     ConflictExhausted,
     DatabaseError,
-    DatabaseUnavailable,
     JobNotFound,
-    TaskAlreadyClaimed,
     WriteConflict,
 )
+from engine.store.boundary import is_lost_append_race, translate
 from engine.store.db import Conn
 from engine.store.host import host_ended, job_ended_by_host
 from engine.store.queries import QUERIES
@@ -54,8 +53,6 @@ __all__ = [
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
 
-# SQLSTATEs after which the statement did nothing and may be decided again.
-_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
 # What the write path moves a reservation to ("host": left to the host, see HostEnded).
 _SETTLES = frozenset({"committed", "refunded"})
 
@@ -83,34 +80,14 @@ def observe(fn: Callable[[AppendResult], None]) -> None:
         _observers.append(fn)
 
 
-class _Retry(Exception):
-    """The statement was rolled back by a serialization failure or a deadlock."""
-
-
-def _translate(exc: psycopg.Error) -> Exception:
-    """The one place driver errors become engine errors (by class, SQLSTATE and constraint
-    name, never by message text)."""
-    if exc.sqlstate in _RETRYABLE:
-        return _Retry(str(exc))
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return DatabaseUnavailable(f"database unavailable: {exc}")
-    diag = getattr(exc, "diag", None)
-    constraint = diag.constraint_name if diag is not None else None
-    if isinstance(exc, psycopg.errors.UniqueViolation) and constraint == "jobs_provider_task_idx":
-        return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
-    return DatabaseError(f"database error: {exc}")
-
-
 async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
     try:
         cur = await conn.execute(QUERIES[name], params)
         return await cur.fetchall() if cur.description is not None else []
-    except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name == "call_events_pkey":
-            return []  # someone appended this seq first: a lost race
-        raise _translate(exc) from exc
     except psycopg.Error as exc:
-        raise _translate(exc) from exc
+        if is_lost_append_race(exc):
+            return []  # someone appended this seq first: a lost race
+        raise translate(exc) from exc
 
 
 async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
@@ -118,7 +95,7 @@ async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow
     deadlock or serialization failure as :class:`DatabaseError`)."""
     try:
         return await _run(conn, name, params)
-    except _Retry as exc:
+    except WriteConflict as exc:
         raise DatabaseError(f"database error: {exc}") from exc
 
 
@@ -241,7 +218,7 @@ async def append(
     params = append_params(job_id, current, new, event)
     try:
         rows = await _run(conn, "append_event", params)
-    except _Retry as exc:
+    except WriteConflict as exc:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
                                 "rolled back; decide again in a new one)") from exc

@@ -2,7 +2,7 @@
 (``elevenlabs-sync``, and the sync operations filed under ``elevenlabs-async``).
 
 Sans-I/O: ``build_*_request`` turn a job's request mapping into a :class:`Request`,
-``parse_*`` turn a :class:`~providers.transport.RawResponse` into an outcome (or raise a
+``parse_*`` turn a :class:`~providers.raw.RawResponse` into an outcome (or raise a
 typed :mod:`providers.errors` error keeping ElevenLabs' message and code), and
 :func:`classify_elevenlabs` decides errors for the transport. The clients
 (:mod:`providers.elevenlabs.client`) only glue them to :func:`providers.transport.send`.

@@ -54,7 +54,7 @@ def cases(draw: st.DrawFn) -> tuple[StaleRule, list[Row]]:
 
 
 # Cheap examples (one SELECT per row): five times the profile's, at least 200.
-@settings(max_examples=max(200, 5 * settings.default.max_examples))
+@settings(max_examples=max(200, 5 * settings().max_examples))
 @given(case=cases())
 def test_sql_and_python_stale_rules_agree(
         db_url: str, case: tuple[StaleRule, list[Row]]) -> None:

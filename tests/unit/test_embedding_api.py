@@ -59,3 +59,9 @@ def test_importing_engine_loads_no_io_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_events_package_exports_every_event_type() -> None:
+    import events
+
+    assert {t.__name__ for t in events.EVENT_TYPES.values()} <= set(events.__all__)

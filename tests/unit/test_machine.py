@@ -3,12 +3,15 @@ the implementation's declaration."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from transitions.core import MachineError
 
-from engine.machine import EMPTY, build_machine
+from engine.machine import EMPTY, build_machine, state_diagram
 from events.states import (
     TERMINAL,
+    TRANSITIONS,
     CallState,
     InvalidTransition,
     TerminalStateError,
@@ -76,3 +79,13 @@ def test_terminal_states_raise_the_terminal_error(state: str) -> None:
 
 def test_table_covers_every_state() -> None:
     assert set(EXPECTED) == {EMPTY, *(s.value for s in CallState)}
+
+
+def test_docs_states_page_draws_the_declared_machine() -> None:
+    """docs/states.md shows exactly the machine events/states.py declares (drawn by
+    transitions' mermaid engine); regenerate with ``python -m engine.machine``."""
+    page = (Path(__file__).parents[2] / "docs" / "states.md").read_text(encoding="utf-8")
+    block = page.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert block == state_diagram()
+    for t in TRANSITIONS:
+        assert f": {t.trigger}" in block or f"| {t.trigger}" in block

@@ -1,14 +1,21 @@
-"""The two statements that write projection columns — the append (engine/store/queries.sql)
-and the rebuild (engine/replay/audit.sql) — assign the same columns, and together cover every
-column the fold produces (projections.columns.to_columns). A column added to one and not
-the other would make rebuild silently leave it stale."""
+"""The projection's column list is checked in every place it is spelled out: the two
+statements that write projection columns — the append (engine/store/queries.sql) and the
+rebuild (engine/replay/audit.sql) — assign the same columns, and together cover every
+column the fold produces (projections.columns.to_columns); ``from_row`` reads exactly
+``READ_COLUMNS``, and every statement whose rows become a projection returns all of them.
+A column added in one place and not another would make rebuild silently leave it stale,
+or a reader fail on a row."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 
+import pytest
+
 from engine.store.queries import QUERIES
-from projections.columns import to_columns
+from projections.columns import READ_COLUMNS, from_row, to_columns
 from projections.fold import EMPTY
 
 _ASSIGN = re.compile(r"^\s*(\w+) = ", re.MULTILINE)
@@ -27,3 +34,20 @@ def test_every_folded_column_is_written() -> None:
     written = _assigned(QUERIES["append_event"])
     folded = set(to_columns(EMPTY)) - {"new_version"}
     assert folded <= written | {"call_version"}, folded - written
+
+
+def test_from_row_reads_exactly_the_declared_columns() -> None:
+    tree = ast.parse(inspect.getsource(from_row))
+    read = {n.slice.value for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+            and isinstance(n.value, ast.Name) and n.value.id == "row"
+            and isinstance(n.slice, ast.Constant)}
+    assert read == set(READ_COLUMNS)
+
+
+@pytest.mark.parametrize("name", ["load_projection", "reconcile_claim", "audit_histories"])
+def test_every_projection_read_returns_every_column(name: str) -> None:
+    sql = QUERIES[name]
+    listed = sql[sql.rindex("RETURNING"):] if "RETURNING" in sql else sql[:sql.index("FROM")]
+    missing = [c for c in READ_COLUMNS if not re.search(rf"(\.|\s|AS ){c}\b", listed)]
+    assert missing == []
+

@@ -63,7 +63,7 @@ def test_a_threshold_just_under_the_url_lifetime_minus_buffer_is_accepted() -> N
 @pytest.mark.parametrize(("env", "message"), [
     ({"CALLWARDEN_RECONCILE_THRESHOLD_MIDJOURNEY": "60"}, "unknown provider_kind"),
     ({"CALLWARDEN_RECONCILE_SCAN_INTERVAL_S": "soon"}, "invalid reconcile configuration"),
-    ({"CALLWARDEN_RECONCILE_SCAN_INTERVL_S": "5"}, "invalid reconcile configuration"),
+    ({"CALLWARDEN_RECONCILE_SCAN_INTERVL_S": "5"}, "SCAN_INTERVL_S: no such setting"),
 ])
 def test_bad_environment_is_a_config_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,88 @@
+"""The layout's rules, read from the source: one error boundary (nothing outside
+``engine/store`` catches or even names a driver error), no inline SQL outside the
+``.sql`` files (database names are composed with ``psycopg.sql``), and one staleness
+filter for every reader of it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.store.queries import QUERIES
+
+ROOT = Path(__file__).parents[2]
+SOURCES = sorted(p for top in ("engine", "providers", "events", "projections", "migrations")
+                 for p in (ROOT / top).rglob("*.py"))
+STORE = ROOT / "engine" / "store"
+DRIVER = {"psycopg", "psycopg_pool"}
+SQL_START = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE)\s")
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def driver_names(tree: ast.AST) -> list[str]:
+    """Every driver error named in an ``except`` clause, and every driver import other
+    than the row types (``psycopg.rows``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and node.type is not None:
+            text = ast.unparse(node.type)
+            if re.search(r"\b(psycopg|psycopg_pool|PoolTimeout)\b", text):
+                found.append(f"except {text} (line {node.lineno})")
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names
+                      if a.name.split(".")[0] in DRIVER]
+        elif (isinstance(node, ast.ImportFrom) and node.module is not None
+              and node.module.split(".")[0] in DRIVER and node.module != "psycopg.rows"):
+            found.append(f"from {node.module} import ...")
+    return found
+
+
+def inline_sql(tree: ast.AST) -> list[str]:
+    """String constants that are SQL statements (``psycopg.sql.SQL`` templates are the one
+    allowed way to write a statement in Python: identifiers quoted by the driver)."""
+    composed = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) in {"sql.SQL", "psycopg.sql.SQL"}
+                for arg in node.args}
+    return [f"line {node.lineno}: {node.value[:40]!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and SQL_START.match(node.value) and id(node) not in composed]
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if STORE not in p.parents], ids=_rel)
+def test_only_the_store_touches_driver_errors(path: Path) -> None:
+    assert driver_names(ast.parse(path.read_text(encoding="utf-8"))) == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_no_inline_sql_outside_the_sql_files(path: Path) -> None:
+    assert inline_sql(ast.parse(path.read_text(encoding="utf-8"))) == []
+
+
+def test_the_checks_can_fail() -> None:
+    bad = ast.parse("import psycopg\ntry:\n    pass\nexcept psycopg.Error:\n    pass\n"
+                    "q = 'SELECT 1'\n")
+    assert len(driver_names(bad)) == 2
+    assert inline_sql(bad) == ["line 6: 'SELECT 1'"]
+    ok = ast.parse("from psycopg import sql\nq = sql.SQL('DROP DATABASE {}')\n")
+    assert inline_sql(ok) == []
+    assert driver_names(ok) == ["from psycopg import ..."]
+
+
+def _where(sql: str) -> str:
+    body = sql[sql.index("WHERE"):]
+    return re.split(r"\n(GROUP BY|ORDER BY)", body)[0]
+
+
+def test_every_reader_of_staleness_counts_the_same_rows() -> None:
+    """/metrics, the dashboard and ``stats`` filter with one WHERE clause (the same open
+    rows, the same ``callwarden_is_stale`` rule, the same parameters)."""
+    clauses = {name: _where(QUERIES[name]) for name in
+               ("metrics_stale_calls", "dashboard_stale_calls", "audit_stats_stale")}
+    assert len(set(clauses.values())) == 1, clauses
+    assert "callwarden_is_stale(" in clauses["audit_stats_stale"]
