@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from engine.cli.process import setup_logging
 from engine.demo.report import render_report
-from engine.demo.run import DemoOptions, DemoRun, run_demo
+from engine.demo.run import DemoOptions, DemoRun, Tick, run_demo
 from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, default_data_dir
 
@@ -36,6 +37,11 @@ def register(sub: Any) -> None:
     d.add_argument("--duration", type=float, default=100.0, help="deadline in seconds")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     d.add_argument("--report", type=Path, default=None, help="write an HTML report")
+    d.add_argument("--chaos", action="store_true",
+                   help="also restart the database (embedded only) and cut every "
+                        "connection while the jobs run, alternately, every few seconds")
+    d.add_argument("--chaos-every", type=float, default=6.0, metavar="S",
+                   help="mean seconds between database faults with --chaos")
     d.set_defaults(sync_handler=_demo)
 
 
@@ -53,15 +59,20 @@ def _database(args: argparse.Namespace) -> tuple[str, str, EmbeddedServer | None
     return server.url(), f"callwarden --data-dir {folder}", server
 
 
-def _table(t: float, states: dict[str, int], kills: int, recovered: int) -> Table:
-    table = Table(title=f"callwarden demo — {t:5.1f} s")
+def _table(tick: Tick, chaos: bool) -> Table:
+    table = Table(title=f"callwarden demo — {tick.t:5.1f} s")
     for col in ("state", "jobs"):
         table.add_column(col)
     for s in STATES:
-        if states.get(s):
-            table.add_row(s, str(states[s]))
-    table.add_row("[bold]workers killed[/bold]", str(kills))
-    table.add_row("[bold]recovered by the reconciler[/bold]", str(recovered))
+        if tick.states.get(s):
+            table.add_row(s, str(tick.states[s]))
+    table.add_row("[bold]workers killed[/bold]", str(tick.kills))
+    table.add_row("[bold]recovered by the reconciler[/bold]", str(tick.recovered))
+    if chaos or tick.database_down:
+        table.add_row("[bold]database restarts / connection cuts[/bold]",
+                      f"{tick.restarts} / {tick.cuts}")
+        table.add_row("[bold]database[/bold]",
+                      "[red]down: retrying[/red]" if tick.database_down else "up")
     return table
 
 
@@ -85,7 +96,11 @@ def _summary_table(run: DemoRun) -> Table:
              f"{s.credits.released:g} over {s.credits.partial_commits} calls"),
             ("credits leaked", f"{s.credits.leaked:g}"),
             ("projection/log mismatches (verify)", s.verify_mismatches),
-            ("time to terminal p50 / p95", f"{s.p50_s or 0:.1f} s / {s.p95_s or 0:.1f} s")]
+            ("time to terminal p50 / p95", f"{s.p50_s or 0:.1f} s / {s.p95_s or 0:.1f} s"),
+            ("database restarts / connection cuts", f"{s.database_restarts} / "
+                                                    f"{s.connections_cut}"),
+            ("database outages ridden through (down)",
+             f"{s.database_outages} ({s.database_down_s:g} s)")]
     for k, v in rows:
         table.add_row(k, str(v))
     return table
@@ -95,14 +110,17 @@ def _demo(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     url, reach, server = _database(args)
     opts = DemoOptions(jobs=args.jobs, workers=args.workers, kill_rate=args.kill_rate,
-                       seed=args.seed, duration=args.duration)
+                       seed=args.seed, duration=args.duration, chaos=args.chaos,
+                       chaos_every_s=args.chaos_every)
     work = (args.data_dir or default_data_dir()) / "demo-files"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    setup_logging(file=work / "demo.log")  # the live view owns the terminal
     with Live(console=console, refresh_per_second=4, transient=True) as live:
-        def tick(t: float, states: dict[str, int], kills: int, recovered: int) -> None:
-            live.update(_table(t, states, kills, recovered))
-        run = asyncio.run(run_demo(opts, url, work, tick))
+        def tick(now: Tick) -> None:
+            live.update(_table(now, args.chaos))
+        restart = (lambda: server.restart(down_s=1.0)) if server is not None else None
+        run = asyncio.run(run_demo(opts, url, work, tick, restart))
     if args.report:
         args.report.write_text(render_report(run.summary, run.samples, run.latencies))
     if args.json:

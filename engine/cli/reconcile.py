@@ -28,6 +28,7 @@ from rich.table import Table
 
 from engine.calls.config import load_call_config
 from engine.calls.pricing import pricing_from_env
+from engine.cli.process import setup_logging
 from engine.reconciler.config import load_config
 from engine.reconciler.loop import Counts, Reconciler
 from engine.service.metrics import start_metrics_server
@@ -51,16 +52,6 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(handler=handler)
 
 
-def _log_to_stderr() -> None:
-    """The reconciler's per-call log lines on stderr (our loggers only)."""
-    logger = logging.getLogger("callwarden")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-
-
 def _print(counts: Counts, as_json: bool) -> None:
     if as_json:
         sys.stdout.buffer.write(msgspec.json.encode(counts) + b"\n")
@@ -75,7 +66,7 @@ def _print(counts: Counts, as_json: bool) -> None:
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     pricing = pricing_from_env(os.environ)
-    _log_to_stderr()
+    setup_logging()
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
     store = store_from_env(os.environ, default_dir=default_data_dir() / "media")

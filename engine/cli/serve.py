@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from engine.calls.config import load_call_config
 from engine.calls.finalize import Finalizer
 from engine.calls.identity import incarnation
 from engine.calls.pricing import pricing_from_env
+from engine.cli.process import setup_logging
 from engine.errors import ConfigError
 from engine.reconciler.config import load_config
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
@@ -67,8 +66,7 @@ def service_config(args: argparse.Namespace, settings: ProviderSettings) -> Serv
 
 
 async def _serve(args: argparse.Namespace, url: str) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(loggers=("callwarden", "aiohttp.access"))
     if not 0 <= args.port < 65536 or args.pool_size < 1:
         raise ConfigError("--port must be 0..65535 and --pool-size >= 1")
     settings = ProviderSettings.from_env()
@@ -82,7 +80,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with open_pool(url, max_size=args.pool_size) as pool, \
+    async with open_pool(url, max_size=args.pool_size, check=True) as pool, \
             aiohttp.ClientSession() as session:
         finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
                               config=load_call_config(args.config, env),

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -22,6 +21,7 @@ import msgspec
 
 from engine.calls.config import AmbiguousCreate, CallConfig, load_call_config
 from engine.calls.pricing import pricing_from_env
+from engine.cli.process import setup_logging
 from engine.errors import ConfigError
 from engine.queue.claims import input_data
 from engine.queue.worker import run_worker
@@ -138,8 +138,7 @@ def _media_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 async def _worker(args: argparse.Namespace, url: str) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     if args.concurrency < 1 or args.visibility <= 0 or args.poll_empty <= 0:
         raise ConfigError("--concurrency must be >= 1, --visibility and --poll-empty > 0")
     config = call_config(args)

@@ -56,3 +56,10 @@ FROM jobs j WHERE call_finished_at IS NOT NULL;
 
 -- name: demo_workflow
 INSERT INTO workflow_executions (id, status) VALUES (%(id)s, 'running');
+
+-- name: demo_cut_connections
+-- `callwarden demo --chaos`: cut every other connection to the demo database (workers,
+-- reconciler, service, this process's pool), as a failover or a pooler restart would.
+SELECT count(pg_terminate_backend(pid)) AS n
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid();

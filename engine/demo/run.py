@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 from aiohttp import web
+from psycopg.rows import DictRow
 
 from engine.calls.config import CallConfig
 from engine.calls.finalize import Finalizer
@@ -27,6 +29,7 @@ from engine.demo.fleet import WorkerFleet
 from engine.demo.report import Sample
 from engine.demo.summary import DemoSummary, install_audit, summarize
 from engine.demo.workload import DEMO_PRICING, PlannedJob, plan_jobs
+from engine.errors import DatabaseUnavailable
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
@@ -35,6 +38,7 @@ from engine.store.boundary import connection
 from engine.store.db import Pool, open_pool
 from engine.store.jobs import create_job
 from engine.store.migrate import migrate
+from engine.store.outage import Outage, until_up
 from engine.store.write import Conn, execute
 from providers.kinds import KINDS
 from providers.outcomes import PollOutcome
@@ -43,7 +47,7 @@ from providers.simulator.core import RunningSimulator, Simulator, running_simula
 from providers.simulator.model import Fault
 from providers.storage import LocalFolderStore
 
-__all__ = ["DEMO_RECONCILE", "DemoOptions", "DemoRun", "run_demo"]
+__all__ = ["DEMO_RECONCILE", "Chaos", "DemoOptions", "DemoRun", "Tick", "run_demo"]
 
 # Thresholds scaled from minutes to seconds; still validated like a production config. A
 # job still waiting in the queue has no call and was created after the call columns were
@@ -59,15 +63,68 @@ PROVIDERS = ("kie", "replicate", "elevenlabs", "anthropic")
 # 5, 15, 40 seconds), compressed 50 times: a retried KIE callback lands 1.2, 6 and 18 s
 # later, after the reconciler's 4 s threshold, so late callbacks race its recovery.
 WEBHOOK_SCHEDULE_SCALE = 0.02
-OnTick = Callable[[float, dict[str, int], int, int], None]
+log = logging.getLogger("callwarden.demo")
+
+
+class Tick(msgspec.Struct, kw_only=True):
+    """What the live view shows at ``t`` seconds."""
+
+    t: float
+    states: dict[str, int]
+    kills: int
+    recovered: int
+    restarts: int = 0
+    cuts: int = 0
+    database_down: bool = False
+
+
+OnTick = Callable[[Tick], None]
+Restart = Callable[[], None]
 
 
 class DemoOptions(msgspec.Struct, kw_only=True):
+    """``chaos``: also restart the database (immediate mode, when the demo has a
+    ``restart`` handle on it) and cut every connection, alternately, every
+    ``chaos_every_s`` (jittered) while the jobs run."""
+
     jobs: int = 140
     workers: int = 3
     kill_rate: float = 0.5
     seed: int = 7
     duration: float = 100.0
+    chaos: bool = False
+    chaos_every_s: float = 6.0
+
+
+class Chaos:
+    """The database faults of ``--chaos``: a restart (``restart``: blocking, run in a
+    thread) and a cut of every connection, alternately."""
+
+    def __init__(self, pool: Pool, outage: Outage, restart: Restart | None) -> None:
+        self.pool, self.outage, self.restart = pool, outage, restart
+        self.restarts = self.cuts = 0
+
+    async def _cut(self) -> None:
+        async def cut() -> int:
+            async with connection(self.pool) as conn:
+                return int((await execute(conn, "demo_cut_connections", {}))[0]["n"])
+        cut_now = await until_up(cut, self.outage)
+        self.cuts += 1
+        log.warning("chaos: cut %d connections", cut_now)
+
+    async def run(self, every_s: float, rng: random.Random, stop: asyncio.Event) -> None:
+        restart_next = self.restart is not None
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every_s * rng.uniform(0.6, 1.4))
+                return
+            if restart_next and self.restart is not None:
+                log.warning("chaos: restarting the database (immediate mode)")
+                await asyncio.to_thread(self.restart)
+                self.restarts += 1
+            else:
+                await self._cut()
+            restart_next = self.restart is not None and not restart_next
 
 
 class DemoRun(msgspec.Struct, kw_only=True):
@@ -152,31 +209,45 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
 
 
 async def _states(pool: Pool) -> tuple[dict[str, int], int]:
-    async with connection(pool) as conn:
+    # A short wait for a connection: the live view shows an outage instead of freezing.
+    async with connection(pool, wait_s=2.0) as conn:
         states = {r["state"]: r["n"] for r in await execute(conn, "demo_states", {})}
         recovered = (await execute(conn, "demo_recovered", {}))[0]["n"]
     return states, recovered
 
 
 async def _watch(pool: Pool, fleet: WorkerFleet, deadline: float, on_tick: OnTick,
-                 samples: list[Sample]) -> None:
+                 samples: list[Sample], chaos: Chaos) -> None:
     start = time.monotonic()
     terminal = {"completed", "failed", "swept", "exhausted", "cancelled"}
+    states: dict[str, int] = {}
+    recovered = 0
     while True:
-        states, recovered = await _states(pool)
+        try:
+            states, recovered = await _states(pool)
+            chaos.outage.up()
+            pause = 0.5  # the live view's refresh period, not synchronisation
+        except DatabaseUnavailable as exc:  # the view keeps its last figures meanwhile
+            pause = chaos.outage.down(exc)
         t = time.monotonic() - start
-        samples.append(Sample(t, states))
-        on_tick(t, states, fleet.kills, recovered)
-        if all(s in terminal for s in states) or time.monotonic() > deadline:
+        if not chaos.outage.is_down:
+            samples.append(Sample(t, states))
+        on_tick(Tick(t=t, states=states, kills=fleet.kills, recovered=recovered,
+                     restarts=chaos.restarts, cuts=chaos.cuts,
+                     database_down=chaos.outage.is_down))
+        if (states and all(s in terminal for s in states)
+                and not chaos.outage.is_down) or time.monotonic() > deadline:
             return
-        await asyncio.sleep(0.5)  # the live view's refresh period, not synchronisation
+        await asyncio.sleep(pause)
 
 
 async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
-                   on_tick: OnTick) -> DemoRun:
-    """Run the whole demo against the (empty) database at ``db_url``."""
+                   on_tick: OnTick, restart: Restart | None = None) -> DemoRun:
+    """Run the whole demo against the (empty) database at ``db_url`` (``restart``: how
+    to restart that database, for ``opts.chaos``)."""
     started = time.monotonic()
-    async with open_pool(db_url, max_size=12) as pool:
+    outage = Outage(log, "demo")
+    async with open_pool(db_url, max_size=12, check=True) as pool:
         async with connection(pool) as conn:
             await migrate(conn)
             await install_audit(conn)
@@ -197,12 +268,16 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                                     config=DEMO_RECONCILE, call_config=DEMO_CALLS,
                                     pricing=DEMO_PRICING)
             stop, samples = asyncio.Event(), list[Sample]()
+            chaos = Chaos(pool, outage, restart)
             await fleet.start()
             tasks = [asyncio.create_task(reconciler.run(stop)),
                      asyncio.create_task(fleet.kill_randomly(
                          opts.kill_rate, random.Random(opts.seed), stop))]
+            if opts.chaos:
+                tasks.append(asyncio.create_task(chaos.run(
+                    opts.chaos_every_s, random.Random(opts.seed + 1), stop)))
             try:
-                await _watch(pool, fleet, started + opts.duration, on_tick, samples)
+                await _watch(pool, fleet, started + opts.duration, on_tick, samples, chaos)
             finally:
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -210,9 +285,14 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
             creates = creates_per_job(rs.sim, job_ids)
             late = sum(1 for d in rs.sim.webhooks.deliveries
                        if d.attempt > 1 and d.status is not None)
-        async with connection(pool) as conn:
-            summary = await summarize(conn, creates, late)
-            rows = await execute(conn, "demo_latencies", {})
+        async def verdict() -> tuple[DemoSummary, list[DictRow]]:
+            async with connection(pool) as conn:
+                return (await summarize(conn, creates, late),
+                        await execute(conn, "demo_latencies", {}))
+        summary, rows = await until_up(verdict, outage)
+    summary = msgspec.structs.replace(
+        summary, database_restarts=chaos.restarts, connections_cut=chaos.cuts,
+        database_outages=outage.outages, database_down_s=round(outage.downtime_s, 1))
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,
                    latencies=[(r["s"], bool(r["by_reconciler"])) for r in rows],
                    seconds=time.monotonic() - started)

@@ -42,6 +42,11 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     p50_s: float | None
     p95_s: float | None
     violations: list[str] = msgspec.field(default_factory=list)
+    # Faults the demo rode through (``--chaos``, or a restart from outside).
+    database_restarts: int = 0
+    connections_cut: int = 0
+    database_outages: int = 0  # as the demo's own bookkeeping saw them
+    database_down_s: float = 0.0
 
     @property
     def ok(self) -> bool:

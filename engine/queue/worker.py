@@ -31,11 +31,12 @@ import aiohttp
 from engine.calls.config import CallConfig
 from engine.calls.pricing import Pricing
 from engine.calls.runner import CallOutcome, CallRunner
-from engine.errors import CallwardenError
+from engine.errors import CallwardenError, DatabaseUnavailable
 from engine.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
 from engine.service.webhooks import CallbackUrls
 from engine.store.boundary import connection
 from engine.store.db import Pool, open_pool
+from engine.store.outage import Outage
 from engine.store.write import load
 from providers.base import ProviderSettings
 from providers.storage import MediaStore
@@ -57,7 +58,7 @@ async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
     gets a per-job callback URL with a secret token); unset, calls are only polled.
     ``pricing``: what a completed call is charged (:mod:`engine.calls.pricing`)."""
     callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
-    async with open_pool(url, max_size=concurrency + 2) as pool, \
+    async with open_pool(url, max_size=concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:
         runner = CallRunner(pool, session, settings, store, config=config,
                             callback_url=callbacks, pricing=pricing)
@@ -84,6 +85,8 @@ class Worker:
         self.concurrency, self.visibility_s = concurrency, visibility_s
         self.poll_empty_s, self.grace_s = poll_empty_s, grace_s
         self.max_deliveries, self.callbacks = max_deliveries, callbacks
+        self.outage = Outage(log, f"worker {runner.owner}")
+        self._pause = 0.0  # the outage's backoff before the next claim
 
     async def run(self, stop: asyncio.Event) -> None:
         inflight: set[asyncio.Task[None]] = set()
@@ -94,8 +97,9 @@ class Worker:
                 claimed = await self._claim(free)
                 inflight |= {asyncio.create_task(self._handle(job)) for job in claimed}
                 idle = len(claimed) < free  # the queue had fewer jobs than free slots
+                wait_s = max(self.poll_empty_s, self._pause) if idle else None
                 await asyncio.wait({stopping, *inflight}, return_when=asyncio.FIRST_COMPLETED,
-                                   timeout=self.poll_empty_s if idle else None)
+                                   timeout=wait_s)
                 inflight = {t for t in inflight if not t.done()}
         finally:
             stopping.cancel()
@@ -106,11 +110,17 @@ class Worker:
             return []
         try:
             async with connection(self.pool) as conn:
-                return await claim(conn, owner=self.owner, batch=free,
-                                   visibility_s=self.visibility_s)
+                claimed = await claim(conn, owner=self.owner, batch=free,
+                                      visibility_s=self.visibility_s)
+        except DatabaseUnavailable as exc:  # one line per outage, and a backoff
+            self._pause = self.outage.down(exc)
+            return []
         except DB_ERRORS as exc:
             log.warning("claim failed (will retry): %s", exc)
             return []
+        self.outage.up()
+        self._pause = 0.0
+        return claimed
 
     async def _drain(self, inflight: set[asyncio.Task[None]]) -> None:
         if not inflight:
@@ -134,6 +144,10 @@ class Worker:
                 await self._give_up(job)
             else:
                 await self._run(job, spec)
+        except DatabaseUnavailable as exc:  # the outage is logged once, by the claim loop
+            self.outage.down(exc)
+            log.info("job %s delivery=%d: database unavailable; left leased for redelivery",
+                     job.job_id, job.deliveries)
         except DB_ERRORS:  # not acked: delivered again after the visibility timeout
             log.exception("job %s delivery=%d: database error; left leased for redelivery",
                           job.job_id, job.deliveries)
@@ -146,6 +160,11 @@ class Worker:
                     await self.callbacks.prepare(conn, job.job_id)
             outcome = await self.runner.run(job.job_id, spec.kind, spec.request,
                                             operation=spec.operation)
+        except DatabaseUnavailable as exc:  # logged once per outage by the claim loop
+            self.outage.down(exc)
+            log.info("job %s kind=%s delivery=%d: database unavailable; left leased for "
+                     "redelivery", job.job_id, spec.kind, job.deliveries)
+            return
         except Exception:  # leased still: delivered again after the visibility timeout
             log.exception("job %s kind=%s delivery=%d: error; left leased for redelivery",
                           job.job_id, spec.kind, job.deliveries)
@@ -164,6 +183,9 @@ class Worker:
                 async with connection(self.pool) as conn:
                     held = await extend(conn, job_id, owner=self.owner,
                                         visibility_s=self.visibility_s)
+            except DatabaseUnavailable as exc:
+                self.outage.down(exc)
+                continue
             except DB_ERRORS as exc:
                 log.warning("job %s: lease extension failed: %s", job_id, exc)
                 continue

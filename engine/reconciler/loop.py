@@ -64,6 +64,7 @@ from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.host import host_status_ended
+from engine.store.outage import Outage
 from engine.store.write import AppendResult, append, execute, from_log, load
 from events.codec import EventDecodeError
 from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
@@ -129,6 +130,7 @@ class Reconciler:
         self.sleep, self.signal = sleep, signal
         self._pass_start = (self.clock(), time.monotonic())
         self._logical = False
+        self.outage, self._backoff = Outage(log, f"reconciler {self.owner}"), 0.0
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config,
                                    pricing=pricing)
@@ -159,10 +161,14 @@ class Reconciler:
         try:
             batch = await self.claim(now)
         except DatabaseError as exc:
-            log.warning("claim failed: %s", exc)
+            if isinstance(exc, DatabaseUnavailable):  # logged once per outage
+                self._backoff = self.outage.down(exc)
+            else:
+                log.warning("claim failed: %s", exc)
             counts.errors += 1
             counts.pass_failed = True
             return counts
+        self.outage.up()
         counts.claimed = len(batch)
         if batch:
             failpoint("reconciler_after_claim")
@@ -401,14 +407,16 @@ class Reconciler:
         in hand is always finished."""
         rng = rng or random.Random()
         while not stop.is_set():
+            delay = next_scan_delay(self.config, rng.random())
             try:
                 counts = await self.reconcile_once()
                 if counts.claimed:
                     log.info("pass: %s", msgspec.json.encode(counts).decode())
+                if self.outage.is_down:  # back off (at least a scan interval) meanwhile
+                    delay = max(delay, self._backoff)
             except CallwardenError as exc:
                 log.warning("pass failed: %s", exc)
             except Exception:  # a bug must not end the process: the next pass tries again
                 log.exception("pass failed unexpectedly")
-            delay = next_scan_delay(self.config, rng.random())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)

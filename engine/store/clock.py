@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from engine.errors import DatabaseError
+from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.store.boundary import connection
 from engine.store.db import Pool
 from engine.store.write import Conn, execute
@@ -70,4 +70,5 @@ async def sync_clock(clock: Clock, pool: Pool) -> None:
         async with connection(pool) as conn:
             await clock.sync(conn)
     except DatabaseError as exc:  # the pool's own timeout too (DatabaseUnavailable)
-        log.warning("could not read the database clock (keeping the last offset): %s", exc)
+        level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+        log.log(level, "could not read the database clock (keeping the last offset): %s", exc)

