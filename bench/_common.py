@@ -16,6 +16,10 @@ from psycopg.conninfo import conninfo_to_dict
 from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, connect
 from engine.store.migrate import migrate
+from engine.store.queries import load_queries
+
+#: The benchmarks' own statements (bench/bench.sql).
+SQL = load_queries((Path(__file__).parent / "bench.sql").read_text(encoding="utf-8"))
 
 
 @contextmanager

@@ -26,14 +26,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _common import conninfo_parts, fresh_database
+from _common import SQL, conninfo_parts, fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.jobs import create_job
 from engine.store.queries import QUERIES
-from engine.store.write import Conn, append, append_params
+from engine.store.write import append, append_params
 from events import codec
 from events.types import (
     CallStarted,
@@ -87,43 +87,14 @@ def cte_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
     return op
 
 
-# The same projection columns the engine's statement writes, with the same fences.
-FLOOR_UPDATE = """
-UPDATE jobs SET call_state = %(call_state)s, call_version = %(new_version)s,
-    status = COALESCE(%(status)s, status), provider_kind = %(provider_kind)s,
-    provider_task_id = %(provider_task_id)s,
-    provider_call_started_at = %(provider_call_started_at)s, call_sync = %(call_sync)s,
-    reconcile_attempts = %(reconcile_attempts)s,
-    reconcile_last_error = %(reconcile_last_error)s,
-    reconcile_next_at = %(reconcile_next_at)s,
-    error_message = COALESCE(%(error_message)s, error_message),
-    finalize_owner = %(finalize_owner)s, finalize_lease_until = %(finalize_lease_until)s,
-    upstream_result = %(upstream_result)s::jsonb,
-    call_output = %(call_output)s::jsonb,
-    output_data = CASE WHEN %(call_output)s::jsonb IS NULL THEN output_data
-                       WHEN jsonb_typeof(output_data) = 'object'
-                       THEN output_data || %(call_output)s::jsonb
-                       ELSE %(call_output)s::jsonb END,
-    provider_cost = %(provider_cost)s, call_finished_at = %(call_finished_at)s,
-    call_settlement = %(call_settlement)s, updated_at = now()
-WHERE id = %(job_id)s AND call_version = %(expected_version)s AND status <> 'cancelled'
-"""
-
-
 def three_statement_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
     async def op(conn: Conn, job: uuid.UUID) -> None:
         for params in pre[job]:
             async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
-                    "VALUES (%(job_id)s, %(new_version)s, %(type)s, %(event_version)s, "
-                    "%(payload)s::jsonb, %(actor)s)", params)
-                await conn.execute(FLOOR_UPDATE, params)
+                await conn.execute(SQL["floor_insert_event"], params)
+                await conn.execute(SQL["floor_update_projection"], params)
                 if params["settle_to"]:
-                    await conn.execute(
-                        "UPDATE usage_logs SET status = %(settle_to)s, settled_at = now(), "
-                        "credits_charged = LEAST(%(cost)s, credits_reserved) "
-                        "WHERE job_id = %(job_id)s AND status = 'reserved'", params)
+                    await conn.execute(SQL["floor_settle"], params)
     return op
 
 

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import aiohttp
 import psycopg
-from _common import conninfo_parts, fresh_database
+from _common import SQL, conninfo_parts, fresh_database
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from psycopg import AsyncTransaction
 from psycopg.abc import PQGen
@@ -60,7 +60,7 @@ from sqlalchemy.engine import URL
 from engine.calls.config import CallConfig
 from engine.calls.runner import CallRunner
 from engine.store.databases import drop_database
-from engine.store.db import connect, open_pool
+from engine.store.db import Pool, connect, open_pool
 from engine.store.jobs import create_job
 from engine.store.queries import QUERIES
 from engine.store.write import execute, load
@@ -78,9 +78,6 @@ REQUEST: dict[str, Any] = {"model": "nano-banana-pro",
 POOL_SIZE = 8
 _NAMES = {sql: name for name, sql in QUERIES.items()}
 RV = TypeVar("RV")
-# A backend with no pending table stats skips even a forced flush and keeps its transaction
-# counts; reading a catalog row gives it some, so every call flushes (its own count too).
-FLUSH = "SELECT pg_stat_force_next_flush() FROM pg_class LIMIT 1"
 
 
 class CountingConnection(psycopg.AsyncConnection[DictRow]):
@@ -125,9 +122,6 @@ class CountingConnection(psycopg.AsyncConnection[DictRow]):
         cls.round_trips, cls.transactions, cls.statements = 0, 0, Counter()
 
 
-Pool = AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]
-
-
 @asynccontextmanager
 async def counting_pool(url: str) -> AsyncIterator[Pool]:
     """A ready pool of ``POOL_SIZE`` autocommit dict-row counting connections."""
@@ -151,10 +145,9 @@ class Db:
 
     async def xacts(self) -> int:
         async with await connect(self.admin) as conn:
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            rows = await (await conn.execute(
-                "SELECT xact_commit + xact_rollback AS n FROM pg_stat_database "
-                "WHERE datname = %s", (self.name,))).fetchall()
+            await conn.execute(SQL["stats_clear_snapshot"])
+            rows = await (await conn.execute(SQL["stats_transactions"],
+                                             {"name": self.name})).fetchall()
         return int(rows[0]["n"])
 
     async def flushed_xacts(self, *pools: Pool) -> int:
@@ -166,7 +159,7 @@ class Db:
                 conns = [await stack.enter_async_context(pool.connection())
                          for _ in range(POOL_SIZE)]
                 for conn in conns:
-                    await conn.execute(FLUSH)
+                    await conn.execute(SQL["stats_force_flush"])
         return await self.xacts()
 
 
@@ -247,18 +240,6 @@ async def callwarden_round(db: Db, runner: CallRunner, peer_pool: Pool, jobs: li
 
 # -- DBOS: create, poll, finalize as three steps of one workflow -------------------------
 
-# What the host's own code would write when a call completes (the DBOS peer has no engine).
-COMPLETE_SQL = """
-WITH j AS (
-    UPDATE jobs SET status = 'completed', progress = 100, updated_at = now()
-    WHERE id = %(job_id)s RETURNING id
-)
-UPDATE usage_logs SET status = 'committed', settled_at = now(),
-       credits_charged = LEAST(COALESCE(%(cost)s, credits_reserved), credits_reserved)
-WHERE job_id = (SELECT id FROM j) AND status = 'reserved'
-"""
-
-
 @dataclass
 class Peer:
     http: aiohttp.ClientSession
@@ -302,7 +283,7 @@ async def finalize_step(job: str, result: dict[str, Any]) -> None:
         stored.append(await peer.store.put(media_key(job, index, got.content_type), got.data,
                                            got.content_type))
     async with peer.pool.connection() as conn, conn.transaction():
-        await conn.execute(COMPLETE_SQL, {"job_id": job, "cost": result["cost"]})
+        await conn.execute(SQL["peer_complete"], {"job_id": job, "cost": result["cost"]})
         await execute(conn, "insert_assets", {
             "job_id": job, "keys": [o.key for o in stored], "urls": [o.uri for o in stored],
             "types": [o.content_type for o in stored], "sizes": [o.size for o in stored]})

@@ -34,15 +34,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
-from _common import fresh_database
+from _common import SQL, fresh_database
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from rich.console import Console
 
 from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner, utcnow
+from engine.calls.runner import CallRunner
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Counts, Reconciler
+from engine.store.clock import utcnow
 from engine.store.db import connect, open_pool
 from engine.store.queries import QUERIES
 from engine.store.write import append, load
@@ -54,26 +55,14 @@ from providers.storage import LocalFolderStore
 
 console = Console()
 SUCCEED: dict[str, Any] = {"steps": [], "end": "succeeded"}
-LOAD_SQL = (
-    "INSERT INTO jobs (id, user_id, status, call_state, call_version, provider_kind, "
-    "provider_task_id, provider_call_started_at, call_finished_at, call_settlement) "
-    "SELECT gen_random_uuid(), 'u' || (i %% 1000), 'completed', 'completed', 5, "
-    "'kie-standard', 'done-' || i, now() - (i || ' seconds')::interval, now(), 'committed' "
-    "FROM generate_series(%(lo)s::int, %(hi)s::int) AS i")
-STALE_JOBS_SQL = (
-    "WITH j AS (INSERT INTO jobs (id, user_id, status) SELECT gen_random_uuid(), 'u', "
-    "'processing' FROM generate_series(1, %(n)s::int) RETURNING id, user_id) "
-    "INSERT INTO usage_logs (job_id, user_id, credits_reserved) "
-    "SELECT id, user_id, 10 FROM j RETURNING job_id")
-
-
 # -- loading ------------------------------------------------------------------------------
 
 async def load_rows(url: str, rows: int) -> None:
     async with await connect(url) as conn:
         for lo in range(1, rows + 1, 250_000):
-            await conn.execute(LOAD_SQL, {"lo": lo, "hi": min(lo + 249_999, rows)})
-        await conn.execute("VACUUM ANALYZE jobs")
+            await conn.execute(SQL["load_completed_jobs"],
+                               {"lo": lo, "hi": min(lo + 249_999, rows)})
+        await conn.execute(SQL["vacuum_jobs"])
 
 
 async def make_stale(url: str, settings: ProviderSettings, n: int) -> list[uuid.UUID]:
@@ -81,7 +70,7 @@ async def make_stale(url: str, settings: ProviderSettings, n: int) -> list[uuid.
     async with aiohttp.ClientSession() as http, open_pool(url, max_size=8, check=True) as pool:
         client = cast(AsyncKindClient, client_for("kie-standard", http, settings))
         async with pool.connection() as conn:
-            rows = await (await conn.execute(STALE_JOBS_SQL, {"n": n})).fetchall()
+            rows = await (await conn.execute(SQL["load_stale_jobs"], {"n": n})).fetchall()
         jobs = [r["job_id"] for r in rows]
         gate = asyncio.Semaphore(16)
         at = utcnow() - timedelta(minutes=30)
@@ -163,9 +152,7 @@ async def throughput(url: str, sim_url: str, jobs: list[uuid.UUID], processes: i
     outs = [json.loads((await p.communicate())[0]) for p in procs]
     seconds = max(o["end"] for o in outs) - min(o["start"] for o in outs)
     async with await connect(url) as conn:
-        done = await (await conn.execute(
-            "SELECT count(*) AS n FROM jobs WHERE id = ANY(%s) AND call_state = 'completed'",
-            (jobs,))).fetchone()
+        done = await (await conn.execute(SQL["count_completed"], {"ids": jobs})).fetchone()
     assert done is not None
     return {"processes": processes, "calls": stale, "completed": done["n"],
             "seconds": seconds, "per_second": done["n"] / seconds if seconds else 0.0,
@@ -185,12 +172,12 @@ async def worker_role(url: str, sim_url: str, media: str, job: str, beat_s: floa
                 "end": "succeeded"}}})
 
 
-async def _wait_for(url: str, sql: str, job: uuid.UUID, timeout_s: float) -> float:
-    """Time (unix s) at which ``sql`` first returns a row for ``job`` (bounded)."""
+async def _wait_for(url: str, query: str, job: uuid.UUID, timeout_s: float) -> float:
+    """Time (unix s) at which the named ``query`` first returns a row for ``job``."""
     deadline = time.time() + timeout_s
     async with await connect(url) as conn:
         while time.time() < deadline:
-            if await (await conn.execute(sql.encode(), (job,))).fetchone():
+            if await (await conn.execute(SQL[query], {"job_id": job})).fetchone():
                 return time.time()
             await asyncio.sleep(0.02)
     raise TimeoutError(f"job {job}: condition not met within {timeout_s} s")
@@ -198,14 +185,13 @@ async def _wait_for(url: str, sql: str, job: uuid.UUID, timeout_s: float) -> flo
 
 async def recovery_latency(url: str, sim: Any, scale: float, media: str) -> float:
     async with await connect(url) as conn:
-        rows = await (await conn.execute(STALE_JOBS_SQL, {"n": 1})).fetchall()
+        rows = await (await conn.execute(SQL["load_stale_jobs"], {"n": 1})).fetchall()
     job = rows[0]["job_id"]
     beat = max(0.2, 10 * scale)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--role", "worker", "--url", url, "--sim", sim.base_url,
         "--media", media, "--job", str(job), "--beat", str(beat))
-    await _wait_for(url, "SELECT 1 FROM jobs WHERE id = %s AND heartbeat_at IS NOT NULL",
-                    job, 60)
+    await _wait_for(url, "job_heartbeated", job, 60)
     proc.send_signal(signal.SIGKILL)
     killed = time.time()
     await proc.wait()
@@ -215,8 +201,7 @@ async def recovery_latency(url: str, sim: Any, scale: float, media: str) -> floa
     async with open_pool(url, max_size=4, check=True) as pool, aiohttp.ClientSession() as http:
         r = Reconciler(pool, http, sim.settings, LocalFolderStore(Path(media)), config=config)
         loop = asyncio.create_task(r.run(stop))
-        done = await _wait_for(url, "SELECT 1 FROM jobs WHERE id = %s "
-                               "AND call_state = 'completed'", job, 600 * scale + 60)
+        done = await _wait_for(url, "job_completed", job, 600 * scale + 60)
         stop.set()
         await loop
     return done - killed

@@ -45,6 +45,10 @@ def read_section(path: Path, section: str) -> dict[str, Any]:
         raise ConfigError(f"config {path} must hold a table/object")
     if not any(name in data for name in SECTIONS):
         return data
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"config {path}: unknown table(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(SECTIONS)})")
     table = data.get(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"config {path}: [{section}] must be a table")

@@ -42,6 +42,7 @@ __all__ = [
     "ProviderTimeout",
     "RateLimited",
     "SignatureError",
+    "StaleSignature",
     "StorageError",
     "TaskNotFound",
     "TransientError",
@@ -146,6 +147,11 @@ class StorageError(Exception):
 
 class SignatureError(Exception):
     """A webhook signature is missing, malformed, wrong, or its timestamp is stale."""
+
+
+class StaleSignature(SignatureError):
+    """A signature whose timestamp is outside the scheme's tolerance (a replay, or a
+    delivery held too long)."""
 
 
 def is_transient(err: BaseException) -> bool:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from providers.errors import SignatureError
+from providers.errors import SignatureError, StaleSignature
 from providers.outcomes import PollOutcome, Running
 from providers.raw import JSONTooDeep, decode_json
 
@@ -116,7 +116,7 @@ def check_timestamp(raw: str | None, now: float, tolerance_s: float) -> int:
     except ValueError:
         raise SignatureError(f"malformed signature timestamp {raw!r}") from None
     if abs(now - ts) > tolerance_s:
-        raise SignatureError(f"stale signature timestamp {ts} (now {int(now)})")
+        raise StaleSignature(f"stale signature timestamp {ts} (now {int(now)})")
     return ts
 
 

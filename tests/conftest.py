@@ -16,9 +16,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from engine.store.databases import create_database, drop_database
-from engine.store.db import EmbeddedServer, connect
+from engine.store.db import Conn, EmbeddedServer, connect
 from engine.store.migrate import migrate
-from engine.store.write import Conn
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None,

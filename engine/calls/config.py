@@ -25,7 +25,7 @@ MEDIA_ALLOW_ENV = "CALLWARDEN_MEDIA_ALLOW_HOSTS"
 AmbiguousCreate = Literal["sweep", "recreate"]
 
 
-class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
+class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``ambiguous_create``: what a worker does with a call left ``created`` without a task
     id by a crash inside the create request — ``"sweep"`` (default: leave it for the
     reconciler to sweep and refund; never pay twice) or ``"recreate"`` (create again,
@@ -44,7 +44,7 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
     media_max_bytes: int = 200 * 2**20
     media_timeout_s: float = 120.0
     store_timeout_s: float = 60.0
-    lease_margin_s: float = 15.0
+    lease_margin_s: float | None = None
     media_allow_hosts: tuple[str, ...] = ()
     ambiguous_create: AmbiguousCreate = "sweep"
     ambiguous_create_by_kind: Mapping[str, AmbiguousCreate] = msgspec.field(
@@ -57,22 +57,29 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True):
                      "store_timeout_s", "media_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 < self.lease_margin_s < self.finalize_lease_s:
-            raise ConfigError(f"lease_margin_s ({self.lease_margin_s:g}) must be positive "
+        if not 0 < self.margin_s < self.finalize_lease_s:
+            raise ConfigError(f"lease_margin_s ({self.margin_s:g}) must be positive "
                               f"and below finalize_lease_s ({self.finalize_lease_s:g})")
         for name in (*self.ambiguous_create_by_kind, *self.poll_interval_s,
                      *self.poll_budget_s):
             if name not in KINDS:
                 raise ConfigError(f"unknown provider_kind {name!r} in call configuration")
 
+    @property
+    def margin_s(self) -> float:
+        """``lease_margin_s``, or by default 15 s (a quarter of a shorter lease)."""
+        if self.lease_margin_s is not None:
+            return self.lease_margin_s
+        return min(15.0, self.finalize_lease_s / 4)
+
     def lease_for(self, media: int) -> float:
         """Seconds a finalization claim on ``media`` results is leased for."""
         work = max(media, 1) * (self.media_timeout_s + self.store_timeout_s)
-        return max(self.finalize_lease_s, work + self.lease_margin_s)
+        return max(self.finalize_lease_s, work + self.margin_s)
 
     def deadline_for(self, media: int) -> float:
         """Seconds the finalizer may work before it gives up (inside its lease)."""
-        return self.lease_for(media) - self.lease_margin_s
+        return self.lease_for(media) - self.margin_s
 
     def policy_for(self, kind: str) -> AmbiguousCreate:
         return self.ambiguous_create_by_kind.get(kind, self.ambiguous_create)

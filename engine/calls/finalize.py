@@ -39,11 +39,11 @@ from engine.calls.config import CallConfig
 from engine.calls.failpoints import failpoint
 from engine.calls.pricing import ChargeReservation, Pricing, checked_charge
 from engine.errors import WriteConflict
-from engine.store.boundary import connection
+from engine.store.boundary import connection, transaction
 from engine.store.clock import Clock, DatabaseClock, sync_clock
-from engine.store.db import Pool
+from engine.store.db import Conn, Pool
 from engine.store.host import host_ended
-from engine.store.write import AppendResult, Conn, Decide, append, execute, load, transition
+from engine.store.write import AppendResult, Decide, append, execute, load, transition
 from events.states import CallState
 from events.types import (
     Completed,
@@ -215,7 +215,7 @@ class Finalizer:
         for _ in range(_MAX_COMPLETE_TRIES):
             ended = host_ended(p, at=event.at, actor=event.actor)
             try:
-                async with connection(self.pool) as conn, conn.transaction():
+                async with connection(self.pool) as conn, transaction(conn):
                     r = await append(conn, job_id, p, ended or event)
                     if r.ok and ended is None:
                         await _record_assets(conn, job_id, media)

@@ -35,7 +35,7 @@ from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.errors import DatabaseError
 from engine.store.boundary import connection
-from engine.store.clock import Clock, DatabaseClock, sync_clock, utcnow
+from engine.store.clock import Clock, DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.write import Decide, append, execute, load, transition
 from events.states import CallState
@@ -62,7 +62,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import client_for
 from providers.storage import MediaStore
 
-__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event", "utcnow"]
+__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event"]
 
 log = logging.getLogger("callwarden.calls")
 Sleep = Callable[[float], Awaitable[None]]

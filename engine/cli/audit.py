@@ -27,8 +27,7 @@ from engine.replay.audit import audit_job, stats
 from engine.replay.rebuild import rebuild
 from engine.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
 from engine.store.clock import DatabaseClock, utcnow
-from engine.store.db import connect
-from engine.store.write import Conn
+from engine.store.db import Conn, connect
 from events.codec import EventDecodeError
 from projections.stats import parse_window
 

@@ -70,7 +70,10 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
     store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
-    async with open_pool(url, max_size=config.concurrency + 2, check=True) as pool, \
+    # --once reports an unreachable database quickly (exit 1); the loop waits it out.
+    wait_s = 5.0 if args.once else 30.0
+    async with open_pool(url, max_size=config.concurrency + 2, check=True,
+                         wait_s=wait_s) as pool, \
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
                                 config=config,

@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     s.set_defaults(handler=_serve)
 
 
-def service_config(args: argparse.Namespace, settings: ProviderSettings) -> ServiceConfig:
+def service_config(args: argparse.Namespace) -> ServiceConfig:
     """The service's settings; stale thresholds and the legacy cutoff are the
     reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
     dashboard count what the reconciler acts on."""
@@ -74,7 +74,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     if args.media_dir is not None:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
     store = store_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
-    config = service_config(args, settings)
+    config = service_config(args)
     pricing = pricing_from_env(env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -119,8 +119,6 @@ def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         env.setdefault("CALLWARDEN_CALL_AMBIGUOUS_CREATE", env["CALLWARDEN_AMBIGUOUS_CREATE"])
     flags: dict[str, Any] = {field: getattr(args, flag) for flag, field in _FLAGS.items()
                              if getattr(args, flag) is not None}
-    if args.finalize_lease is not None and args.lease_margin is None:
-        flags["lease_margin_s"] = min(15.0, args.finalize_lease / 4)
     if args.ambiguous_create_for:
         flags["ambiguous_create_by_kind"] = _policy_pairs(args.ambiguous_create_for)
     if args.poll_interval is not None:

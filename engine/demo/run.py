@@ -35,11 +35,11 @@ from engine.reconciler.loop import Reconciler
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.service.webhooks import WebhookConfig
 from engine.store.boundary import connection
-from engine.store.db import Pool, open_pool
+from engine.store.db import Conn, Pool, open_pool
 from engine.store.jobs import create_job
 from engine.store.migrate import migrate
 from engine.store.outage import Outage, until_up
-from engine.store.write import Conn, execute
+from engine.store.write import execute
 from providers.kinds import KINDS
 from providers.outcomes import PollOutcome
 from providers.registry import poll_task

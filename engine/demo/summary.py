@@ -9,8 +9,8 @@ from decimal import Decimal
 import msgspec
 
 from engine.replay.verify import verify
-from engine.store.queries import QUERIES
-from engine.store.write import Conn, execute
+from engine.store.db import Conn
+from engine.store.write import execute, execute_script
 from events.states import TERMINAL
 from projections.columns import as_float
 
@@ -55,7 +55,7 @@ class DemoSummary(msgspec.Struct, kw_only=True):
 
 async def install_audit(conn: Conn) -> None:
     """Audit every settlement move in the demo database (a trigger on usage_logs)."""
-    await conn.execute(QUERIES["demo_audit_trigger"])  # several statements: no parameters
+    await execute_script(conn, "demo_audit_trigger")  # several statements: no parameters
 
 
 def _f(value: Decimal | float | None) -> float:

@@ -24,7 +24,9 @@ from typing import Any
 
 import msgspec
 
-from engine.store.write import AppendResult, Conn, cancel, execute
+from engine.store.boundary import transaction
+from engine.store.db import Conn
+from engine.store.write import AppendResult, cancel, execute
 from providers.kinds import KINDS
 
 __all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
@@ -104,7 +106,7 @@ async def ack(conn: Conn, job_id: uuid.UUID, *, owner: str) -> bool:
 async def reject(conn: Conn, job_id: uuid.UUID, *, owner: str,
                  now: datetime) -> tuple[AppendResult, bool]:
     """Cancel the job's call (refunding its reservation) and ack it, in one transaction."""
-    async with conn.transaction():
+    async with transaction(conn):
         result = await cancel(conn, job_id, by=owner, now=now)
         acked = await ack(conn, job_id, owner=owner)
     return result, acked

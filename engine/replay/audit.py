@@ -12,7 +12,8 @@ from psycopg.rows import DictRow
 
 from engine.errors import JobNotFound
 from engine.reconciler.stale import StaleRule
-from engine.store.write import Conn, execute, load_events
+from engine.store.db import Conn
+from engine.store.write import execute, load_events
 from events.codec import EventDecodeError
 from projections.columns import as_float
 from projections.stats import (

@@ -9,7 +9,7 @@ Each job's log arrives as one JSON array built in SQL and is decoded with a sing
 ``msgspec`` call when every event is of its current version and ``seq`` has no gap (the
 fast path, checked against the ``type/version`` signature the query also returns).
 Anything else — an old version to upcast, a gap, a corrupt payload, an unknown type —
-goes through :func:`engine.replay.verify.load_events` in the same snapshot, which upcasts or
+goes through :func:`engine.store.write.load_events` in the same snapshot, which upcasts or
 raises :class:`EventDecodeError` naming the job and seq.
 """
 
@@ -24,7 +24,9 @@ from typing import Any
 import msgspec
 from psycopg.rows import DictRow
 
-from engine.store.write import Conn, execute, load_events
+from engine.store.boundary import transaction
+from engine.store.db import Conn
+from engine.store.write import execute, load_events
 from events.codec import EventDecodeError
 from events.states import InvalidTransition
 from events.types import EVENT_TYPES, VERSIONS, Event
@@ -64,7 +66,7 @@ class History(msgspec.Struct, kw_only=True):
 @asynccontextmanager
 async def snapshot(conn: Conn) -> AsyncIterator[Conn]:
     """A REPEATABLE READ READ ONLY transaction on ``conn`` (an autocommit connection)."""
-    async with conn.transaction():
+    async with transaction(conn):
         await execute(conn, "audit_snapshot", {})
         yield conn
 

@@ -19,9 +19,8 @@ import msgspec
 
 from engine.errors import JobNotFound
 from engine.replay.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
-from engine.store.boundary import translated
-from engine.store.queries import QUERIES
-from engine.store.write import Conn
+from engine.store.db import Conn
+from engine.store.write import execute_batch
 from events.states import OPEN_STATUSES
 from projections.columns import to_columns
 from projections.fold import CallProjection
@@ -88,16 +87,8 @@ async def apply_writes(conn: Conn, writes: Sequence[Write]) -> set[uuid.UUID]:
     """Send the fenced rewrites (pipelined); the ids whose fence held."""
     if not writes:
         return set()
-    done: set[uuid.UUID] = set()
-    with translated():
-        async with conn.cursor() as cur:
-            await cur.executemany(QUERIES["audit_rebuild_projection"],
-                                  [_params(w) for w in writes], returning=True)
-            while True:
-                done.update(r["id"] for r in await cur.fetchall())
-                if not cur.nextset():
-                    break
-    return done
+    rows = await execute_batch(conn, "audit_rebuild_projection", [_params(w) for w in writes])
+    return {r["id"] for r in rows}
 
 
 async def _read_one(conn: Conn, job_id: uuid.UUID) -> History:

@@ -19,7 +19,8 @@ from datetime import datetime
 import msgspec
 
 from engine.replay.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
-from engine.store.write import Conn, execute
+from engine.store.db import Conn
+from engine.store.write import execute
 from projections.verify import Mismatch, compare, compare_settlement
 
 __all__ = ["BatchResult", "VerifySummary", "check", "count_jobs", "verify", "verify_batches",

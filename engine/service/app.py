@@ -46,6 +46,7 @@ from engine.store.migrate import pending
 from engine.store.write import AppendResult, cancel, execute, transition
 from events.types import Event, ReconcileAttempted
 from projections.fold import CallProjection
+from providers.registry import WEBHOOKS
 
 __all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
            "redact_path"]
@@ -156,11 +157,16 @@ async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datet
         await asyncio.sleep(config.prune_every_s)
 
 
-_SECRET_PATH = re.compile(r"^(/webhooks/kie/[^/?]+/)[^/?]+")
+# Signal schemes carry a per-job secret token in their callback path
+# (/webhooks/<provider>/<job>/<token>, see engine.service.webhooks.Receiver.routes).
+_SIGNALS = "|".join(re.escape(n) for n, s in sorted(WEBHOOKS.items()) if not s.trusts_body)
+_SECRET_PATH = re.compile(rf"^(/webhooks/(?:{_SIGNALS})/[^/?]+/)[^/?]+" if _SIGNALS
+                          else r"(?!)")
 
 
 def redact_path(path: str) -> str:
-    """``path`` with the secret callback token of a KIE callback URL blanked out."""
+    """``path`` with the secret callback token of a signal scheme's callback URL (KIE's)
+    blanked out."""
     return _SECRET_PATH.sub(r"\1redacted", path)
 
 

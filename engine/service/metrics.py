@@ -32,7 +32,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from engine.reconciler.stale import StaleRule
-from engine.store.write import AppendResult, Conn, execute, observe
+from engine.store.db import Conn
+from engine.store.write import AppendResult, execute, observe
 
 __all__ = [
     "REGISTRY",

@@ -70,7 +70,7 @@ SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
 FROM jobs j
 WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
        OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
-           AND j.provider_kind IS NOT NULL))
+           AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
   AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
                             j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
                             %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
@@ -85,7 +85,7 @@ SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id, j.provider_call_
 FROM jobs j
 WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
        OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
-           AND j.provider_kind IS NOT NULL))
+           AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
   AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
                             j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
                             %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,

@@ -48,10 +48,10 @@ from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
 from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
-from engine.store.db import Pool
-from engine.store.write import Conn, execute, load, transition
+from engine.store.db import Conn, Pool
+from engine.store.write import execute, load, transition
 from events.states import CallState
-from providers.errors import ProviderError, SignatureError, StorageError
+from providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
 from providers.kinds import KINDS
 from providers.outcomes import PollOutcome
 from providers.registry import WEBHOOKS
@@ -68,7 +68,7 @@ TaskPoll = Callable[[str, str, float | None], Awaitable[PollOutcome]]
 over the service's session); raises ``ProviderError``."""
 
 
-class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True):
+class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Signing secrets by provider (a signed-body receiver without one refuses everything;
     a signal receiver without one relies on per-job tokens), the body limit and how long
     a KIE callback may wait for its poll."""
@@ -148,7 +148,7 @@ class Reject(Exception):
 
 
 def _signature_reject(exc: SignatureError) -> Reject:
-    stale = str(exc).startswith("stale")
+    stale = isinstance(exc, StaleSignature)
     return Reject(401, "stale" if stale else "bad_signature", str(exc))
 
 
@@ -176,10 +176,11 @@ class Reply(Exception):
 
 
 class Receiver:
-    """The three receivers over one pool; ``clock`` (unix seconds) checks signature
-    timestamps, ``now`` stamps events (default: the database's clock); ``poll`` checks a
-    KIE task when a callback signals it (without one, KIE callbacks are acknowledged and
-    left to the workers' and the reconciler's polls)."""
+    """One receiver per scheme of ``providers.registry.WEBHOOKS``, over one pool;
+    ``clock`` (unix seconds) checks signature timestamps, ``now`` stamps events (default:
+    the database's clock); ``poll`` checks a task when a signal scheme's callback names
+    it (without one, such callbacks are acknowledged and left to the workers' and the
+    reconciler's polls)."""
 
     def __init__(self, pool: Pool, finalizer: Finalizer, config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,

@@ -5,9 +5,10 @@ SQLSTATE and constraint name, never by message text) before it leaves ``engine/s
 nothing outside this package catches a driver error (``tests/unit/test_architecture.py``
 checks). The tree it translates into is drawn in :mod:`engine.errors`.
 
-Three ways through it: :func:`connection` (a pooled connection; a pool timeout or a
-dropped connection comes out as ``DatabaseUnavailable``), :func:`translated` (around raw
-statements inside the store), and ``engine.store.write.execute`` (named queries).
+The ways through it: :func:`engine.store.db.connect` and :func:`connection` (a
+connection; a pool timeout or a dropped connection comes out as ``DatabaseUnavailable``),
+:func:`transaction`, :func:`translated` (around raw statements inside the store), and
+``engine.store.write.execute`` / ``execute_batch`` / ``execute_script`` (named queries).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from engine.errors import (
 )
 from engine.store.db import Conn, Pool
 
-__all__ = ["connection", "is_lost_append_race", "translate", "translated"]
+__all__ = ["connection", "is_lost_append_race", "transaction", "translate", "translated"]
 
 # SQLSTATEs after which the statement did nothing and may be decided again.
 _RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
@@ -71,4 +72,12 @@ async def connection(pool: Pool, *, wait_s: float | None = None) -> AsyncIterato
     the pool's own timeout among them, come out translated."""
     with translated():
         async with pool.connection(timeout=wait_s) as conn:
+            yield conn
+
+
+@asynccontextmanager
+async def transaction(conn: Conn) -> AsyncIterator[Conn]:
+    """A transaction on ``conn`` (its commit's errors translated too)."""
+    with translated():
+        async with conn.transaction():
             yield conn

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 
 from engine.errors import DatabaseError, DatabaseUnavailable
 from engine.store.boundary import connection
-from engine.store.db import Pool
-from engine.store.write import Conn, execute
+from engine.store.db import Conn, Pool
+from engine.store.write import execute
 
 __all__ = ["Clock", "DatabaseClock", "sync_clock", "utcnow"]
 

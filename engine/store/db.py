@@ -111,19 +111,25 @@ def resolve_database_url(data_dir: Path | None = None) -> str:
 
 
 async def connect(url: str) -> AsyncConnection[DictRow]:
-    """One autocommit connection returning rows as dicts."""
-    conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+    """One autocommit connection returning rows as dicts; a server that cannot be reached
+    is ``DatabaseUnavailable`` (translated at the store's boundary)."""
+    from engine.store.boundary import translated  # the boundary imports this module
+
+    with translated():
+        conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
     configure(conn)
     return conn
 
 
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
-              check: bool = False) -> Pool:
+              check: bool = False, wait_s: float = 30.0) -> Pool:
     """An (unopened) pool of autocommit dict-row connections; use ``async with``.
     ``check``: test each connection before lending it (one round trip), so one the server
-    dropped is replaced instead of failing the next statement — for long-lived loops."""
+    dropped is replaced instead of failing the next statement — for long-lived loops.
+    ``wait_s``: how long a caller waits for a connection (through an outage) before
+    ``DatabaseUnavailable``."""
     return AsyncConnectionPool(
-        url, min_size=min_size, max_size=max_size, open=False,
+        url, min_size=min_size, max_size=max_size, open=False, timeout=wait_s,
         kwargs={"autocommit": True, "row_factory": dict_row},
         connection_class=AsyncConnection[DictRow], configure=_configure,
         check=AsyncConnectionPool.check_connection if check else None,

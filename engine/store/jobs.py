@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from engine.store.queries import QUERIES
-from engine.store.write import Conn
+from engine.store.db import Conn
+from engine.store.write import execute
 
 __all__ = ["create_job"]
 
@@ -31,7 +31,7 @@ async def create_job(
 ) -> uuid.UUID:
     """Insert a job and (unless ``credits`` is None) its ``reserved`` usage log."""
     jid = job_id or uuid.uuid4()
-    await conn.execute(QUERIES["create_job"], {
+    await execute(conn, "create_job", {
         "job_id": jid, "user_id": user_id, "job_type": job_type, "status": status,
         "input_data": _enc.encode(dict(input_data or {})).decode(), "credits": credits,
         "workflow_execution_id": workflow_execution_id, "node_id": node_id,

@@ -14,7 +14,8 @@ import msgspec
 
 from engine.errors import DatabaseError, DatabaseUnavailable, MigrationError
 from engine.store.boundary import translated
-from engine.store.write import Conn, execute
+from engine.store.db import Conn
+from engine.store.write import execute
 
 __all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending"]
 

@@ -17,6 +17,8 @@ def load_queries(text: str) -> dict[str, LiteralString]:
     parts = _HEADER.split(text)
     out: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in out:
+            raise RuntimeError(f"query {name!r} defined twice in one file")
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         out[name] = "\n".join(lines).strip().rstrip(";")
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from engine.errors import (
     JobNotFound,
     WriteConflict,
 )
-from engine.store.boundary import is_lost_append_race, translate
+from engine.store.boundary import is_lost_append_race, translate, translated
 from engine.store.db import Conn
 from engine.store.host import host_ended, job_ended_by_host
 from engine.store.queries import QUERIES
@@ -46,7 +46,8 @@ from projections.columns import ProjectionUnreadable, from_row, to_columns
 from projections.fold import CallProjection, apply, fold
 
 __all__ = [
-    "AppendResult", "Conn", "Decide", "append", "cancel", "execute", "from_log", "load",
+    "AppendResult", "Decide", "append", "cancel", "execute", "execute_batch",
+    "execute_script", "from_log", "load",
     "load_events", "load_stored", "observe", "transition", "without_nul",
 ]
 
@@ -91,12 +92,36 @@ async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
 
 
 async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
-    """Run the named query; driver errors come out as :mod:`engine.errors` types (a
-    deadlock or serialization failure as :class:`DatabaseError`)."""
+    """Run the named query; driver errors come out as :mod:`engine.errors` types. A
+    deadlock or serialization failure is a :class:`WriteConflict` inside the caller's
+    transaction (it was rolled back: decide again in a new one), else a plain
+    :class:`DatabaseError` (the one statement did nothing)."""
     try:
         return await _run(conn, name, params)
     except WriteConflict as exc:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise
         raise DatabaseError(f"database error: {exc}") from exc
+
+
+async def execute_batch(conn: Conn, name: str, rows: Sequence[dict[str, Any]]
+                        ) -> list[DictRow]:
+    """Run the named query once per parameter set (pipelined); every row it returned."""
+    out: list[DictRow] = []
+    with translated():
+        async with conn.cursor() as cur:
+            await cur.executemany(QUERIES[name], rows, returning=True)
+            while True:
+                out.extend(await cur.fetchall())
+                if not cur.nextset():
+                    break
+    return out
+
+
+async def execute_script(conn: Conn, name: str) -> None:
+    """Run a named query of several statements (no parameters: sent as one script)."""
+    with translated():
+        await conn.execute(QUERIES[name])
 
 
 async def load_events(conn: Conn, job_id: uuid.UUID) -> list[Event]:

@@ -16,10 +16,10 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from psycopg import sql
 
 from engine.replay.verify import verify_job
-from engine.store.db import connect
-from engine.store.write import Conn
+from engine.store.db import Conn, connect
 from providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 
@@ -69,9 +69,9 @@ async def host_job(conn: Conn, *, status: str = "processing", age: str = "20 min
     await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
                        "VALUES (%s, 'user-9', 'reserved', %s)", (job, credits))
     for column, value in columns.items():
-        cast = "::jsonb" if column == "output_data" else ""
-        await conn.execute(f"UPDATE jobs SET {column} = %s{cast} WHERE id = %s",
-                           (value, job))
+        cast = sql.SQL("::jsonb" if column == "output_data" else "")
+        await conn.execute(sql.SQL("UPDATE jobs SET {} = %s{} WHERE id = %s").format(
+            sql.Identifier(column), cast), (value, job))
     return job
 
 

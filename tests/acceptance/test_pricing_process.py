@@ -14,8 +14,8 @@ from typing import Any
 
 from engine.queue.claims import input_data
 from engine.replay.verify import verify_job
+from engine.store.db import Conn
 from engine.store.jobs import create_job
-from engine.store.write import Conn
 from tests.acceptance.conftest import Workers
 
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}

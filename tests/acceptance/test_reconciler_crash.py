@@ -16,9 +16,9 @@ from pathlib import Path
 import aiohttp
 
 from engine.replay.verify import verify_job
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load
+from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT

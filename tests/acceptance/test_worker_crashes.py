@@ -38,9 +38,8 @@ from engine.calls.failpoints import POINTS
 from engine.queue.claims import input_data
 from engine.reconciler.loop import Reconciler
 from engine.replay.verify import verify_job
-from engine.store.db import open_pool
+from engine.store.db import Conn, open_pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.acceptance.conftest import Workers

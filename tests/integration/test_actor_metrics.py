@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.calls.runner import CallRunner
 from engine.reconciler.loop import Reconciler
 from engine.service.metrics import start_metrics_server
-from engine.store.db import Pool
+from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load
+from engine.store.write import append, load
 from events.types import CallStarted
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore

@@ -16,9 +16,9 @@ from engine.cli.main import main
 from engine.errors import JobNotFound
 from engine.reconciler.config import ReconcileConfig
 from engine.replay.audit import audit_job, stats
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load
+from engine.store.write import append, load
 from events.codec import EventDecodeError
 from events.types import (
     CallStarted,

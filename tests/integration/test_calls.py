@@ -13,9 +13,9 @@ import pytest
 
 from engine.calls.runner import CallRunner
 from engine.replay.verify import verify_job
-from engine.store.db import Pool, connect
+from engine.store.db import Conn, Pool, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load
+from engine.store.write import append, load
 from events.states import CallState
 from events.types import CallStarted, TaskCreated
 from providers.simulator.core import RunningSimulator

@@ -14,14 +14,16 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from psycopg import sql
 
 from engine.reconciler.config import ReconcileConfig
 from engine.replay.audit import stats
 from engine.replay.verify import verify_job
 from engine.store.clock import utcnow
+from engine.store.db import Conn
 from engine.store.jobs import create_job
 from engine.store.migrate import available
-from engine.store.write import Conn, append, cancel, load, load_events, transition
+from engine.store.write import append, cancel, load, load_events, transition
 from events.states import CallState
 from events.types import (
     CallStarted,
@@ -58,8 +60,8 @@ async def seed_row(conn: Conn, task: str | None, *, kind: str = "kie-standard",
         "UPDATE jobs SET provider_kind = %s, provider_task_id = %s, "
         "provider_call_started_at = now() - %s WHERE id = %s", (kind, task, age, job))
     for column, value in columns.items():
-        await conn.execute(f"UPDATE jobs SET {column} = %s WHERE id = %s",
-                           (value, job))
+        await conn.execute(sql.SQL("UPDATE jobs SET {} = %s WHERE id = %s").format(
+            sql.Identifier(column)), (value, job))
     return job
 
 
@@ -235,8 +237,8 @@ async def test_call_less_rows_created_after_the_call_columns_are_never_swept(
     queued = await create_job(conn, status="pending")
     legacy = await create_job(conn, status="processing")
     for job, age in ((wrapper, "2 hours"), (queued, "90 minutes"), (legacy, "4 hours")):
-        await conn.execute(f"UPDATE jobs SET created_at = now() - interval '{age}' "
-                           "WHERE id = %s", (job,))
+        await conn.execute("UPDATE jobs SET created_at = now() - %s::interval "
+                           "WHERE id = %s", (age, job))
     counts = await make_reconciler().reconcile_once()
     assert counted(counts) == {"claimed": 1, "adopted": 1, "swept": 1}
     assert (await row(conn, legacy))["credits"] == "refunded"

@@ -27,9 +27,9 @@ from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.replay.verify import verify_job
 from engine.store.clock import utcnow
-from engine.store.db import Pool
+from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load, load_events
+from engine.store.write import append, load, load_events
 from events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamSucceeded
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore

@@ -23,9 +23,9 @@ from engine.calls.finalize import Finalizer
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.store.clock import DatabaseClock, utcnow
-from engine.store.db import Pool
+from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, execute, load, load_events
+from engine.store.write import append, execute, load, load_events
 from events.types import (
     CallStarted,
     FinalizeClaimed,

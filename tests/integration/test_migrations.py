@@ -6,9 +6,8 @@ import asyncio
 import re
 from pathlib import Path
 
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.migrate import available, migrate
-from engine.store.write import Conn
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "schema.md"
 TABLES = ("jobs", "usage_logs", "workflow_executions", "assets", "call_events",

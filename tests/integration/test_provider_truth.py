@@ -25,7 +25,7 @@ import msgspec
 
 from engine.calls.config import CallConfig
 from engine.calls.runner import CallRunner
-from engine.store.write import Conn
+from engine.store.db import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep

@@ -21,9 +21,8 @@ from engine.calls.runner import CallRunner
 from engine.queue.claims import JobSpec, ack, claim, input_data, parse_job
 from engine.queue.worker import Worker
 from engine.replay.verify import verify_job
-from engine.store.db import Pool, connect
+from engine.store.db import Conn, Pool, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep

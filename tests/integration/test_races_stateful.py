@@ -30,9 +30,9 @@ from hypothesis.stateful import (
 )
 
 from engine.replay.verify import verify_job
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load, transition
+from engine.store.write import append, load, transition
 from events.states import SETTLEMENT, CallState
 from events.types import (
     CallStarted,

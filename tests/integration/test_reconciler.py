@@ -14,12 +14,14 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.calls.runner import upstream_event, utcnow
+from engine.calls.runner import upstream_event
 from engine.reconciler.loop import Counts
 from engine.replay.verify import verify_job
+from engine.store.clock import utcnow
+from engine.store.db import Conn
 from engine.store.jobs import create_job
 from engine.store.queries import QUERIES
-from engine.store.write import Conn, append, execute, load, load_events
+from engine.store.write import append, execute, load, load_events
 from events.states import CallState
 from events.types import CallStarted, FinalizeClaimed, TaskCreated
 from providers.base import AsyncKindClient

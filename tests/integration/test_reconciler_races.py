@@ -15,13 +15,14 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from engine.calls.runner import CallRunner, utcnow
+from engine.calls.runner import CallRunner
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Counts, Reconciler, Signal
 from engine.replay.verify import verify_job
-from engine.store.db import Pool, open_pool
+from engine.store.clock import utcnow
+from engine.store.db import Conn, Pool, open_pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load, load_events
+from engine.store.write import append, load, load_events
 from events.types import CallStarted, TaskCreated
 from providers.base import AsyncKindClient
 from providers.registry import client_for

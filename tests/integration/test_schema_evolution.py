@@ -13,8 +13,9 @@ import pytest
 from engine.replay.audit import audit_job
 from engine.replay.rebuild import rebuild
 from engine.replay.verify import verify
+from engine.store.db import Conn
 from engine.store.jobs import create_job
-from engine.store.write import Conn, load_events
+from engine.store.write import load_events
 from events import codec
 from events.codec import encode
 from events.types import VERSIONS, Event, UpstreamFailed

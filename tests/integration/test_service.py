@@ -18,9 +18,9 @@ from engine.calls.finalize import Finalizer
 from engine.replay.verify import verify_job
 from engine.service.app import ServiceConfig, build_app
 from engine.service.metrics import record_reconcile, start_metrics_server
-from engine.store.db import Pool, open_pool
+from engine.store.db import Conn, Pool, open_pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, load, load_events
+from engine.store.write import append, load, load_events
 from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
 from providers.base import ProviderSettings
 from providers.storage import LocalFolderStore

@@ -9,9 +9,12 @@ import psycopg
 import psycopg_pool
 import pytest
 
-from engine.errors import DatabaseError, DatabaseUnavailable
-from engine.store.boundary import connection, translated
+from engine.cli.main import main
+from engine.errors import DatabaseError, DatabaseUnavailable, WriteConflict
+from engine.store.boundary import connection, transaction, translated
 from engine.store.db import Conn, Pool, connect, open_pool
+from engine.store.jobs import create_job
+from engine.store.write import execute
 
 
 async def test_a_pool_that_cannot_lend_a_connection_is_unavailable(db_url: str) -> None:
@@ -41,3 +44,47 @@ async def test_a_failing_statement_is_a_database_error_named_by_sqlstate(db_url:
             await conn.execute("SELECT 1 / 0")
     assert not isinstance(caught.value, DatabaseUnavailable)
     assert isinstance(caught.value.__cause__, psycopg.errors.DivisionByZero)
+
+
+DEAD = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
+
+
+async def test_connecting_to_a_dead_server_is_unavailable() -> None:
+    with pytest.raises(DatabaseUnavailable) as caught:
+        await connect(DEAD)
+    assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["migrate"], 2), (["status"], 2), (["stats"], 2), (["verify"], 2),
+    (["reconcile", "--once", "--json"], 1),
+])
+def test_every_command_says_the_database_is_unavailable_and_exits_non_zero(
+        argv: list[str], code: int, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead DATABASE_URL: one clear line (no traceback), a non-zero exit; ``reconcile
+    --once`` reports the failed pass (exit 1) after a bounded wait."""
+    monkeypatch.setenv("DATABASE_URL", DEAD)
+    assert main(argv) == code
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert "database unavailable" in (out.err + out.out).lower()
+
+
+async def test_a_serialization_failure_in_the_callers_transaction_is_a_write_conflict(
+        conn: Conn, db_url: str) -> None:
+    """Inside a transaction a 40001 rolls the caller's work back: ``WriteConflict`` (the
+    finalizer's cue to read again and retry), not a plain ``DatabaseError``."""
+    job = await create_job(conn, credits=1)
+    await conn.execute("UPDATE jobs SET reconcile_owner = 'r1' WHERE id = %s", (job,))
+    async def lose_the_race(other: Conn) -> None:
+        async with transaction(conn):
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            await execute(conn, "load_projection", {"job_id": job})  # the snapshot
+            await other.execute("UPDATE jobs SET reconcile_lease_until = now() "
+                                "WHERE id = %s", (job,))
+            await execute(conn, "reconcile_release", {"job_id": job, "owner": "r1"})
+
+    async with await connect(db_url) as other:
+        with pytest.raises(WriteConflict):
+            await lose_the_race(other)

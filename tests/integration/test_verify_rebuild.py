@@ -13,8 +13,8 @@ import pytest
 from engine.replay.history import read_histories, snapshot
 from engine.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
 from engine.replay.verify import verify, verify_job
-from engine.store.db import connect
-from engine.store.write import Conn, Decide, load, load_events, transition
+from engine.store.db import Conn, connect
+from engine.store.write import Decide, load, load_events, transition
 from events.types import Event, TaskCreated
 from projections.fold import CallProjection, fold
 from tests.integration.test_audit import cli, new_job, run_sync

@@ -34,9 +34,9 @@ from engine.service.webhooks import (
     callback_url_for,
     ensure_callback_token,
 )
-from engine.store.db import Pool
+from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, cancel, load, load_events
+from engine.store.write import append, cancel, load, load_events
 from events.types import CallStarted, TaskCreated
 from providers.elevenlabs.webhook import elevenlabs_sign
 from providers.kie.webhook import kie_sign

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from engine.errors import DatabaseUnavailable, JobNotFound, TaskAlreadyClaimed
-from engine.store.db import connect
+from engine.store.db import Conn, connect
 from engine.store.jobs import create_job
-from engine.store.write import Conn, append, cancel, load, transition
+from engine.store.write import append, cancel, load, transition
 from events import (
     CallStarted,
     Completed,

@@ -18,7 +18,8 @@ SOURCES = sorted(p for top in ("engine", "providers", "events", "projections", "
                  for p in (ROOT / top).rglob("*.py"))
 STORE = ROOT / "engine" / "store"
 DRIVER = {"psycopg", "psycopg_pool"}
-SQL_START = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE)\s")
+SQL_START = re.compile(
+    r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|VACUUM|COPY)\s")
 
 
 def _rel(path: Path) -> str:
@@ -43,12 +44,25 @@ def driver_names(tree: ast.AST) -> list[str]:
     return found
 
 
+RAW = {"execute", "executemany", "cursor", "transaction"}
+
+
+def raw_statements(tree: ast.AST) -> list[str]:
+    """Statements sent past the store's named-query functions (``conn.execute(...)``,
+    ``conn.transaction()``, a cursor): their driver errors would escape untranslated."""
+    return [f"line {node.lineno}: .{node.func.attr}(...)" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in RAW]
+
+
 def inline_sql(tree: ast.AST) -> list[str]:
     """String constants that are SQL statements (``psycopg.sql.SQL`` templates are the one
-    allowed way to write a statement in Python: identifiers quoted by the driver)."""
+    allowed way to write a statement in Python: identifiers quoted by the driver;
+    docstrings are prose)."""
     composed = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
                 and ast.unparse(node.func) in {"sql.SQL", "psycopg.sql.SQL"}
                 for arg in node.args}
+    composed |= {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
     return [f"line {node.lineno}: {node.value[:40]!r}" for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and SQL_START.match(node.value) and id(node) not in composed]
@@ -56,11 +70,15 @@ def inline_sql(tree: ast.AST) -> list[str]:
 
 @pytest.mark.parametrize("path", [p for p in SOURCES if STORE not in p.parents], ids=_rel)
 def test_only_the_store_touches_driver_errors(path: Path) -> None:
-    assert driver_names(ast.parse(path.read_text(encoding="utf-8"))) == []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assert driver_names(tree) == []
+    assert raw_statements(tree) == []
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+@pytest.mark.parametrize("path", [*SOURCES, *sorted((ROOT / "bench").glob("*.py"))], ids=_rel)
 def test_no_inline_sql_outside_the_sql_files(path: Path) -> None:
+    """The engine's and the benchmarks' statements live in .sql files (tests write rows
+    with plain SQL on purpose: they play the host)."""
     assert inline_sql(ast.parse(path.read_text(encoding="utf-8"))) == []
 
 
@@ -68,6 +86,9 @@ def test_the_checks_can_fail() -> None:
     bad = ast.parse("import psycopg\ntry:\n    pass\nexcept psycopg.Error:\n    pass\n"
                     "q = 'SELECT 1'\n")
     assert len(driver_names(bad)) == 2
+    assert raw_statements(ast.parse("async def f(c):\n    await c.execute('x')\n"
+                                    "    async with c.transaction():\n        pass\n")) == [
+        "line 2: .execute(...)", "line 3: .transaction(...)"]
     assert inline_sql(bad) == ["line 6: 'SELECT 1'"]
     ok = ast.parse("from psycopg import sql\nq = sql.SQL('DROP DATABASE {}')\n")
     assert inline_sql(ok) == []

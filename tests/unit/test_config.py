@@ -89,3 +89,30 @@ def test_a_bad_file_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("calls = 3\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"\[calls\] must be a table"):
         load_call_config(path)
+
+
+def test_a_typo_in_the_file_is_an_error_not_a_silent_default(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[calls]\nfinalize_leas_s = 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="finalize_leas_s"):
+        load_call_config(path)
+    path.write_text("[webhooks]\nmax_body = 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="max_body"):
+        load_webhook_config(path, {})
+    path.write_text("[call]\nfinalize_lease_s = 1\n[reconcile]\nbatch_size = 2\n",
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match="unknown table"):
+        load_call_config(path)
+
+
+def test_the_lease_margin_defaults_the_same_from_every_source(deployment: Path) -> None:
+    """The margin's default (15 s, or a quarter of a shorter lease) is the struct's, so a
+    flag, a variable and a file that set the same lease give the same margin, and an
+    explicit margin always wins."""
+    env = {"CALLWARDEN_CALL_FINALIZE_LEASE_S": "12"}
+    assert load_call_config(None, env).margin_s == 3
+    flag = build_parser().parse_args(["worker", "--finalize-lease", "12"])
+    assert call_config(flag, {}).margin_s == 3
+    both = build_parser().parse_args(["worker", "--finalize-lease", "200"])
+    assert call_config(both, {"CALLWARDEN_CALL_LEASE_MARGIN_S": "5"}).margin_s == 5
+    assert load_call_config(deployment).margin_s == 15

@@ -1,0 +1,87 @@
+-- The benchmarks' own statements (loaded by bench/_common.py as SQL): the raw-SQL floors
+-- the engine is compared with, the load generators, and the stats readers.
+
+-- name: floor_insert_event
+-- bench/append.py, the three-statement floor: the event row...
+INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+VALUES (%(job_id)s, %(new_version)s, %(type)s, %(event_version)s, %(payload)s::jsonb,
+        %(actor)s);
+
+-- name: floor_update_projection
+-- ...the same projection columns the engine's statement writes, with the same fences...
+UPDATE jobs SET call_state = %(call_state)s, call_version = %(new_version)s,
+    status = COALESCE(%(status)s, status), provider_kind = %(provider_kind)s,
+    provider_task_id = %(provider_task_id)s,
+    provider_call_started_at = %(provider_call_started_at)s, call_sync = %(call_sync)s,
+    reconcile_attempts = %(reconcile_attempts)s,
+    reconcile_last_error = %(reconcile_last_error)s,
+    reconcile_next_at = %(reconcile_next_at)s,
+    error_message = COALESCE(%(error_message)s, error_message),
+    finalize_owner = %(finalize_owner)s, finalize_lease_until = %(finalize_lease_until)s,
+    upstream_result = %(upstream_result)s::jsonb,
+    call_output = %(call_output)s::jsonb,
+    output_data = CASE WHEN %(call_output)s::jsonb IS NULL THEN output_data
+                       WHEN jsonb_typeof(output_data) = 'object'
+                       THEN output_data || %(call_output)s::jsonb
+                       ELSE %(call_output)s::jsonb END,
+    provider_cost = %(provider_cost)s, call_finished_at = %(call_finished_at)s,
+    call_settlement = %(call_settlement)s, updated_at = now()
+WHERE id = %(job_id)s AND call_version = %(expected_version)s AND status <> 'cancelled';
+
+-- name: floor_settle
+-- ...and the settlement.
+UPDATE usage_logs SET status = %(settle_to)s, settled_at = now(),
+    credits_charged = LEAST(%(cost)s, credits_reserved)
+WHERE job_id = %(job_id)s AND status = 'reserved';
+
+-- name: stats_force_flush
+-- A backend with no pending table stats skips even a forced flush and keeps its
+-- transaction counts; reading a catalog row gives it some, so every call flushes.
+SELECT pg_stat_force_next_flush() FROM pg_class LIMIT 1;
+
+-- name: stats_clear_snapshot
+SELECT pg_stat_clear_snapshot();
+
+-- name: stats_transactions
+SELECT xact_commit + xact_rollback AS n FROM pg_stat_database WHERE datname = %(name)s;
+
+-- name: peer_complete
+-- What the host's own code would write when a call completes (the DBOS peer has no engine).
+WITH j AS (
+    UPDATE jobs SET status = 'completed', progress = 100, updated_at = now()
+    WHERE id = %(job_id)s RETURNING id
+)
+UPDATE usage_logs SET status = 'committed', settled_at = now(),
+       credits_charged = LEAST(COALESCE(%(cost)s, credits_reserved), credits_reserved)
+WHERE job_id = (SELECT id FROM j) AND status = 'reserved';
+
+-- name: load_completed_jobs
+-- bench/reconcile.py: finished jobs, the bulk the reconciler's claim must not scan.
+INSERT INTO jobs (id, user_id, status, call_state, call_version, provider_kind,
+                  provider_task_id, provider_call_started_at, call_finished_at,
+                  call_settlement)
+SELECT gen_random_uuid(), 'u' || (i %% 1000), 'completed', 'completed', 5, 'kie-standard',
+       'done-' || i, now() - (i || ' seconds')::interval, now(), 'committed'
+FROM generate_series(%(lo)s::int, %(hi)s::int) AS i;
+
+-- name: load_stale_jobs
+-- In-flight jobs with a reservation and no call yet.
+WITH j AS (
+    INSERT INTO jobs (id, user_id, status)
+    SELECT gen_random_uuid(), 'u', 'processing' FROM generate_series(1, %(n)s::int)
+    RETURNING id, user_id
+)
+INSERT INTO usage_logs (job_id, user_id, credits_reserved)
+SELECT id, user_id, 10 FROM j RETURNING job_id;
+
+-- name: count_completed
+SELECT count(*) AS n FROM jobs WHERE id = ANY(%(ids)s) AND call_state = 'completed';
+
+-- name: job_heartbeated
+SELECT 1 AS ok FROM jobs WHERE id = %(job_id)s AND heartbeat_at IS NOT NULL;
+
+-- name: job_completed
+SELECT 1 AS ok FROM jobs WHERE id = %(job_id)s AND call_state = 'completed';
+
+-- name: vacuum_jobs
+VACUUM ANALYZE jobs;
