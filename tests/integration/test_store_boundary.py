@@ -10,7 +10,7 @@ import psycopg_pool
 import pytest
 
 from engine.cli.main import main
-from engine.errors import DatabaseError, DatabaseUnavailable, WriteConflict
+from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable, WriteConflict
 from engine.store.boundary import connection, transaction, translated
 from engine.store.db import Conn, Pool, connect, open_pool
 from engine.store.jobs import create_job
@@ -88,3 +88,10 @@ async def test_a_serialization_failure_in_the_callers_transaction_is_a_write_con
     async with await connect(db_url) as other:
         with pytest.raises(WriteConflict):
             await lose_the_race(other)
+
+
+async def test_an_unknown_pooler_mode_is_a_config_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALLWARDEN_DB_POOLER", "statement-ish")
+    with pytest.raises(ConfigError, match="CALLWARDEN_DB_POOLER"):
+        await connect(DEAD)

@@ -227,6 +227,7 @@ async def test_transition_redecides_after_losing(db_url: str) -> None:
         assert (await _usage(check, job))[0]["status"] == "refunded"
 
 
+@pytest.mark.own_backend
 async def test_dead_database_is_a_typed_error_and_loses_nothing(db_url: str) -> None:
     victim = await connect(db_url)
     async with await connect(db_url) as admin:
