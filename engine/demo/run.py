@@ -241,24 +241,54 @@ async def _watch(pool: Pool, fleet: WorkerFleet, deadline: float, on_tick: OnTic
         await asyncio.sleep(pause)
 
 
+async def _setup(pool: Pool, opts: DemoOptions) -> list[uuid.UUID]:
+    """Schema, the settlement audit and the planned jobs (enqueued)."""
+    async with connection(pool) as conn:
+        await migrate(conn)
+        await install_audit(conn)
+        return [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
+
+
+def _background(opts: DemoOptions, reconciler: Reconciler, fleet: WorkerFleet, chaos: Chaos,
+                stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """The reconciler's loop, the worker killer and (``--chaos``) the database faults."""
+    tasks = [asyncio.create_task(reconciler.run(stop)),
+             asyncio.create_task(fleet.kill_randomly(opts.kill_rate,
+                                                     random.Random(opts.seed), stop))]
+    if opts.chaos:
+        tasks.append(asyncio.create_task(chaos.run(opts.chaos_every_s,
+                                                   random.Random(opts.seed + 1), stop)))
+    return tasks
+
+
+async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos
+                   ) -> tuple[DemoSummary, list[DictRow]]:
+    """The summary (with SQL, retried through an outage) and the latencies."""
+    async def read() -> tuple[DemoSummary, list[DictRow]]:
+        async with connection(pool) as conn:
+            return (await summarize(conn, creates, late),
+                    await execute(conn, "demo_latencies", {}))
+    summary, rows = await until_up(read, chaos.outage)
+    return msgspec.structs.replace(
+        summary, database_restarts=chaos.restarts, connections_cut=chaos.cuts,
+        database_outages=chaos.outage.outages,
+        database_down_s=round(chaos.outage.downtime_s, 1)), rows
+
+
 async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                    on_tick: OnTick, restart: Restart | None = None) -> DemoRun:
     """Run the whole demo against the (empty) database at ``db_url`` (``restart``: how
     to restart that database, for ``opts.chaos``)."""
     started = time.monotonic()
-    outage = Outage(log, "demo")
     async with open_pool(db_url, max_size=12, check=True) as pool:
-        async with connection(pool) as conn:
-            await migrate(conn)
-            await install_audit(conn)
+        job_ids = await _setup(pool, opts)
+        chaos = Chaos(pool, Outage(log, "demo"), restart)
         async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http, \
                 contextlib.AsyncExitStack() as stack:
             arm_faults(rs.sim)
             rs.sim.webhooks.schedule_scale = WEBHOOK_SCHEDULE_SCALE
             pricing_file = work_dir / "pricing.json"
             pricing_file.write_bytes(msgspec.json.encode(DEMO_PRICING))
-            async with connection(pool) as conn:
-                job_ids = [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
             media = work_dir / "media"
             service = await stack.enter_async_context(_service(pool, http, rs, media))
             fleet = WorkerFleet(opts.workers,
@@ -268,31 +298,18 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                                     config=DEMO_RECONCILE, call_config=DEMO_CALLS,
                                     pricing=DEMO_PRICING)
             stop, samples = asyncio.Event(), list[Sample]()
-            chaos = Chaos(pool, outage, restart)
             await fleet.start()
-            tasks = [asyncio.create_task(reconciler.run(stop)),
-                     asyncio.create_task(fleet.kill_randomly(
-                         opts.kill_rate, random.Random(opts.seed), stop))]
-            if opts.chaos:
-                tasks.append(asyncio.create_task(chaos.run(
-                    opts.chaos_every_s, random.Random(opts.seed + 1), stop)))
+            tasks = _background(opts, reconciler, fleet, chaos, stop)
             try:
                 await _watch(pool, fleet, started + opts.duration, on_tick, samples, chaos)
             finally:
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await fleet.stop()
-            creates = creates_per_job(rs.sim, job_ids)
             late = sum(1 for d in rs.sim.webhooks.deliveries
                        if d.attempt > 1 and d.status is not None)
-        async def verdict() -> tuple[DemoSummary, list[DictRow]]:
-            async with connection(pool) as conn:
-                return (await summarize(conn, creates, late),
-                        await execute(conn, "demo_latencies", {}))
-        summary, rows = await until_up(verdict, outage)
-    summary = msgspec.structs.replace(
-        summary, database_restarts=chaos.restarts, connections_cut=chaos.cuts,
-        database_outages=outage.outages, database_down_s=round(outage.downtime_s, 1))
+            creates = creates_per_job(rs.sim, job_ids)
+        summary, rows = await _verdict(pool, creates, late, chaos)
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,
                    latencies=[(r["s"], bool(r["by_reconciler"])) for r in rows],
                    seconds=time.monotonic() - started)
