@@ -134,17 +134,11 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: audit_stats_stale
--- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale:
--- the same rows as metrics_stale_calls (a test checks the WHERE clauses are one text).
+-- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
+-- by kind: callwarden_stale_jobs (migration 0008), the same rows as /metrics.
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
-FROM jobs j
-WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
-       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
-           AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
-  AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
-                            j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
-                            %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
-                            %(now)s::timestamptz)
+FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
+                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
 GROUP BY 1
 ORDER BY 1;
 

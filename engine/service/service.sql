@@ -62,34 +62,22 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: metrics_stale_calls
--- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale:
--- callwarden_is_stale, the one rule, with the configured thresholds (a kind unknown to
--- this version gets the legacy threshold). The same rows as audit_stats_stale and
--- dashboard_stale_calls (a test checks the WHERE clauses are one text).
+-- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
+-- by kind: callwarden_stale_jobs (migration 0008: the one rule, callwarden_is_stale, with
+-- the configured thresholds; a kind unknown to this version gets the legacy threshold).
+-- audit_stats_stale and dashboard_stale_calls read the same function.
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
-FROM jobs j
-WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
-       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
-           AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
-  AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
-                            j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
-                            %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
-                            %(now)s::timestamptz)
+FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
+                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
 GROUP BY 1
 ORDER BY 1;
 
 -- name: dashboard_stale_calls
--- The oldest stale open calls (the same rule as metrics_stale_calls).
+-- The oldest stale calls (callwarden_stale_jobs, as metrics_stale_calls).
 SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id, j.provider_call_started_at,
        j.reconcile_attempts, j.reconcile_last_error, j.heartbeat_at
-FROM jobs j
-WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
-       OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
-           AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
-  AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
-                            j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
-                            %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
-                            %(now)s::timestamptz)
+FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
+                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
 ORDER BY j.provider_call_started_at
 LIMIT %(limit)s;
 

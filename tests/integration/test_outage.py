@@ -5,6 +5,7 @@ is back; ``/readyz`` says not ready until then."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,18 @@ from tests.integration.test_webhooks import (
     state,
     terminal_delivery,
 )
+
+
+async def ready_within(http: aiohttp.ClientSession, url: str, limit_s: float) -> bool:
+    """Whether ``url`` answers 200 within ``limit_s`` (the pool reconnects with its own
+    backoff once the server is back): the condition polled, bounded."""
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while asyncio.get_running_loop().time() < deadline:
+        async with http.get(url) as resp:
+            if resp.status == 200:
+                return True
+        await asyncio.sleep(0.2)  # a polling period, not synchronisation
+    return False
 
 
 @pytest.fixture
@@ -54,8 +67,7 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
                 assert resp.status == 503
         finally:
             server.start()
-        async with http.get(f"{service.url}/readyz") as resp:
-            assert resp.status == 200
+        assert await ready_within(http, f"{service.url}/readyz", 30.0)
         assert await post(http, delivery) == 200  # the provider's retry: not a replay
         await service.drain()
         async with await connect(url) as conn:
