@@ -26,13 +26,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from engine.reconciler.stale import StaleRule
 from engine.store.db import Conn
+from engine.store.outage import Outage
+from engine.store.outage import observe as observe_outages
 from engine.store.write import AppendResult, execute, observe
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "CallGauges",
     "exposition",
     "record_append",
+    "record_outage",
     "record_reconcile",
     "record_transition",
     "record_webhook",
@@ -60,6 +63,32 @@ WEBHOOK_SECONDS = Histogram(
     "callwarden_webhook_handling_seconds", "Time to answer a webhook delivery",
     ["provider"], registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+
+
+OUTAGES = Counter("callwarden_database_outages", "Database outages this process's loops "
+                  "rode through (counted when each started)", ["role"], registry=REGISTRY)
+DB_DOWN = Gauge("callwarden_database_down_seconds", "How long the database has been "
+                "unreachable for this process's loops (0: reachable)", ["role"],
+                registry=REGISTRY)
+DB_OVER_LIMIT = Gauge("callwarden_database_outage_over_limit", "1 while an outage has "
+                      "lasted longer than its limit (Outage.limit_s)", ["role"],
+                      registry=REGISTRY)
+_LIVE: dict[str, set[Outage]] = {}
+
+
+def record_outage(outage: Outage, started: bool) -> None:
+    """Count an outage when it starts; keep the gauges of its role live until it ends."""
+    role = outage.what.split(" ", 1)[0] or "unknown"
+    live = _LIVE.setdefault(role, set())
+    if started:
+        OUTAGES.labels(role).inc()
+        live.add(outage)
+        DB_DOWN.labels(role).set_function(
+            lambda: max((o.down_for_s for o in live), default=0.0))
+        DB_OVER_LIMIT.labels(role).set_function(
+            lambda: float(any(o.over_limit for o in live)))
+    else:
+        live.discard(outage)
 
 
 def _role(actor: str) -> str:
@@ -172,3 +201,4 @@ def exposition(extra: list[Metric] | None = None) -> bytes:
 
 
 observe(record_append)  # every append of this process is counted once, whoever made it
+observe_outages(record_outage)  # every loop's outage, as it starts and ends

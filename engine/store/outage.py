@@ -21,9 +21,17 @@ from typing import TypeVar
 
 from engine.errors import DatabaseUnavailable
 
-__all__ = ["Outage", "until_up"]
+__all__ = ["Outage", "observe", "until_up"]
 
 T = TypeVar("T")
+_observers: list[Callable[[Outage, bool], None]] = []
+
+
+def observe(fn: Callable[[Outage, bool], None]) -> None:
+    """Call ``fn(outage, started)`` when any outage of this process starts (``True``) or
+    ends (``False``); metrics hook in here (``engine.service.metrics``)."""
+    if fn not in _observers:
+        _observers.append(fn)
 
 
 class Outage:
@@ -65,6 +73,8 @@ class Outage:
             self.outages += 1
             self.log.warning("%s: database unavailable, retrying with backoff: %s",
                              self.what, str(exc).splitlines()[0] if str(exc) else exc)
+            for fn in _observers:
+                fn(self, True)
         self.failures += 1
         return self.rng.uniform(0, min(self.cap_s, self.base_s * 2 ** min(self.failures, 16)))
 
@@ -78,6 +88,8 @@ class Outage:
         self.log.warning("%s: database back after %.1f s (%d failed attempts)", self.what,
                          lasted, self.failures)
         self.down_since = None
+        for fn in _observers:
+            fn(self, False)
 
 
 async def until_up(op: Callable[[], Awaitable[T]], outage: Outage, *,

@@ -1,0 +1,79 @@
+"""Riding through an outage (engine/store/outage.py): one log line when it starts and one
+when it ends however many attempts fail, a bounded jittered backoff, and the process's
+/metrics saying how long the database has been down and whether that is past the limit."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.errors import DatabaseUnavailable
+from engine.service.metrics import exposition
+from engine.store.outage import Outage, until_up
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def samples(role: str) -> dict[str, float]:
+    text = exposition().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.labels.get("role") == role}
+
+
+def test_an_outage_is_logged_once_and_measured(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    outage = Outage(logging.getLogger("callwarden.test"), "drill w:1", limit_s=300,
+                    rng=random.Random(1), clock=clock)
+    before = samples("drill").get("callwarden_database_outages_total", 0.0)
+    with caplog.at_level(logging.WARNING, logger="callwarden.test"):
+        delays = [outage.down(DatabaseUnavailable("gone")) for _ in range(20)]
+        clock.t += 42
+        seen = samples("drill")
+        assert seen["callwarden_database_down_seconds"] == 42
+        assert seen["callwarden_database_outage_over_limit"] == 0
+        assert seen["callwarden_database_outages_total"] == before + 1
+        clock.t += 300
+        assert samples("drill")["callwarden_database_outage_over_limit"] == 1
+        outage.up()
+    assert [r.getMessage() for r in caplog.records] == [
+        "drill w:1: database unavailable, retrying with backoff: gone",
+        "drill w:1: database back after 342.0 s (20 failed attempts)"]
+    assert all(0 <= d <= 5.0 for d in delays)
+    assert max(delays) > 1.0  # it backs off, not a tight loop
+    after = samples("drill")
+    assert after["callwarden_database_down_seconds"] == 0
+    assert after["callwarden_database_outage_over_limit"] == 0
+    assert (outage.outages, outage.downtime_s) == (1, 342.0)
+
+
+async def test_until_up_retries_only_unavailability() -> None:
+    outage = Outage(logging.getLogger("callwarden.test"), "drill2", rng=random.Random(2))
+    calls: list[int] = []
+    waits: list[float] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 4:
+            raise DatabaseUnavailable("down")
+        return "ok"
+
+    async def sleep(s: float) -> None:
+        waits.append(s)
+
+    assert await until_up(flaky, outage, sleep=sleep) == "ok"
+    assert (len(calls), len(waits), outage.is_down, outage.outages) == (4, 3, False, 1)
+
+    async def broken() -> str:
+        raise ValueError("a bug, not an outage")
+
+    with pytest.raises(ValueError, match="a bug"):
+        await until_up(broken, outage, sleep=sleep)
