@@ -11,10 +11,13 @@ import argparse
 import asyncio
 import importlib
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from engine.cli.process import env_help
 from engine.errors import CallwardenError
 from engine.replay.status import print_status
 from engine.store.db import connect, resolve_database_url
@@ -54,6 +57,23 @@ def _simulator(args: argparse.Namespace) -> int:
     return main(forwarded(args))
 
 
+def _version() -> str:
+    try:
+        return metadata.version("callwarden")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _with_environment(sub: Any) -> None:
+    """Every command's --help ends with the environment variables it reads."""
+    for name, parser in sub.choices.items():
+        block = env_help(name)
+        if block is None:
+            continue
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = f"{parser.epilog}\n\n{block}" if parser.epilog else block
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="callwarden",
@@ -62,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="With DATABASE_URL unset, an embedded Postgres runs in --data-dir.")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="embedded Postgres data folder (ignored when DATABASE_URL is set)")
+    p.add_argument("--version", action="version", version=f"callwarden {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(handler=_migrate)
     sub.add_parser("status", help="migrations applied; jobs by status and call state"
@@ -80,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _with_environment(sub)
     return p
 
 

@@ -33,3 +33,58 @@ def setup_logging(*, stream: TextIO | None = None, file: Path | None = None,
             logger.addHandler(handler)
             logger.setLevel(level)
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
+# -- the environment each command reads (shown by its --help) -----------------------------
+
+ENV: dict[str, str] = {
+    "DATABASE_URL": "an existing Postgres (unset: the embedded one in --data-dir)",
+    "CALLWARDEN_DB_POOLER": "transaction: DATABASE_URL is a transaction pooler (no "
+                            "prepared statements)",
+    "CALLWARDEN_<PROVIDER>_URL": "a provider's base URL (KIE, REPLICATE, ELEVENLABS, "
+                                 "ANTHROPIC; e.g. the simulator)",
+    "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY":
+        "provider credentials",
+    "CALLWARDEN_MEDIA_DIR, CALLWARDEN_MEDIA_S3_BUCKET, CALLWARDEN_MEDIA_S3_ENDPOINT_URL":
+        "where result media is stored",
+    "CALLWARDEN_MEDIA_ALLOW_HOSTS": "extra hosts media may be fetched from (comma-separated)",
+    "CALLWARDEN_PRICING_FILE": "a price list charging completed calls from reported usage",
+    "CALLWARDEN_CALL_<FIELD>": "the [calls] settings (e.g. CALLWARDEN_CALL_FINALIZE_LEASE_S)",
+    "CALLWARDEN_CALLBACK_BASE_URL": "callwarden serve's URL, for per-job callback URLs",
+    "CALLWARDEN_RECONCILE_<FIELD>": "the [reconcile] settings (per kind: "
+                                    "CALLWARDEN_RECONCILE_THRESHOLD_<KIND>)",
+    "CALLWARDEN_WEBHOOK_<FIELD>": "the [webhooks] settings (e.g. ..._MAX_BODY_BYTES)",
+    "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY":
+        "webhook signing secrets",
+    "CALLWARDEN_ADMIN_TOKEN": "the admin token (unset: the admin actions are off)",
+    "CALLWARDEN_FAILPOINTS": "crash at a named point (tests and drills)",
+}
+_DB = ["DATABASE_URL", "CALLWARDEN_DB_POOLER"]
+_PROVIDERS = ["CALLWARDEN_<PROVIDER>_URL",
+              "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY",
+              "CALLWARDEN_MEDIA_DIR, CALLWARDEN_MEDIA_S3_BUCKET, "
+              "CALLWARDEN_MEDIA_S3_ENDPOINT_URL", "CALLWARDEN_MEDIA_ALLOW_HOSTS",
+              "CALLWARDEN_PRICING_FILE", "CALLWARDEN_CALL_<FIELD>"]
+COMMAND_ENV: dict[str, list[str]] = {
+    "migrate": ["DATABASE_URL"], "status": _DB,
+    "audit": _DB, "verify": _DB, "rebuild": _DB,
+    "stats": [*_DB, "CALLWARDEN_RECONCILE_<FIELD>"],
+    "worker": [*_DB, *_PROVIDERS, "CALLWARDEN_CALLBACK_BASE_URL", "CALLWARDEN_FAILPOINTS"],
+    "enqueue": _DB,
+    "reconcile": [*_DB, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>"],
+    "serve": [*_DB, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>", "CALLWARDEN_WEBHOOK_<FIELD>",
+              "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY",
+              "CALLWARDEN_ADMIN_TOKEN"],
+    "demo": ["DATABASE_URL"],
+}
+
+
+def env_help(command: str) -> str | None:
+    """The ``environment:`` block of ``command``'s --help (None: it reads none)."""
+    names = COMMAND_ENV.get(command)
+    if not names:
+        return None
+    width = max(len(n) for n in names if len(n) <= 40)
+    lines = [f"  {n:<{width}}  {ENV[n]}" if len(n) <= 40 else f"  {n}\n  {'':<{width}}  {ENV[n]}"
+             for n in names]
+    return "environment:\n" + "\n".join(lines)
