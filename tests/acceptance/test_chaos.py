@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil  # type: ignore[import-untyped]
 import psycopg
 
 from engine.store.db import EmbeddedServer
@@ -46,6 +47,10 @@ def test_demo_chaos_restarts_the_database_and_cuts_connections_and_passes(
     assert_invariants(summary, 60)
     assert summary["database_restarts"] >= 2
     assert summary["connections_cut"] >= 1
+    # The restarted server was stopped at the end too (its handle knew the new postmaster).
+    pgdata = str(tmp_path / "demo" / "pgdata")
+    assert [p.pid for p in psutil.process_iter(attrs=["cmdline"])
+            if p.info["cmdline"] and pgdata in " ".join(p.info["cmdline"])] == []
 
 
 async def _restart_when_busy(server: EmbeddedServer, url: str, times: int) -> int:

@@ -72,3 +72,4 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
         await service.drain()
         async with await connect(url) as conn:
             assert await state(conn, job) == ("completed", "committed")
+
