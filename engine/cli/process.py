@@ -41,6 +41,8 @@ ENV: dict[str, str] = {
     "DATABASE_URL": "an existing Postgres (unset: the embedded one in --data-dir)",
     "CALLWARDEN_DB_POOLER": "transaction: DATABASE_URL is a transaction pooler (no "
                             "prepared statements)",
+    "CALLWARDEN_DB_OUTAGE_LIMIT_S": "seconds a database outage may last before it is "
+                                    "reported (default 300; --once exits 1)",
     "CALLWARDEN_<PROVIDER>_URL": "a provider's base URL (KIE, REPLICATE, ELEVENLABS, "
                                  "ANTHROPIC; e.g. the simulator)",
     "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY":
@@ -60,6 +62,7 @@ ENV: dict[str, str] = {
     "CALLWARDEN_FAILPOINTS": "crash at a named point (tests and drills)",
 }
 _DB = ["DATABASE_URL", "CALLWARDEN_DB_POOLER"]
+_LONG = [*_DB, "CALLWARDEN_DB_OUTAGE_LIMIT_S"]  # the commands that ride through outages
 _PROVIDERS = ["CALLWARDEN_<PROVIDER>_URL",
               "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY",
               "CALLWARDEN_MEDIA_DIR, CALLWARDEN_MEDIA_S3_BUCKET, "
@@ -69,13 +72,13 @@ COMMAND_ENV: dict[str, list[str]] = {
     "migrate": ["DATABASE_URL"], "status": _DB,
     "audit": _DB, "verify": _DB, "rebuild": _DB,
     "stats": [*_DB, "CALLWARDEN_RECONCILE_<FIELD>"],
-    "worker": [*_DB, *_PROVIDERS, "CALLWARDEN_CALLBACK_BASE_URL", "CALLWARDEN_FAILPOINTS"],
+    "worker": [*_LONG, *_PROVIDERS, "CALLWARDEN_CALLBACK_BASE_URL", "CALLWARDEN_FAILPOINTS"],
     "enqueue": _DB,
-    "reconcile": [*_DB, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>"],
-    "serve": [*_DB, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>", "CALLWARDEN_WEBHOOK_<FIELD>",
+    "reconcile": [*_LONG, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>"],
+    "serve": [*_LONG, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>", "CALLWARDEN_WEBHOOK_<FIELD>",
               "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY",
               "CALLWARDEN_ADMIN_TOKEN"],
-    "demo": ["DATABASE_URL"],
+    "demo": ["DATABASE_URL", "CALLWARDEN_DB_OUTAGE_LIMIT_S"],
 }
 
 

@@ -7,7 +7,9 @@ one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RE
 API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
 ``CALLWARDEN_MEDIA_ALLOW_HOSTS``). Exit codes: 0 the pass ran (per-call provider errors
 are outcomes, recorded on the calls and counted); 1 the pass could not run (``--once``:
-the claim failed); 2 bad configuration or database failure at start.
+the claim failed, or the database stayed unavailable longer than
+``CALLWARDEN_DB_OUTAGE_LIMIT_S``, retried with backoff until then); 2 bad configuration or
+database failure at start.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from engine.reconciler.config import load_config
 from engine.reconciler.loop import Counts, Reconciler
 from engine.service.metrics import start_metrics_server
 from engine.store.db import default_data_dir, open_pool
+from engine.store.outage import configured_limit_s
 from providers.base import ProviderSettings
 from providers.storage import store_from_env
 
@@ -70,8 +73,8 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
     store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
-    # --once reports an unreachable database quickly (exit 1); the loop waits it out.
-    wait_s = 5.0 if args.once else 30.0
+    # --once retries a short wait for a connection until the outage limit (then exit 1).
+    wait_s = min(5.0, configured_limit_s()) if args.once else 30.0
     async with open_pool(url, max_size=config.concurrency + 2, check=True,
                          wait_s=wait_s) as pool, \
             aiohttp.ClientSession() as session:
@@ -80,7 +83,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
                                 call_config=load_call_config(args.config, os.environ),
                                 pricing=pricing)
         if args.once:
-            counts = await reconciler.reconcile_once()
+            counts = await reconciler.reconcile_once_through_outage()
             _print(counts, args.json)
             return 1 if counts.pass_failed else 0
         stop = asyncio.Event()

@@ -400,6 +400,16 @@ class Reconciler:
         what = f"{outcome}{f' ({error})' if error else ''}; next attempt {due.isoformat()}"
         await self._write(job, p, event, counts, count, what)
 
+    async def reconcile_once_through_outage(self) -> Counts:
+        """One pass (``--once``), retried with the outage's backoff while the database is
+        unavailable, until it runs or the outage outlasts its limit (then the failed
+        pass's counts, ``pass_failed`` set)."""
+        while True:
+            counts = await self.reconcile_once()
+            if not (counts.pass_failed and self.outage.is_down) or self.outage.over_limit:
+                return counts
+            await self.sleep(self._backoff)
+
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import re
 import time
 import uuid
@@ -43,6 +44,7 @@ from engine.store.boundary import connection
 from engine.store.clock import Clock, DatabaseClock
 from engine.store.db import Pool
 from engine.store.migrate import pending
+from engine.store.outage import Outage
 from engine.store.write import AppendResult, cancel, execute, transition
 from events.types import Event, ReconcileAttempted
 from projections.fold import CallProjection
@@ -121,8 +123,9 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 class _Probes:
-    def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
-        self.pool, self.config, self.now = pool, config, now
+    def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime],
+                 outage: Outage) -> None:
+        self.pool, self.config, self.now, self.outage = pool, config, now, outage
         self.gauges = CallGauges(config.stale, legacy_cutoff=config.legacy_cutoff)
 
     async def readyz(self, request: web.Request) -> web.Response:
@@ -131,8 +134,12 @@ class _Probes:
                 await execute(conn, "service_ping", {})
                 todo = await pending(conn)
         except Exception as exc:  # any failure to reach the database: not ready
+            if isinstance(exc, DatabaseUnavailable):
+                self.outage.down(exc)
             return web.json_response({"status": "database unreachable",
+                                      **(self.outage.report() if self.outage.is_down else {}),
                                       "detail": str(exc)[:300]}, status=503)
+        self.outage.up()
         if todo:
             names = [f"{m.version:04d}_{m.name}" for m in todo]
             return web.json_response({"status": "migrations pending", "pending": names},
@@ -190,8 +197,10 @@ def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
     ``web.AppRunner(app, access_log_class=RedactingAccessLogger)``."""
     now = now if now is not None else DatabaseClock()
     app = web.Application()
-    receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll)
-    probes = _Probes(pool, config, now)
+    outage = Outage(logging.getLogger("callwarden.service"), "service")
+    receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll,
+                        outage=outage)
+    probes = _Probes(pool, config, now, outage)
     app.add_routes(receiver.routes())
     app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", probes.readyz),
                     web.get("/metrics", probes.metrics)])

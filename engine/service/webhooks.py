@@ -49,6 +49,7 @@ from engine.service.metrics import record_webhook
 from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Conn, Pool
+from engine.store.outage import Outage
 from engine.store.write import execute, load, transition
 from events.states import CallState
 from providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
@@ -185,8 +186,9 @@ class Receiver:
     def __init__(self, pool: Pool, finalizer: Finalizer, config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
                  now: Callable[[], datetime] | None = None,
-                 poll: TaskPoll | None = None) -> None:
+                 poll: TaskPoll | None = None, outage: Outage | None = None) -> None:
         self.pool, self.finalizer, self.config = pool, finalizer, config
+        self.outage = outage if outage is not None else Outage(log, "service")
         self.clock = clock
         self.now = now if now is not None else DatabaseClock()
         self.poll = poll
@@ -230,6 +232,10 @@ class Receiver:
             except (DatabaseUnavailable, DatabaseError, StorageError) as exc:
                 outcome, message, status = "error", f"try again later: {exc}", 503
                 headers["Retry-After"] = "30"
+                if isinstance(exc, DatabaseUnavailable):  # one log line per outage
+                    self.outage.down(exc)
+            else:
+                self.outage.up()
             record_webhook(provider, outcome, time.perf_counter() - started)
             if status >= 400:
                 log.info("webhook %s refused (%s): %s", provider, outcome, message)

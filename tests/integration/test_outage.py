@@ -6,6 +6,11 @@ is back; ``/readyz`` says not ready until then."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +51,29 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
         s.stop()
 
 
+async def over_limit_within(http: aiohttp.ClientSession, url: str,
+                            limit_s: float) -> dict[str, object]:
+    """``/readyz``'s body once it says the outage is over its limit (polled, bounded)."""
+    deadline = asyncio.get_running_loop().time() + limit_s
+    body: dict[str, object] = {}
+    while asyncio.get_running_loop().time() < deadline:
+        async with http.get(url) as resp:
+            assert resp.status == 503
+            body = await resp.json()
+        if body.get("over_limit"):
+            break
+        await asyncio.sleep(0.2)  # a polling period, not synchronisation
+    return body
+
+
 async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
         server: EmbeddedServer, sim: RunningSimulator, http: aiohttp.ClientSession,
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Also: ``/readyz`` gives the outage's length and limit
+    (``CALLWARDEN_DB_OUTAGE_LIMIT_S``) as its reason, and the service logs the outage
+    once however many requests fail."""
+    monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "0.5")
     url = create_database(server.url(), "svc")
     async with await connect(url) as conn:
         await migrate(conn)
@@ -63,8 +88,16 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
                                  headers=delivery.headers) as resp:
                 assert resp.status == 503
                 assert resp.headers["Retry-After"] == "30"
-            async with http.get(f"{service.url}/readyz") as resp:
-                assert resp.status == 503
+            with caplog.at_level(logging.WARNING, logger="callwarden.service"):
+                body = await over_limit_within(http, f"{service.url}/readyz", 30.0)
+            assert body["status"] == "database unreachable"
+            assert body["limit_s"] == 0.5
+            assert body["over_limit"] is True
+            assert isinstance(body["down_s"], float)
+            assert body["down_s"] > 0.5
+            said = [r.getMessage() for r in caplog.records if r.name == "callwarden.service"]
+            assert len([m for m in said if "retrying with backoff" in m]) <= 1
+            assert len([m for m in said if "longer than the outage limit" in m]) == 1
         finally:
             server.start()
         assert await ready_within(http, f"{service.url}/readyz", 30.0)
@@ -73,3 +106,56 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
         async with await connect(url) as conn:
             assert await state(conn, job) == ("completed", "committed")
 
+
+
+def _reconcile_once(url: str, limit_s: float) -> subprocess.Popen[str]:
+    env = {**os.environ, "DATABASE_URL": url, "CALLWARDEN_DB_OUTAGE_LIMIT_S": str(limit_s)}
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", "reconcile", "--once",
+                             "--json"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _migrated(server: EmbeddedServer) -> str:
+    url = create_database(server.url(), "once")
+
+    async def go() -> None:
+        async with await connect(url) as conn:
+            await migrate(conn)
+    asyncio.run(go())
+    return url
+
+
+def test_reconcile_once_rides_through_an_outage_shorter_than_its_limit(
+        server: EmbeddedServer) -> None:
+    """``reconcile --once`` started while the database is down waits it out (with
+    backoff) and runs its pass once the server is back: exit 0, one outage logged."""
+    url = _migrated(server)
+    server.halt()
+    proc = _reconcile_once(url, 120)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the process says the outage started ...
+        assert "database unavailable, retrying with backoff" in first
+        server.start()  # ... and only then is the database brought back
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, first + err
+    assert json.loads(out)["pass_failed"] is False
+    assert "database back after" in err
+    assert "longer than the outage limit" not in err
+
+
+def test_reconcile_once_exits_1_when_the_outage_outlasts_its_limit(
+        server: EmbeddedServer) -> None:
+    url = _migrated(server)
+    server.halt()
+    try:
+        proc = _reconcile_once(url, 1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        server.start()
+    assert proc.returncode == 1, err
+    assert json.loads(out)["pass_failed"] is True
+    assert err.count("database unavailable, retrying with backoff") == 1
+    assert "longer than the outage limit (CALLWARDEN_DB_OUTAGE_LIMIT_S=1)" in err

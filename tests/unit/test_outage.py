@@ -10,9 +10,15 @@ import random
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.errors import DatabaseUnavailable
+from engine.errors import ConfigError, DatabaseUnavailable
 from engine.service.metrics import exposition
-from engine.store.outage import Outage, until_up
+from engine.store.outage import (
+    DEFAULT_LIMIT_S,
+    LIMIT_ENV,
+    Outage,
+    configured_limit_s,
+    until_up,
+)
 
 
 class Clock:
@@ -77,3 +83,37 @@ async def test_until_up_retries_only_unavailability() -> None:
 
     with pytest.raises(ValueError, match="a bug"):
         await until_up(broken, outage, sleep=sleep)
+
+
+def test_an_outage_over_its_limit_is_said_once_and_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    outage = Outage(logging.getLogger("callwarden.test"), "drill3", limit_s=10,
+                    rng=random.Random(3), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="callwarden.test"):
+        outage.down(DatabaseUnavailable("gone"))
+        assert outage.report() == {"down_s": 0.0, "limit_s": 10, "over_limit": False}
+        clock.t += 10.5
+        for _ in range(5):
+            outage.down(DatabaseUnavailable("gone"))
+        assert outage.report() == {"down_s": 10.5, "limit_s": 10, "over_limit": True}
+        outage.up()
+        outage.down(DatabaseUnavailable("again"))  # a new outage: said again when over
+        clock.t += 11
+        outage.down(DatabaseUnavailable("again"))
+    over = [r for r in caplog.records if "longer than the outage limit" in r.getMessage()]
+    assert [r.levelno for r in over] == [logging.ERROR, logging.ERROR]
+    assert "CALLWARDEN_DB_OUTAGE_LIMIT_S=10" in over[0].getMessage()
+
+
+@pytest.mark.parametrize(("raw", "limit"), [(None, DEFAULT_LIMIT_S), ("", DEFAULT_LIMIT_S),
+                                             ("2.5", 2.5), (" 60 ", 60.0)])
+def test_the_outage_limit_comes_from_the_environment(raw: str | None, limit: float) -> None:
+    env = {} if raw is None else {LIMIT_ENV: raw}
+    assert configured_limit_s(env) == limit
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "soon", "nan", "inf", "1e999"])
+def test_a_bad_outage_limit_is_a_config_error_naming_it(raw: str) -> None:
+    with pytest.raises(ConfigError, match=LIMIT_ENV):
+        configured_limit_s({LIMIT_ENV: raw})
