@@ -118,10 +118,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Under ``--pgbouncer``, tests that kill their own server connection by pid are
     deselected (not skipped): behind a transaction pooler the client has no server
     connection of its own to lose, and the pooler hides the loss. Without it, the tests
-    that need a pooler in front are deselected (``.ci/run`` runs them with it)."""
+    that need a pooler in front are deselected (``.ci/run`` runs them with it). The long
+    chaos profile (``chaos_long``) is deselected unless ``HYPOTHESIS_PROFILE=deep`` or
+    ``CALLWARDEN_CHAOS_LONG=1``."""
     pooled = config.getoption("--pgbouncer")
-    unfit = "own_backend" if pooled else "pgbouncer"
-    kept = [i for i in items if i.get_closest_marker(unfit) is None]
+    unfit = {"own_backend" if pooled else "pgbouncer"}
+    if not (os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+            or os.environ.get("CALLWARDEN_CHAOS_LONG") == "1"):
+        unfit.add("chaos_long")  # the long chaos profile runs on demand only
+    kept = [i for i in items if not any(i.get_closest_marker(m) for m in unfit)]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
