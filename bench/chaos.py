@@ -25,7 +25,6 @@ import tempfile
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
-
 from rich.console import Console
 from rich.table import Table
 
@@ -34,7 +33,7 @@ from engine.demo.run import DemoOptions, DemoRun, Tick, run_demo
 from engine.store.db import EmbeddedServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fault harness in tests/
-from tests.faults import DatabaseFaults, FaultLog, FaultProxy  # noqa: E402
+from tests.faults import DatabaseFaults, FaultLog, FaultProxy
 
 console = Console(width=130)
 

@@ -123,7 +123,7 @@ class Simulator:
         self.clock = Clock(clock_factor)
         self.journal = Journal()
         self.tasks = TaskStore(self.clock)
-        self.faults = Faults()
+        self.faults = Faults(self.clock.now)
         self.media = MediaHost(self.clock, self.rng)
         self.webhooks = Webhooks(self.clock)
         self.api_key = api_key

@@ -6,7 +6,9 @@ test can prove "the resume never sent a second create" even when that create was
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -66,18 +68,37 @@ class Journal:
 
 
 class Faults:
-    """Faults armed per (provider, route); each applies to the next ``times`` requests."""
+    """Faults armed per (provider, route); each applies to the next ``times`` requests,
+    or (``for_s``) to every request until ``clock()`` passes its end: an outage, which
+    comes before any counted fault on the same route."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self._armed: dict[tuple[str, str], deque[list[Any]]] = {}
+        self._outages: dict[tuple[str, str], tuple[Fault, float]] = {}
 
     def arm(self, provider: str, route: str, fault: Fault) -> None:
-        """Queue ``fault`` after any fault already armed on the same route."""
+        """Queue ``fault`` after any fault already armed on the same route (an outage
+        replaces the route's outage, if any)."""
+        if fault.for_s is not None:
+            if fault.for_s > 0:
+                self._outages[(provider, route)] = (fault, self.clock() + fault.for_s)
+            return
         if fault.times > 0:
             self._armed.setdefault((provider, route), deque()).append([fault, fault.times])
 
+    def outage_left_s(self, provider: str, route: str) -> float:
+        """Simulated seconds until the route's outage ends (0: none)."""
+        armed = self._outages.get((provider, route))
+        return max(0.0, armed[1] - self.clock()) if armed else 0.0
+
     def take(self, provider: str, route: str) -> Fault | None:
         """The fault to apply to this request, if any (uses up one of its ``times``)."""
+        outage = self._outages.get((provider, route))
+        if outage is not None:
+            if self.clock() < outage[1]:
+                return outage[0]
+            del self._outages[(provider, route)]
         queue = self._armed.get((provider, route))
         if not queue:
             return None
@@ -96,3 +117,4 @@ class Faults:
 
     def clear(self) -> None:
         self._armed.clear()
+        self._outages.clear()

@@ -142,13 +142,16 @@ FaultKind = Literal["http_status", "rate_limit", "rate_limit_in_body", "reset", 
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True):
-    """A fault armed on one provider route, applied to the next ``times`` requests."""
+    """A fault armed on one provider route, applied to the next ``times`` requests — or,
+    with ``for_s``, to every request for ``for_s`` simulated seconds from when it is armed
+    (a provider outage; ``times`` is then ignored)."""
 
     kind: FaultKind
     status: int = 500
     retry_after: float | None = None
     times: int = 1
     hang_s: float = 30.0
+    for_s: float | None = None
 
 
 class Phase(msgspec.Struct, frozen=True, kw_only=True):
