@@ -85,3 +85,36 @@ SELECT 1 AS ok FROM jobs WHERE id = %(job_id)s AND call_state = 'completed';
 
 -- name: vacuum_jobs
 VACUUM ANALYZE jobs;
+
+-- name: capacity_counters
+-- bench/capacity.py, read on the server's "postgres" database (so reading adds nothing to
+-- the bench database's counts): the bench database's transactions, the WAL position and
+-- the cluster's WAL records and full-page images (pg_stat_wal is cluster-wide).
+SELECT d.xact_commit AS commits, d.xact_rollback AS rollbacks,
+       pg_current_wal_lsn()::text AS lsn, w.wal_records AS wal_records, w.wal_fpi AS wal_fpi
+FROM pg_stat_database d, pg_stat_wal w
+WHERE d.datname = %(name)s;
+
+-- name: capacity_wal_bytes
+SELECT pg_wal_lsn_diff(%(after)s::pg_lsn, %(before)s::pg_lsn) AS bytes;
+
+-- name: capacity_tables
+-- Per table of a call: on-disk bytes with indexes (and FSM/VM forks), rows inserted, rows
+-- updated and how many of those updates were HOT (from the flushed table stats).
+SELECT s.relname AS name, pg_total_relation_size(s.relid) AS bytes,
+       s.n_tup_ins AS inserted, s.n_tup_upd AS updated, s.n_tup_hot_upd AS hot_updated
+FROM pg_stat_user_tables s
+WHERE s.schemaname = 'public' AND s.relname = ANY(%(names)s::text[]);
+
+-- name: capacity_vacuum
+-- After bulk-loading histories (--prefill): vacuumed and analysed now, so autovacuum does
+-- not visit the loaded rows inside a measured window.
+VACUUM (ANALYZE) jobs, call_events, usage_logs, assets;
+
+-- name: capacity_checkpoint
+-- Before each window when --prefill is given: every page the window touches first pays a
+-- full-page image in the WAL, as on a table much larger than a checkpoint interval writes.
+CHECKPOINT;
+
+-- name: capacity_settings
+SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%(names)s::text[]) ORDER BY name;

@@ -15,6 +15,8 @@ import pytest
 from tests.acceptance.conftest import ROOT
 
 RUNS = {
+    "capacity": ["--calls", "16", "--warmup", "8", "--beats", "2", "--probe-jobs", "10",
+                 "--prefill", "50"],
     "replay": ["--events", "3000", "--batch", "200"],
     "reconcile": ["--rows", "2000", "--stale", "40", "--processes", "1", "--trials", "1"],
     "webhooks": ["--jobs", "20", "--concurrency", "1", "4"],
