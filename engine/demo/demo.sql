@@ -63,3 +63,7 @@ INSERT INTO workflow_executions (id, status) VALUES (%(id)s, 'running');
 SELECT count(pg_terminate_backend(pid)) AS n
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid();
+
+-- name: demo_job_ids
+-- The demo's jobs, if its setup already enqueued them.
+SELECT id FROM jobs ORDER BY created_at, id;

@@ -34,7 +34,7 @@ from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
 from engine.service.webhooks import WebhookConfig
-from engine.store.boundary import connection
+from engine.store.boundary import connection, transaction
 from engine.store.db import Conn, Pool, open_pool
 from engine.store.jobs import create_job
 from engine.store.migrate import migrate
@@ -241,12 +241,26 @@ async def _watch(pool: Pool, fleet: WorkerFleet, deadline: float, on_tick: OnTic
         await asyncio.sleep(pause)
 
 
-async def _setup(pool: Pool, opts: DemoOptions) -> list[uuid.UUID]:
-    """Schema, the settlement audit and the planned jobs (enqueued)."""
-    async with connection(pool) as conn:
-        await migrate(conn)
-        await install_audit(conn)
-        return [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
+async def _setup(pool: Pool, opts: DemoOptions, outage: Outage) -> list[uuid.UUID]:
+    """Schema, the settlement audit and the planned jobs (enqueued), retried through an
+    outage: the first two are idempotent, and the jobs go in one transaction — so an
+    attempt that fails wrote none of them, and one whose commit was lost with its
+    connection wrote all of them (the retry finds them and enqueues nothing)."""
+    async def schema() -> None:
+        async with connection(pool) as conn:
+            await migrate(conn)
+            await install_audit(conn)
+
+    async def enqueue() -> list[uuid.UUID]:
+        async with connection(pool) as conn:
+            known = [r["id"] for r in await execute(conn, "demo_job_ids", {})]
+            if known:  # an earlier attempt committed: the database is the demo's own
+                return known
+            async with transaction(conn):
+                return [await _enqueue(conn, j) for j in plan_jobs(opts.jobs, opts.seed)]
+
+    await until_up(schema, outage)
+    return await until_up(enqueue, outage)
 
 
 def _background(opts: DemoOptions, reconciler: Reconciler, fleet: WorkerFleet, chaos: Chaos,
@@ -281,8 +295,8 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
     to restart that database, for ``opts.chaos``)."""
     started = time.monotonic()
     async with open_pool(db_url, max_size=12, check=True) as pool:
-        job_ids = await _setup(pool, opts)
         chaos = Chaos(pool, Outage(log, "demo"), restart)
+        job_ids = await _setup(pool, opts, chaos.outage)
         async with running_simulator(seed=opts.seed) as rs, aiohttp.ClientSession() as http, \
                 contextlib.AsyncExitStack() as stack:
             arm_faults(rs.sim)

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -109,10 +111,13 @@ def _sum_states(rounds: list[dict[str, object]]) -> dict[str, int]:
     return total
 
 
-def _run_profile(tmp_path: Path, *, name: str, jobs_per_round: int, min_jobs: int,
+def _run_profile(*, name: str, jobs_per_round: int, min_jobs: int,
                  every_s: tuple[float, float], for_s: float, max_faults: int | None,
                  seed: int) -> dict[str, object]:
-    server = EmbeddedServer(tmp_path / "pg", cleanup="delete")
+    # The server's folder is outside pytest's numbered temp folders, which a pytest session
+    # started meanwhile (by another engineer) may prune under a run this long.
+    root = Path(tempfile.mkdtemp(prefix="cw-chaos-"))
+    server = EmbeddedServer(root / "pg", cleanup="delete")
     rounds: list[dict[str, object]] = []
     try:
         with FaultProxy(server.url(), lifetime_s=for_s + 1800) as proxy:
@@ -126,7 +131,7 @@ def _run_profile(tmp_path: Path, *, name: str, jobs_per_round: int, min_jobs: in
             r = 0
             # Rounds of the demo until the faults are over and enough jobs have run.
             while not faults.done or sum(int(str(x["jobs"])) for x in rounds) < min_jobs:
-                proc, ended = _demo(proxy.url(), tmp_path / f"round{r}",
+                proc, ended = _demo(proxy.url(), root / f"round{r}",
                                     jobs=jobs_per_round, seed=seed + r,
                                     deadline_s=max(240.0, jobs_per_round * 0.6))
                 assert proc.returncode == 0, proc.stderr[-3000:]
@@ -139,16 +144,16 @@ def _run_profile(tmp_path: Path, *, name: str, jobs_per_round: int, min_jobs: in
             log = faults.stop()
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
     last = log.last_fault_end or ended
     return _figures(name, rounds, log, ended - began, max(0.0, ended - last))
 
 
-def test_short_chaos_profile_survives_restarts_backend_kills_and_a_bad_network(
-        tmp_path: Path) -> None:
+def test_short_chaos_profile_survives_restarts_backend_kills_and_a_bad_network() -> None:
     """A few hundred jobs through the proxy, 12 faults 1.5–4 s apart: 6 restarts, and
     each of the other faults (one backend killed, all killed, connections dropped,
     stalled, slowed) at least once; every invariant holds."""
-    figures = _run_profile(tmp_path, name="short", jobs_per_round=200, min_jobs=200,
+    figures = _run_profile(name="short", jobs_per_round=200, min_jobs=200,
                            every_s=(1.5, 4.0), for_s=240.0, max_faults=12, seed=21)
     faults = figures["faults"]
     assert isinstance(faults, dict)
@@ -159,10 +164,10 @@ def test_short_chaos_profile_survives_restarts_backend_kills_and_a_bad_network(
 
 
 @pytest.mark.chaos_long  # deselected (not skipped) unless the long profile is asked for
-def test_long_chaos_profile_ten_minutes_of_restarts(tmp_path: Path) -> None:
+def test_long_chaos_profile_ten_minutes_of_restarts() -> None:
     """2,000+ jobs in rounds of 500 while, for 10 minutes, a fault lands every 5–40 s
     (every other one a restart); every round's invariants hold."""
-    figures = _run_profile(tmp_path, name="long", jobs_per_round=500, min_jobs=2000,
+    figures = _run_profile(name="long", jobs_per_round=500, min_jobs=2000,
                            every_s=(5.0, 40.0), for_s=600.0, max_faults=None, seed=31)
     assert int(str(figures["jobs"])) >= 2000
     faults = figures["faults"]

@@ -63,8 +63,9 @@ def test_every_command_says_the_database_is_unavailable_and_exits_non_zero(
         argv: list[str], code: int, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """A dead DATABASE_URL: one clear line (no traceback), a non-zero exit; ``reconcile
-    --once`` reports the failed pass (exit 1) after a bounded wait."""
+    --once`` reports the failed pass (exit 1) once the outage outlasts its limit."""
     monkeypatch.setenv("DATABASE_URL", DEAD)
+    monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "1")
     assert main(argv) == code
     out = capsys.readouterr()
     assert "Traceback" not in out.err
