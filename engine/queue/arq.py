@@ -1,0 +1,173 @@
+"""Run a job's call durably in an arq job (the ``callwarden[arq]`` extra).
+
+::
+
+    # worker.py — run with: arq worker.WorkerSettings
+    from engine.queue.arq import worker_settings
+    WorkerSettings = worker_settings(redis_url="redis://127.0.0.1:6379/0")
+
+    # wherever jobs are enqueued
+    from arq import create_pool
+    from engine.queue.arq import enqueue_call
+    redis = await create_pool(RedisSettings.from_dsn(url))
+    await enqueue_call(redis, job_id, "kie-standard", {"model": ..., "input": {...}})
+
+An arq worker is one process with one event loop: ``on_startup`` opens its pool, aiohttp
+session and runner into ``ctx`` (:data:`CTX_KEY`), ``on_shutdown`` closes them. A function
+of your own runs a call with :func:`run_job_call` (``ctx`` gives it the runner).
+
+arq delivers a job again when the worker running it died: the job stays in the queue while
+it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after the start,
+after which any worker takes it (``job_try`` + 1) and the runner resumes the call. So
+:func:`worker_settings` sets ``job_timeout`` to
+:func:`~engine.queue.process.longest_run_s`: a live worker is never overtaken, and arq
+never cancels a call that is still inside its budget. Details: docs/embedding-queues.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from arq.connections import ArqRedis, RedisSettings
+from arq.jobs import Job
+from arq.typing import StartupShutdown
+from arq.worker import Retry, func
+
+from engine.calls.config import load_call_config
+from engine.calls.runner import CallOutcome
+from engine.errors import DatabaseUnavailable
+from engine.queue.process import (
+    ProcessRunner,
+    RunnerOptions,
+    log_outcome,
+    longest_run_s,
+    open_runner,
+    options_from_env,
+    outcome_dict,
+)
+
+__all__ = ["CTX_KEY", "TASK_NAME", "enqueue_call", "run_call", "run_job_call",
+           "worker_settings"]
+
+log = logging.getLogger("callwarden.queue.arq")
+
+TASK_NAME = "callwarden.run_call"
+CTX_KEY = "callwarden"
+_MAX_KEY = "callwarden_max_deliveries"
+REDIS_ENV = "CALLWARDEN_REDIS_URL"
+
+
+async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
+                       request: Mapping[str, Any], *, operation: str | None = None
+                       ) -> CallOutcome:
+    """Run (or resume) the job's call with this worker's runner. A job tried more than
+    ``max_deliveries`` times is given up (a call that never started is refunded, one that
+    did is left to the reconciler); while the database is unreachable the job is retried
+    with backoff (``Retry``)."""
+    process: ProcessRunner = ctx[CTX_KEY]
+    job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
+    tries = int(ctx.get("job_try") or 1)
+    delivery = f"arq_job={ctx.get('job_id')} try={tries}"
+    if tries > int(ctx.get(_MAX_KEY, 5)):
+        outcome = await process.give_up(job, f"tried {tries} times")
+    else:
+        try:
+            outcome = await process.run(job, kind, request, operation=operation)
+        except DatabaseUnavailable as exc:
+            log.warning("job %s %s: database unavailable (%s); retried", job, delivery, exc)
+            raise Retry(defer=min(60, 2 ** tries)) from exc
+    log_outcome(outcome, kind, delivery)
+    return outcome
+
+
+async def run_call(ctx: dict[str, Any], job_id: str, kind: str, request: dict[str, Any],
+                   operation: str | None = None) -> dict[str, Any]:
+    """The arq function :data:`TASK_NAME`: :func:`run_job_call`, as a JSON-able dict."""
+    return outcome_dict(await run_job_call(ctx, job_id, kind, request, operation=operation))
+
+
+async def enqueue_call(redis: ArqRedis, job_id: uuid.UUID | str, kind: str,
+                       request: Mapping[str, Any], *, operation: str | None = None,
+                       **options: Any) -> Job | None:
+    """Enqueue :data:`TASK_NAME` under the arq job id ``callwarden:<job id>``: while that
+    job is queued, running, or its result kept, enqueueing it again returns ``None``."""
+    return await redis.enqueue_job(TASK_NAME, str(job_id), kind, dict(request), operation,
+                                   _job_id=f"callwarden:{job_id}", **options)
+
+
+def _log_to_stderr(level: int) -> None:
+    """arq's own log config covers only ``arq``: give callwarden's lines a handler too,
+    unless the host set up logging."""
+    ours = logging.getLogger("callwarden")
+    if not ours.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(level)
+
+
+def _hooks(options: RunnerOptions | None, concurrency: int, max_deliveries: int,
+           log_level: int | None, on_startup: StartupShutdown | None,
+           on_shutdown: StartupShutdown | None) -> tuple[StartupShutdown, StartupShutdown]:
+    async def startup(ctx: dict[Any, Any]) -> None:
+        if log_level is not None:
+            _log_to_stderr(log_level)
+        made = options or options_from_env(concurrency=concurrency)
+        ctx[CTX_KEY] = await open_runner(made, role="arq")
+        ctx[_MAX_KEY] = max_deliveries
+        if on_startup is not None:
+            await on_startup(ctx)
+
+    async def shutdown(ctx: dict[Any, Any]) -> None:
+        try:
+            if on_shutdown is not None:
+                await on_shutdown(ctx)
+        finally:
+            process: ProcessRunner | None = ctx.pop(CTX_KEY, None)
+            if process is not None:
+                await process.close()
+
+    return startup, shutdown
+
+
+def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = (),
+                    options: RunnerOptions | None = None, kinds: Iterable[str] | None = None,
+                    job_timeout: float | None = None, max_jobs: int = 10,
+                    max_deliveries: int = 5, grace_s: int = 30,
+                    on_startup: StartupShutdown | None = None,
+                    on_shutdown: StartupShutdown | None = None,
+                    log_level: int | None = logging.INFO, **extra: Any) -> dict[str, Any]:
+    """arq ``WorkerSettings`` (a dict, as ``arq module.WorkerSettings`` accepts) running
+    :func:`run_call` beside your ``functions``.
+
+    ``redis_url``: default ``CALLWARDEN_REDIS_URL``, else ``redis://localhost:6379``.
+    ``options``: the runner's (default: the environment, at start). ``job_timeout``:
+    default :func:`longest_run_s` for ``kinds`` (a shorter one is warned about: arq
+    cancels a call past it, which the reconciler then finishes). ``max_deliveries``: tries
+    before a job is given up. ``grace_s``: on SIGTERM, how long calls in flight may take to
+    finish before they are cancelled (and run again by another worker). ``extra``: any
+    other arq setting (yours win)."""
+    config = options.config if options is not None else load_call_config(env=os.environ)
+    needed = longest_run_s(config, options.settings if options else None, kinds=kinds)
+    timeout = needed if job_timeout is None else job_timeout
+    if timeout < needed:
+        log.warning("callwarden: arq job_timeout %gs is shorter than the longest call (%gs):"
+                    " a call still running when it passes is cancelled and left to the "
+                    "reconciler", timeout, needed)
+    startup, shutdown = _hooks(options, max_jobs, max_deliveries, log_level, on_startup,
+                               on_shutdown)
+    url = redis_url or os.environ.get(REDIS_ENV) or "redis://localhost:6379"
+    return {
+        "functions": [func(run_call, name=TASK_NAME, timeout=timeout,
+                           max_tries=max_deliveries + 1), *functions],
+        "redis_settings": RedisSettings.from_dsn(url),
+        "on_startup": startup, "on_shutdown": shutdown,
+        "job_timeout": timeout, "max_jobs": max_jobs, "job_completion_wait": grace_s,
+        **extra,
+    }

@@ -1,0 +1,251 @@
+"""Run a job's call durably inside a Celery task (the ``callwarden[celery]`` extra).
+
+::
+
+    from celery import Celery
+    from engine.queue.celery import register
+
+    app = Celery("host", broker="redis://127.0.0.1:6379/0")
+    run_call = register(app)   # process hooks, recommended settings, the task
+    run_call.delay(str(job_id), "kie-standard", {"model": ..., "input": {...}})
+
+or, in a task of your own (``bind=True``; the same acks and retries)::
+
+    @app.task(base=CallTask, bind=True)
+    def generate(self: CallTask, job_id: str) -> dict[str, Any]:
+        kind, request = ...  # from your own tables
+        return outcome_dict(self.run_call(job_id, kind, request))
+
+Each worker *process* owns one event loop (in a daemon thread, for the process's life), one
+psycopg pool and one aiohttp session, opened on ``worker_process_init`` — in each prefork
+child, after the fork — and closed on ``worker_process_shutdown`` (``worker_shutdown`` for
+the solo pool); a process that runs a task without either signal (the threads pool) opens
+its own on first use. Nothing is opened in the main process of a prefork worker, and a
+runtime inherited across a fork is never used (nor closed: its sockets are the parent's).
+A task blocks its thread on ``run_call`` while the call runs on the loop.
+
+:class:`CallTask` sets what a durable call needs (``acks_late``,
+``reject_on_worker_lost``, ``acks_on_failure_or_timeout``; retries on
+:class:`~engine.errors.DatabaseUnavailable`); :func:`register` also defaults the broker's
+``visibility_timeout`` to :func:`~engine.queue.process.longest_run_s` plus a margin and
+``worker_prefetch_multiplier`` to 1. Why each: docs/embedding-queues.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+from celery import Celery, Task, signals
+from celery.app.defaults import DEFAULTS
+
+from engine.calls.config import CallConfig, load_call_config
+from engine.calls.runner import CallOutcome
+from engine.errors import DatabaseUnavailable
+from engine.queue.process import (
+    ProcessRunner,
+    RunnerOptions,
+    log_outcome,
+    longest_run_s,
+    open_runner,
+    outcome_dict,
+)
+from providers.base import ProviderSettings
+
+__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "current_runtime", "register",
+           "start_process", "stop_process", "visibility_timeout_for"]
+
+log = logging.getLogger("callwarden.queue.celery")
+T = TypeVar("T")
+Options = RunnerOptions | Callable[[], RunnerOptions] | None
+
+TASK_NAME = "callwarden.run_call"
+#: Added to the longest run: a prefetched message waits, an ack takes a round trip.
+VISIBILITY_MARGIN_S = 60.0
+
+
+class _Loop:
+    """One event loop running in a daemon thread for the life of the process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="callwarden-loop",
+                                       daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait. An exception raised in this thread while it
+        waits (Celery's soft time limit) cancels the coroutine where it is."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class Runtime:
+    """What one worker process owns: the loop and the :class:`ProcessRunner` on it."""
+
+    def __init__(self, options: Options) -> None:
+        self.pid = os.getpid()
+        self._loop = _Loop()
+        try:
+            self.process: ProcessRunner = self._loop.call(open_runner(options, role="celery"))
+        except BaseException:
+            self._loop.close()
+            raise
+
+    def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
+            operation: str | None = None) -> CallOutcome:
+        return self._loop.call(self.process.run(job_id, kind, request, operation=operation))
+
+    def close(self) -> None:
+        try:
+            self._loop.call(self.process.close())
+        finally:
+            self._loop.close()
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_options: Options = None
+_inherited: list[Runtime] = []  # kept, never closed: their sockets are the parent's
+
+
+def _after_fork_in_child() -> None:
+    global _runtime
+    if _runtime is not None:
+        _inherited.append(_runtime)
+        _runtime = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def current_runtime() -> Runtime:
+    """This process's runtime, opened on first use if no signal opened it."""
+    global _runtime
+    with _lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            _runtime = Runtime(_options)
+        return _runtime
+
+
+def start_process(**_: Any) -> None:
+    """``worker_process_init``: open this process's runtime (a failure is logged; the
+    process's tasks then fail with it, and are acked)."""
+    try:
+        current_runtime()
+    except Exception:
+        log.exception("callwarden: could not open the process runtime in pid %d",
+                      os.getpid())
+
+
+def stop_process(**_: Any) -> None:
+    """``worker_process_shutdown`` / ``worker_shutdown``: close this process's runtime."""
+    global _runtime
+    with _lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None and runtime.pid == os.getpid():
+        runtime.close()
+
+
+class CallTask(Task):  # type: ignore[type-arg]
+    """A task that runs a job's call (:meth:`run_call`), acked the way a durable call
+    wants: after it ran (``acks_late``), redelivered when its process died
+    (``reject_on_worker_lost``), acked when it raised or timed out
+    (``acks_on_failure_or_timeout``: what is left of the call belongs to the reconciler),
+    retried with backoff while the database is unreachable."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    acks_on_failure_or_timeout = True
+    autoretry_for = (DatabaseUnavailable,)
+    retry_backoff = 2
+    retry_backoff_max = 60
+    max_retries = 10
+
+    def run_call(self, job_id: uuid.UUID | str, kind: str, request: Mapping[str, Any], *,
+                 operation: str | None = None) -> CallOutcome:
+        """``CallRunner.run`` on this process's loop; returns when the call is terminal,
+        left for the reconciler or out of poll budget."""
+        job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
+        info = self.request.delivery_info or {}
+        delivery = f"task={self.request.id} redelivered={bool(info.get('redelivered'))}"
+        outcome = current_runtime().run(job, kind, request, operation=operation)
+        log_outcome(outcome, kind, delivery)
+        return outcome
+
+
+def visibility_timeout_for(config: CallConfig | None = None,
+                           settings: ProviderSettings | None = None, *,
+                           kinds: Iterable[str] | None = None) -> float:
+    """The broker's ``visibility_timeout`` for calls of ``kinds``: the longest run plus
+    :data:`VISIBILITY_MARGIN_S` (whole seconds)."""
+    return float(int(longest_run_s(config, settings, kinds=kinds) + VISIBILITY_MARGIN_S))
+
+
+def _configure(app: Celery, needed_s: float, visibility_timeout: float | None) -> None:
+    """Default what the host left unset; warn when its visibility timeout is too short."""
+    conf = app.conf
+    options = dict(conf.broker_transport_options or {})
+    options.setdefault("visibility_timeout", visibility_timeout or needed_s)
+    chosen = float(options["visibility_timeout"])
+    conf.broker_transport_options = options
+    if ("worker_prefetch_multiplier" not in (conf.changes or {})
+            and conf.worker_prefetch_multiplier == DEFAULTS["worker_prefetch_multiplier"]):
+        conf.worker_prefetch_multiplier = 1
+    if chosen < needed_s:
+        log.warning("callwarden: broker visibility_timeout %gs is shorter than the longest "
+                    "call (%gs): a call still running may be delivered to a second worker, "
+                    "which resumes it (fenced, never created twice) but polls it too",
+                    chosen, needed_s)
+
+
+def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
+             kinds: Iterable[str] | None = None,
+             visibility_timeout: float | None = None) -> CallTask:
+    """Connect the process hooks, default the app's settings and register the task
+    ``name(job_id, kind, request, operation=None)`` (returns :func:`outcome_dict`).
+
+    ``options``: the processes' :class:`RunnerOptions` (or a function making them, called
+    in each process); default: the environment. ``kinds``: the kinds this app runs (the
+    visibility timeout fits the longest); ``visibility_timeout``: the host's own (a
+    ``broker_transport_options`` value wins over both)."""
+    global _options
+    _options = options
+    signals.worker_process_init.connect(start_process, dispatch_uid="callwarden-start",
+                                        weak=False)
+    for uid, signal in (("process", signals.worker_process_shutdown),
+                        ("worker", signals.worker_shutdown)):
+        signal.connect(stop_process, dispatch_uid=f"callwarden-stop-{uid}", weak=False)
+    config = options.config if isinstance(options, RunnerOptions) else load_call_config(
+        env=os.environ)
+    settings = options.settings if isinstance(options, RunnerOptions) else None
+    needed = visibility_timeout_for(config, settings, kinds=kinds)
+
+    @app.on_after_configure.connect(weak=False)
+    def _defaults(sender: Celery, **_: Any) -> None:
+        _configure(sender, needed, visibility_timeout)
+
+    if getattr(app, "configured", False):  # already configured: the signal has fired
+        _configure(app, needed, visibility_timeout)
+
+    def run_call(self: CallTask, job_id: str, kind: str, request: dict[str, Any],
+                 operation: str | None = None) -> dict[str, Any]:
+        return outcome_dict(self.run_call(job_id, kind, request, operation=operation))
+
+    task: CallTask = app.task(base=CallTask, bind=True, name=name)(run_call)
+    return task

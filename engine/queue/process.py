@@ -1,0 +1,188 @@
+"""What one worker process of a host's queue owns: a psycopg pool, an aiohttp session and
+the :class:`~engine.calls.runner.CallRunner` over them. The Celery and arq integrations
+(:mod:`engine.queue.celery`, :mod:`engine.queue.arq`) open one per process, when the
+process starts, and close it when it stops; every job the process runs shares it.
+
+By default everything comes from the environment, the way ``callwarden worker`` reads it:
+``DATABASE_URL`` (required: a worker process never starts an embedded server),
+``CALLWARDEN_<PROVIDER>_URL`` and the providers' keys (:meth:`ProviderSettings.from_env`),
+the media store (:func:`~providers.storage.store_from_env`: S3 when
+``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else ``CALLWARDEN_MEDIA_DIR`` or
+``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~engine.calls.config.CallConfig`),
+``CALLWARDEN_PRICING_FILE`` and ``CALLWARDEN_CALLBACK_BASE_URL``.
+
+Each process gets its own owner id, made when the runner is opened: a forked child (Celery's
+prefork pool) must not share its parent's :func:`~engine.calls.identity.incarnation`, which
+is fixed when the module is first imported.
+
+:func:`longest_run_s` is how long one ``CallRunner.run`` can take for the kinds a queue
+runs: the queue must not deliver a job again before it (Celery's ``visibility_timeout`` on
+Redis, arq's ``job_timeout``), or two workers poll the same task — harmless, every write
+is fenced, but wasted provider requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import aiohttp
+
+from engine.calls.config import CallConfig, load_call_config
+from engine.calls.pricing import Pricing, pricing_from_env
+from engine.calls.runner import CallOutcome, CallRunner, Result
+from engine.errors import ConfigError
+from engine.service.webhooks import CallbackUrls
+from engine.store.boundary import connection
+from engine.store.db import default_data_dir, open_pool
+from engine.store.write import cancel, load
+from providers.base import ProviderSettings
+from providers.kinds import KINDS, is_sync_call
+from providers.storage import MediaStore, store_from_env
+
+__all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
+           "open_runner", "options_from_env", "outcome_dict"]
+
+log = logging.getLogger("callwarden.queue")
+
+#: Media per result assumed by :func:`longest_run_s` (KIE image models answer up to 4).
+MEDIA_PER_RESULT = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """Everything a process's runner is built from (:func:`options_from_env` by default).
+    ``concurrency``: jobs the process runs at once (the pool holds that many plus two)."""
+
+    database_url: str
+    settings: ProviderSettings
+    store: MediaStore
+    config: CallConfig = field(default_factory=CallConfig)
+    pricing: Pricing | None = None
+    callback_base_url: str | None = None
+    concurrency: int = 1
+
+
+def options_from_env(env: Mapping[str, str] | None = None, *,
+                     concurrency: int = 1) -> RunnerOptions:
+    """:class:`RunnerOptions` from the environment (see the module); a missing
+    ``DATABASE_URL`` or a bad setting is a :class:`~engine.errors.ConfigError`."""
+    env = dict(os.environ if env is None else env)
+    url = env.get("DATABASE_URL", "").strip()
+    if not url:
+        raise ConfigError("DATABASE_URL is not set: a queue's worker process needs the "
+                          "database its jobs are in")
+    return RunnerOptions(
+        database_url=url, settings=ProviderSettings.from_env(env),
+        store=store_from_env(env, default_dir=default_data_dir() / "media"),
+        config=load_call_config(env=env), pricing=pricing_from_env(env),
+        callback_base_url=env.get("CALLWARDEN_CALLBACK_BASE_URL") or None,
+        concurrency=concurrency)
+
+
+class ProcessRunner:
+    """One process's pool, session and runner (open it with :func:`open_runner`)."""
+
+    def __init__(self, options: RunnerOptions, *, role: str) -> None:
+        self.options, self.pid = options, os.getpid()
+        self.pool = open_pool(options.database_url, max_size=options.concurrency + 2,
+                              check=True)
+        self.callbacks = (CallbackUrls(options.callback_base_url)
+                          if options.callback_base_url else None)
+        self.owner = f"{role}:{uuid.uuid4().hex[:12]}"
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: CallRunner | None = None
+
+    @property
+    def runner(self) -> CallRunner:
+        if self._runner is None:
+            raise RuntimeError("the process runner is not open (open_runner)")
+        return self._runner
+
+    async def open(self) -> None:
+        await self.pool.open()  # connects in the background: a database down at start
+        self._session = aiohttp.ClientSession()  # is an outage, not a crash
+        self._runner = CallRunner(self.pool, self._session, self.options.settings,
+                                  self.options.store, owner=self.owner,
+                                  config=self.options.config, pricing=self.options.pricing,
+                                  callback_url=self.callbacks)
+        log.info("callwarden: process %d ready (owner %s)", self.pid, self.owner)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        await self.pool.close()
+        self._runner = self._session = None
+        log.info("callwarden: process %d closed (owner %s)", self.pid, self.owner)
+
+    async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
+                  operation: str | None = None) -> CallOutcome:
+        """``CallRunner.run`` (with the job's callback URL when callbacks are set)."""
+        runner = self.runner
+        try:
+            if self.callbacks is not None:
+                async with connection(self.pool) as conn:
+                    await self.callbacks.prepare(conn, job_id)
+            return await runner.run(job_id, kind, request, operation=operation)
+        finally:
+            if self.callbacks is not None:
+                self.callbacks.forget(job_id)
+
+    async def give_up(self, job_id: uuid.UUID, reason: str) -> CallOutcome:
+        """A job delivered too often: cancel (refund) a call that never started; one that
+        started is left to the reconciler. Never touches the provider."""
+        runner = self.runner
+        async with connection(self.pool) as conn:
+            p = await load(conn, job_id)
+            if p.state is None:
+                p = (await cancel(conn, job_id, by=self.owner, now=runner.clock())).projection
+        result = cast(Result, p.state.value) if p.terminal and p.state else "left_for_reconciler"
+        return CallOutcome(job_id=job_id, result=result, projection=p,
+                           detail=f"given up: {reason}")
+
+
+async def open_runner(options: RunnerOptions | Callable[[], RunnerOptions] | None = None, *,
+                      role: str) -> ProcessRunner:
+    """Open this process's runner (``role`` names its owner id: ``celery``, ``arq``)."""
+    if options is None:
+        options = options_from_env()
+    elif callable(options):
+        options = options()
+    process = ProcessRunner(options, role=role)
+    await process.open()
+    return process
+
+
+def longest_run_s(config: CallConfig | None = None, settings: ProviderSettings | None = None,
+                  *, kinds: Iterable[str] | None = None, media: int = MEDIA_PER_RESULT) -> float:
+    """The longest one ``run`` of a call of ``kinds`` (default: every kind) can take: the
+    create (or sync call) request with its retries, the poll budget plus one last poll, and
+    finalizing ``media`` results (:meth:`CallConfig.deadline_for`)."""
+    config, settings = config or CallConfig(), settings or ProviderSettings()
+    request_s = settings.retry.max_total_s + settings.retry.timeout_s
+    finalize_s = config.deadline_for(media)
+
+    def one(kind: str) -> float:
+        polled = 0.0 if is_sync_call(kind) else config.budget_for(kind) + request_s
+        return request_s + polled + finalize_s
+
+    return max(one(kind) for kind in (KINDS if kinds is None else kinds))
+
+
+def outcome_dict(outcome: CallOutcome) -> dict[str, Any]:
+    """A JSON-able summary of an outcome (what the queue tasks return)."""
+    state = outcome.projection.state
+    return {"job_id": str(outcome.job_id), "result": outcome.result,
+            "state": state.value if state is not None else None, "detail": outcome.detail}
+
+
+def log_outcome(outcome: CallOutcome, kind: str, delivery: str) -> None:
+    """One line per job outcome (``delivery``: what the queue says about this delivery)."""
+    state = outcome.projection.state
+    log.info("job %s kind=%s %s pid=%d result=%s state=%s%s", outcome.job_id, kind, delivery,
+             os.getpid(), outcome.result, state.value if state else "none",
+             f" detail={outcome.detail!r}" if outcome.detail else "")

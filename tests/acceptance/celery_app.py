@@ -1,0 +1,18 @@
+"""The Celery app whose real workers ``test_queue_integrations.py`` starts
+(``celery -A tests.acceptance.celery_app worker --pool prefork``). The broker and the
+visibility timeout come from the environment the test gives each worker; the rest is what
+:func:`engine.queue.celery.register` sets up for any host."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from engine.queue.celery import register
+
+app = Celery("callwarden-tests", broker=os.environ["CALLWARDEN_REDIS_URL"])
+app.conf.update(broker_connection_retry_on_startup=True,
+                worker_cancel_long_running_tasks_on_connection_loss=False)
+run_call = register(app, kinds=("kie-standard",),
+                    visibility_timeout=float(os.environ["CALLWARDEN_TEST_VISIBILITY_S"]))

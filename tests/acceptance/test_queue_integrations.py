@@ -1,0 +1,395 @@
+"""Real Celery and arq workers killed with SIGKILL while their call polls: the broker
+delivers the job again, another process resumes the call, and nothing is paid twice
+(issue 16; :mod:`engine.queue.celery`, :mod:`engine.queue.arq`).
+
+Each case runs a real ``redis-server`` (``tests/redis.py``), real worker processes
+(``celery -A tests.acceptance.celery_app worker --pool prefork --concurrency 2``,
+``arq tests.acceptance.arq_app.WorkerSettings``), the provider simulator in this process
+and the test's own Postgres. The upstream task runs for an hour of simulated time, so a
+call polls for as long as the test needs: the test waits on SQL (``call_state`` and
+``heartbeat_owner``, which each process's runner writes under its own owner id), kills,
+waits for the broker's own redelivery condition (Celery on Redis: the unacked message is
+older than the visibility timeout; arq: the job's in-progress key has expired), sees the
+other process poll the same task, and only then moves the simulator's clock past the end.
+
+Then, from the simulator's journal and SQL: one upstream create for the job, its
+reservation settled exactly once (one settling event, one audited move, from
+``reserved``), projections equal to the fold of the log (``engine.replay.verify``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from arq import create_pool
+from arq.connections import ArqRedis, RedisSettings
+from celery import Celery
+
+from engine.queue.arq import TASK_NAME as ARQ_TASK
+from engine.queue.arq import enqueue_call
+from engine.queue.celery import TASK_NAME as CELERY_TASK
+from engine.replay.verify import verify, verify_job
+from engine.store.db import Conn
+from engine.store.jobs import create_job
+from engine.store.write import execute_script
+from providers.simulator.core import RunningSimulator
+from tests.acceptance.conftest import ROOT, Workers
+from tests.redis import running_redis
+
+VISIBILITY_S = 3.0  # Celery: an unacked message older than this is restored on Redis
+JOB_TIMEOUT_S = 5.0  # arq: a dead worker's job is taken again 10 s after this
+DEADLINE_S = 40.0
+HOUR = {"steps": [{"phase": "running", "seconds": 3600}], "end": "succeeded"}
+KIND = "kie-standard"
+REQUEST = {"model": "nano-banana-pro", "input": {"prompt": "a cat", "_sim": HOUR}}
+# What a second delivery running beside the first ends with: completed, or the first holds
+# the finalization claim (it completes the call; this one leaves it, never waits).
+BOTH = r"(completed|left_for_reconciler) state=(?:completed|finalizing)"
+SETTLING = ["Completed", "UpstreamFailed", "Swept", "Exhausted", "Cancelled"]
+ENV = {"CALLWARDEN_CALL_POLL_INTERVAL_KIE_STANDARD": "0.1",
+       "CALLWARDEN_CALL_POLL_BUDGET_KIE_STANDARD": "30",
+       "CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "0.2",
+       "CALLWARDEN_TEST_VISIBILITY_S": str(VISIBILITY_S),
+       "CALLWARDEN_TEST_JOB_TIMEOUT_S": str(JOB_TIMEOUT_S),
+       "CALLWARDEN_TEST_MAX_JOBS": "1"}
+
+
+# -- the processes --------------------------------------------------------------------------
+
+class QueueWorker:
+    """One worker process (its own process group: the main process and its pool
+    children) and its log."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    def logs(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole group, as a lost host: nothing runs a shutdown hook."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
+    async def exited(self, timeout_s: float = DEADLINE_S) -> int:
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout=timeout_s)
+        except TimeoutError:
+            pytest.fail(f"worker {self.proc.pid} still running:\n{self.logs()}")
+
+    async def line(self, pattern: str, what: str, count: int = 1) -> list[re.Match[str]]:
+        """The first ``count`` log lines matching ``pattern``, waiting for them."""
+        deadline = time.monotonic() + DEADLINE_S
+        while len(found := list(re.finditer(pattern, self.logs()))) < count:
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.logs()}"
+            await asyncio.sleep(0.05)
+        return found[:count]
+
+
+class Queues:
+    """Starts Celery and arq workers against the test's database, simulator and Redis."""
+
+    def __init__(self, workers: Workers, redis_url: str, tmp_path: Path) -> None:
+        self.workers, self.redis_url, self.tmp_path = workers, redis_url, tmp_path
+        self.started: list[QueueWorker] = []
+
+    async def _start(self, args: Sequence[str]) -> QueueWorker:
+        log = self.tmp_path / f"queue-worker-{len(self.started) + 1}.log"
+        env = self.workers.env(None, {**ENV, "CALLWARDEN_REDIS_URL": self.redis_url,
+                                      "CALLWARDEN_MEDIA_DIR": str(self.tmp_path / "media"),
+                                      "PYTHONPATH": str(ROOT)})
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", *args, env=env, cwd=ROOT,
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True)
+        worker = QueueWorker(proc, log)
+        self.started.append(worker)
+        return worker
+
+    async def celery(self, name: str) -> QueueWorker:
+        return await self._start([
+            "celery", "-A", "tests.acceptance.celery_app", "worker", "--pool", "prefork",
+            "--concurrency", "2", "--loglevel", "INFO", "--without-mingle",
+            "--without-gossip", "--without-heartbeat", "-n", f"{name}@%h"])
+
+    async def arq(self) -> QueueWorker:
+        return await self._start(["arq", "tests.acceptance.arq_app.WorkerSettings"])
+
+    async def kill_leftovers(self) -> None:
+        for w in self.started:
+            if w.proc.returncode is None:
+                w.kill()
+                await w.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@pytest.fixture
+async def redis_url(redis_server: str) -> str:
+    """The module's server, emptied for this test."""
+    client = aioredis.Redis.from_url(redis_server)
+    await client.flushall()
+    await client.aclose()
+    return redis_server
+
+
+@pytest.fixture
+async def queues(workers: Workers, redis_url: str, tmp_path: Path) -> AsyncIterator[Queues]:
+    qs = Queues(workers, redis_url, tmp_path)
+    try:
+        yield qs
+    finally:
+        await qs.kill_leftovers()
+
+
+@pytest.fixture
+async def job(conn: Conn) -> uuid.UUID:
+    """One job with a reservation; the test database audits every settlement."""
+    await execute_script(conn, "demo_audit_trigger")
+    return await create_job(conn, input_data={"provider_kind": KIND, "request": REQUEST},
+                            credits=10)
+
+
+@pytest.fixture
+async def arq_redis(redis_url: str) -> AsyncIterator[ArqRedis]:
+    client = await create_pool(RedisSettings.from_dsn(redis_url))
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# -- conditions -----------------------------------------------------------------------------
+
+async def _value(conn: Conn, sql: str, *params: Any) -> Any:
+    row = await (await conn.execute(sql, params)).fetchone()
+    return None if row is None else next(iter(row.values()))
+
+
+async def _until(what: str, check: Any, *, deadline_s: float = DEADLINE_S) -> Any:
+    """Await ``check()`` until it is truthy (bounded); its value."""
+    deadline = time.monotonic() + deadline_s
+    while not (value := await check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def _poller(conn: Conn, job: uuid.UUID, *, other_than: str | None = None,
+                  what: str = "the call to be polling") -> str:
+    """The owner id of a process polling the job's call (heartbeating it), other than
+    ``other_than``."""
+    sql = ("SELECT heartbeat_owner FROM jobs WHERE id = %s AND call_state = 'polling' "
+           "AND heartbeat_owner IS NOT NULL AND heartbeat_owner IS DISTINCT FROM %s")
+    owner: str = await _until(what, lambda: _value(conn, sql, job, other_than))
+    return owner
+
+
+async def _pollers(conn: Conn, job: uuid.UUID, n: int) -> set[str]:
+    """Wait until ``n`` different processes have heartbeaten the polling call."""
+    seen: set[str] = set()
+
+    async def more() -> bool:
+        owner = await _value(conn, "SELECT heartbeat_owner FROM jobs WHERE id = %s "
+                             "AND call_state = 'polling'", job)
+        if owner is not None:
+            seen.add(owner)
+        return len(seen) >= n
+
+    await _until(f"{n} processes polling the job's one task", more)
+    return seen
+
+
+def _finish_upstream(sim: RunningSimulator) -> None:
+    sim.sim.clock.advance(3600)  # the task ends: the next poll sees it succeeded
+
+
+async def _exactly_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID) -> None:
+    """One upstream create; completed; settled once; projections = log."""
+    await _until("the call to complete", lambda: _value(
+        conn, "SELECT call_state = 'completed' FROM jobs WHERE id = %s", job))
+    assert sim.sim.journal.count("kie", "create") == 1
+    row = await (await conn.execute(
+        "SELECT (SELECT array_agg(u.status) FROM usage_logs u WHERE u.job_id = j.id) AS credits,"
+        " (SELECT count(*) FROM call_events e WHERE e.job_id = j.id AND e.type = ANY(%s))"
+        "   AS settlements,"
+        " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id) AS moves,"
+        " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id"
+        "   AND a.old_status <> 'reserved') AS bad_moves,"
+        " (SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
+        "FROM jobs j WHERE j.id = %s", (SETTLING, job))).fetchone()
+    assert row is not None
+    assert dict(row) == {"credits": ["committed"], "settlements": 1, "moves": 1,
+                         "bad_moves": 0, "assets": 1}
+    summary, _ = await verify(conn)
+    assert (summary.jobs, summary.mismatches, summary.errors) == (1, 0, 0)
+    assert await verify_job(conn, job) == []
+
+
+async def _send(redis_url: str, job: uuid.UUID, task_id: str) -> None:
+    """Publish the task as a host's web process would (blocking kombu, off the loop)."""
+    producer = Celery("callwarden-test-producer", broker=redis_url)
+    try:
+        await asyncio.to_thread(producer.send_task, CELERY_TASK,
+                                args=[str(job), KIND, REQUEST], task_id=task_id)
+    finally:
+        producer.close()
+
+
+def _owner_pid(worker: QueueWorker, owner: str) -> int:
+    found = re.search(rf"process (\d+) ready \(owner {re.escape(owner)}\)", worker.logs())
+    assert found, worker.logs()
+    return int(found.group(1))
+
+
+# -- Celery ---------------------------------------------------------------------------------
+
+async def test_celery_worker_killed_while_polling_is_redelivered_and_resumed(
+        conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        redis_url: str) -> None:
+    """The whole worker (main process and pool) dies: the message stays unacked in Redis,
+    and the next worker to start restores it once it is older than the visibility
+    timeout (kombu's ``restore_visible``); that worker resumes the call."""
+    first = await queues.celery("first")
+    await _send(redis_url, job, task_id="t-crash")
+    dead = await _poller(conn, job)
+    assert _owner_pid(first, dead) != first.proc.pid  # opened in a pool child, not main
+    broker = aioredis.Redis.from_url(redis_url)
+    assert await broker.zcard("unacked_index") == 1  # acks_late: unacked while it runs
+    first.kill()
+    assert await first.exited() == -9
+
+    await _until("the unacked message to be older than the visibility timeout",
+                 lambda: broker.zcount("unacked_index", "-inf", time.time() - VISIBILITY_S))
+    second = await queues.celery("second")
+    resumed = await _poller(conn, job, other_than=dead, what="the second worker to poll")
+    polls_before = sim.sim.journal.count("kie", "poll")
+    _finish_upstream(sim)
+    await _exactly_once(conn, sim, job)
+    assert sim.sim.journal.count("kie", "poll") > polls_before
+    assert resumed != dead
+    await second.line(rf"job {job} kind={KIND} task=t-crash redelivered=True pid=\d+ "
+                      r"result=completed", "the redelivered task's outcome")
+
+    async def acked() -> bool:
+        return bool(await broker.zcard("unacked_index") == 0)
+
+    await _until("the redelivered message to be acked", acked)
+    await broker.aclose()
+
+
+async def test_celery_pool_child_killed_is_requeued_at_once_and_resumed(
+        conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        redis_url: str) -> None:
+    """Only the pool child running the task dies: the main process sees the worker lost
+    and, with ``reject_on_worker_lost``, requeues the message at once; another child of
+    the same worker (with its own pool, loop and owner id) resumes the call."""
+    worker = await queues.celery("solo")
+    await _send(redis_url, job, task_id="t-child")
+    dead = await _poller(conn, job)
+    child = _owner_pid(worker, dead)
+    assert child != worker.proc.pid
+    os.kill(child, signal.SIGKILL)
+
+    resumed = await _poller(conn, job, other_than=dead, what="another child to poll")
+    assert _owner_pid(worker, resumed) not in (child, worker.proc.pid)
+    _finish_upstream(sim)
+    await _exactly_once(conn, sim, job)
+    await worker.line(rf"job {job} kind={KIND} task=t-child redelivered=True pid=\d+ "
+                      r"result=completed", "the requeued task's outcome")
+    assert worker.proc.returncode is None  # the worker itself lived on
+
+
+async def test_celery_duplicate_delivery_while_running_creates_nothing_twice(
+        conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        redis_url: str) -> None:
+    """The same task delivered again while the first delivery still polls (a visibility
+    timeout shorter than the call, a double publish): both children run the job at once,
+    poll the one task, and the fenced writes settle it once. SIGTERM then closes each
+    child's runtime (``worker_process_shutdown``)."""
+    worker = await queues.celery("twice")
+    await _send(redis_url, job, task_id="t-twice")
+    await _poller(conn, job)
+    await _send(redis_url, job, task_id="t-twice")
+    owners = await _pollers(conn, job, 2)
+    pids = {_owner_pid(worker, o) for o in owners}
+    assert len(pids) == 2
+    assert worker.proc.pid not in pids
+    _finish_upstream(sim)
+    await _exactly_once(conn, sim, job)
+    done = await worker.line(rf"job {job} kind={KIND} task=t-twice redelivered=\w+ "
+                             rf"pid=(\d+) result={BOTH}", "both deliveries' outcomes", 2)
+    assert {int(m.group(1)) for m in done} == pids
+    assert "completed" in {m.group(2) for m in done}
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.exited() == 0, worker.logs()
+    for pid in pids:
+        assert f"process {pid} closed" in worker.logs()
+
+
+# -- arq ------------------------------------------------------------------------------------
+
+async def test_arq_worker_killed_while_polling_is_taken_by_another_worker(
+        conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        arq_redis: ArqRedis) -> None:
+    """arq keeps a running job in its queue under an in-progress key that expires
+    ``job_timeout`` + 10 s after the start; a SIGKILLed worker never deletes it, so once it
+    expires the other worker takes the job (try 2) and resumes the call."""
+    first = await queues.arq()
+    assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
+    dead = await _poller(conn, job)
+    first.kill()
+    assert await first.exited() == -9
+    assert await arq_redis.exists(f"arq:in-progress:callwarden:{job}") == 1
+
+    second = await queues.arq()
+    resumed = await _poller(conn, job, other_than=dead, what="the second worker to poll")
+    assert await arq_redis.exists(f"arq:in-progress:callwarden:{job}") == 1  # its own now
+    assert resumed.startswith("arq:")
+    _finish_upstream(sim)
+    await _exactly_once(conn, sim, job)
+    await second.line(rf"job {job} kind={KIND} arq_job=callwarden:{job} try=2 pid=\d+ "
+                      r"result=completed", "the retried job's outcome")
+
+
+async def test_arq_duplicate_delivery_two_live_workers_creates_nothing_twice(
+        conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        arq_redis: ArqRedis) -> None:
+    """``enqueue_call`` refuses a second arq job for the same callwarden job; a host that
+    enqueues one under another id gets two live workers on one call (one job each): both
+    poll the one task and the fenced writes settle it once. SIGTERM then runs
+    ``on_shutdown``, which closes each worker's runtime."""
+    one, two = await queues.arq(), await queues.arq()
+    assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
+    assert await enqueue_call(arq_redis, job, KIND, REQUEST) is None  # deduplicated
+    await _poller(conn, job)
+    assert await arq_redis.enqueue_job(ARQ_TASK, str(job), KIND, REQUEST, None,
+                                       _job_id="by-another-id") is not None
+    await _pollers(conn, job, 2)
+    _finish_upstream(sim)
+    await _exactly_once(conn, sim, job)
+    results = set()
+    for w in (one, two):
+        done = await w.line(rf"job {job} kind={KIND} arq_job=\S+ try=1 pid={w.proc.pid} "
+                            rf"result={BOTH}", "each worker's outcome")
+        results.add(done[0].group(1))
+        w.proc.send_signal(signal.SIGTERM)
+    assert "completed" in results
+    for w in (one, two):
+        assert await w.exited() == 0, w.logs()
+        assert f"process {w.proc.pid} closed" in w.logs()
