@@ -1,13 +1,24 @@
 """Owner ids belong to a process incarnation (a fresh id per start), never a host name:
-reused names hid stuck work in three well-known queues (DESIGN §6)."""
+reused names hid stuck work in three well-known queues (DESIGN §6). A forked child (a
+Celery prefork pool child, a multiprocessing worker) is a new incarnation too: it gets
+its own id at the fork, so two children never claim, beat or fence as one owner."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 __all__ = ["incarnation"]
 
 _INCARNATION = uuid.uuid4().hex[:12]
+
+
+def _new_incarnation() -> None:
+    global _INCARNATION
+    _INCARNATION = uuid.uuid4().hex[:12]
+
+
+os.register_at_fork(after_in_child=_new_incarnation)
 
 
 def incarnation(role: str) -> str:
