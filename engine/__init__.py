@@ -9,6 +9,10 @@ The embedding API, in one import::
                             store_from_env(os.environ, default_dir=Path("media")))
         outcome = await runner.run(job_id, "kie-standard", request)
 
+Host code that makes the provider request itself records it with ``OwnCalls`` (async
+kinds: ``start`` / ``task_created`` / ``succeeded``; sync kinds and streams: ``async with
+calls.sync_call(...)``), or ``BlockingCalls`` without an event loop (docs/embedding.md).
+
 The names below are loaded on first use (``import engine`` alone loads nothing), so a pure
 module such as ``engine.reconciler.decide`` imports without the I/O libraries. The layout:
 ``store`` (the write path, the database, migrations, the clock), ``calls`` (the worker API,
@@ -25,6 +29,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.calls.config import CallConfig
     from engine.calls.finalize import Finalizer
+    from engine.calls.own import (
+        CallAlreadyStarted,
+        CallNotStarted,
+        OwnCall,
+        OwnCallError,
+        OwnCalls,
+        Reported,
+        TaskIdConflict,
+        WrongKind,
+    )
+    from engine.calls.own_sync import BlockingCall, BlockingCalls, SyncCall
     from engine.calls.pricing import ChargeReservation, Pricing, Rate, RateTable, load_pricing
     from engine.calls.runner import CallOutcome, CallRunner
     from engine.errors import CallwardenError
@@ -43,6 +58,10 @@ if TYPE_CHECKING:
 
 #: name -> (module, attribute): what ``from engine import <name>`` gives.
 EXPORTS: dict[str, tuple[str, str]] = {
+    "BlockingCall": ("engine.calls.own_sync", "BlockingCall"),
+    "BlockingCalls": ("engine.calls.own_sync", "BlockingCalls"),
+    "CallAlreadyStarted": ("engine.calls.own", "CallAlreadyStarted"),
+    "CallNotStarted": ("engine.calls.own", "CallNotStarted"),
     "CallConfig": ("engine.calls.config", "CallConfig"),
     "CallOutcome": ("engine.calls.runner", "CallOutcome"),
     "CallRunner": ("engine.calls.runner", "CallRunner"),
@@ -53,6 +72,9 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Finalizer": ("engine.calls.finalize", "Finalizer"),
     "LocalFolderStore": ("providers.storage", "LocalFolderStore"),
     "MediaStore": ("providers.storage", "MediaStore"),
+    "OwnCall": ("engine.calls.own", "OwnCall"),
+    "OwnCallError": ("engine.calls.own", "OwnCallError"),
+    "OwnCalls": ("engine.calls.own", "OwnCalls"),
     "Pool": ("engine.store.db", "Pool"),
     "Pricing": ("engine.calls.pricing", "Pricing"),
     "ProviderSettings": ("providers.base", "ProviderSettings"),
@@ -60,9 +82,13 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "RateTable": ("engine.calls.pricing", "RateTable"),
     "ReconcileConfig": ("engine.reconciler.config", "ReconcileConfig"),
     "Reconciler": ("engine.reconciler.loop", "Reconciler"),
+    "Reported": ("engine.calls.own", "Reported"),
     "S3Store": ("providers.storage", "S3Store"),
     "ServiceConfig": ("engine.service.app", "ServiceConfig"),
+    "SyncCall": ("engine.calls.own_sync", "SyncCall"),
+    "TaskIdConflict": ("engine.calls.own", "TaskIdConflict"),
     "WebhookConfig": ("engine.service.webhooks", "WebhookConfig"),
+    "WrongKind": ("engine.calls.own", "WrongKind"),
     "build_app": ("engine.service.app", "build_app"),
     "cancel": ("engine.store.write", "cancel"),
     "connect": ("engine.store.db", "connect"),
@@ -76,10 +102,12 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "verify_job": ("engine.replay.verify", "verify_job"),
 }
 
-__all__ = ["CallConfig", "CallOutcome", "CallRunner", "CallbackUrls", "CallwardenError",
-           "ChargeReservation", "Conn", "Finalizer", "LocalFolderStore", "MediaStore", "Pool",
-           "Pricing", "ProviderSettings", "Rate", "RateTable", "ReconcileConfig", "Reconciler",
-           "S3Store", "ServiceConfig", "WebhookConfig", "build_app", "cancel", "connect",
+__all__ = ["BlockingCall", "BlockingCalls", "CallAlreadyStarted", "CallConfig", "CallNotStarted",
+           "CallOutcome", "CallRunner", "CallbackUrls", "CallwardenError", "ChargeReservation",
+           "Conn", "Finalizer", "LocalFolderStore", "MediaStore", "OwnCall", "OwnCallError",
+           "OwnCalls", "Pool", "Pricing", "ProviderSettings", "Rate", "RateTable",
+           "ReconcileConfig", "Reconciler", "Reported", "S3Store", "ServiceConfig", "SyncCall",
+           "TaskIdConflict", "WebhookConfig", "WrongKind", "build_app", "cancel", "connect",
            "create_job", "load_pricing", "load_reconcile_config", "migrate", "open_pool",
            "store_from_env", "verify", "verify_job"]
 

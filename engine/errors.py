@@ -15,7 +15,12 @@ else catches a driver error.
     │                               (unique violation of jobs_provider_task_idx)
     ├── ConflictExhausted           lost the race too many times in a row
     ├── ConfigError                 invalid configuration
-    └── MigrationError              a migration failed or the schema is ahead of us
+    ├── MigrationError              a migration failed or the schema is ahead of us
+    └── engine.calls.own.OwnCallError  the host's own call misused (bring your own call)
+        ├── TaskIdConflict          a different task id than the job already holds
+        ├── WrongKind               the job's call is of another provider_kind
+        └── CallNotStarted          the call was not started through this handle
+            └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
 
     events.states.InvalidTransition  an event may not follow the call's state
     └── TerminalStateError           the call is terminal (absorbing)

@@ -62,7 +62,7 @@ from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from providers.registry import client_for
 from providers.storage import MediaStore
 
-__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "upstream_event"]
+__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome", "upstream_event"]
 
 log = logging.getLogger("callwarden.calls")
 Sleep = Callable[[float], Awaitable[None]]
@@ -81,8 +81,9 @@ class CallOutcome(msgspec.Struct, frozen=True, kw_only=True):
     detail: str | None = None
 
 
-def _outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
-             pending: Result = "left_for_reconciler") -> CallOutcome:
+def call_outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
+                 pending: Result = "left_for_reconciler") -> CallOutcome:
+    """The outcome a caller sees for ``p`` (``pending``: the result while it is open)."""
     result = _TERMINAL_RESULT.get(p.state, pending) if p.state is not None else pending
     return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
 
@@ -138,9 +139,9 @@ class CallRunner:
         failpoint("before_call_started")
         p, started_here = await self._start(job_id, kind, sync)
         if p.terminal:
-            return _outcome(job_id, p)
+            return call_outcome(job_id, p)
         if p.state is None:  # the host ended the job, or another system's task is on it
-            return _outcome(job_id, p, f"not started: the host's status is {p.status!r}, or "
+            return call_outcome(job_id, p, f"not started: the host's status is {p.status!r}, or "
                                        "the row holds a task from other code (the "
                                        "reconciler adopts it)")
         if sync:
@@ -158,14 +159,14 @@ class CallRunner:
                          started_here: bool) -> CallOutcome:
         if p.state is CallState.CREATED:
             if not started_here and self.config.policy_for(kind) == "sweep":
-                return _outcome(job_id, p, "ambiguous create: left for the reconciler")
+                return call_outcome(job_id, p, "ambiguous create: left for the reconciler")
             p, detail = await self._create(job_id, p, client, request)
             if p.state is CallState.CREATED or p.terminal:
-                return _outcome(job_id, p, detail)
+                return call_outcome(job_id, p, detail)
         if p.state is CallState.POLLING:
             p, detail = await self._poll(job_id, kind, p, client)
             if p.state in ACTIVE:
-                return _outcome(job_id, p, detail, pending="still_running")
+                return call_outcome(job_id, p, detail, pending="still_running")
         return await self._after_upstream(job_id, p, None)
 
     async def _create(self, job_id: uuid.UUID, p: CallProjection, client: AsyncKindClient,
@@ -249,8 +250,8 @@ class CallRunner:
         if p.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
             failpoint("after_upstream_result")
             done = await self.finalizer.finalize(job_id, current=p)
-            return _outcome(job_id, done.projection, done.error or done.outcome)
-        return _outcome(job_id, p, detail)
+            return call_outcome(job_id, done.projection, done.error or done.outcome)
+        return call_outcome(job_id, p, detail)
 
     async def _start(self, job_id: uuid.UUID, kind: str,
                      sync: bool) -> tuple[CallProjection, bool]:
