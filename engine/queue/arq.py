@@ -21,7 +21,7 @@ it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after th
 after which any worker takes it (``job_try`` + 1) and the runner resumes the call. So
 :func:`worker_settings` sets ``job_timeout`` to
 :func:`~engine.queue.process.longest_run_s`: a live worker is never overtaken, and arq
-never cancels a call that is still inside its budget. Details: docs/embedding-queues.md.
+never cancels a call that is still inside its budget. Details: docs/embedding.md ("On a queue").
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ A task blocks its thread on ``run_call`` while the call runs on the loop.
 ``reject_on_worker_lost``, ``acks_on_failure_or_timeout``; retries on
 :class:`~engine.errors.DatabaseUnavailable`); :func:`register` also defaults the broker's
 ``visibility_timeout`` to :func:`~engine.queue.process.longest_run_s` plus a margin and
-``worker_prefetch_multiplier`` to 1. Why each: docs/embedding-queues.md.
+``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
 """
 
 from __future__ import annotations
