@@ -179,7 +179,9 @@ class OwnCalls:
 
     def sync_call(self, job_id: uuid.UUID, kind: str, *,
                   operation: str | None = None) -> SyncCallContext:
-        """``async with``: a sync or streaming call (:mod:`engine.calls.own_sync`)."""
+        """``async with``: a sync or streaming call (:mod:`engine.calls.own_sync`). The
+        kind is checked here, so a host that builds the context before it reserves
+        credits never reserves for a kind that cannot be recorded (``WrongKind``)."""
         from engine.calls.own_sync import SyncCallContext  # it imports this module
 
         return SyncCallContext(self, job_id, kind, operation)

@@ -96,12 +96,18 @@ class SyncCall:
         self._result = Failed(error=error, code=code or "host_failed")
 
 
+def check_sync_kind(kind: str, operation: str | None = None) -> None:
+    """Refuse a kind a sync context cannot record: a polled kind is :class:`WrongKind`,
+    an unknown one ``UnknownProviderKind``."""
+    if not is_sync_call(kind, operation):  # an unknown kind raises here too
+        raise WrongKind(f"{kind} is polled: use start() and task_created()")
+
+
 async def enter_sync(calls: OwnCalls, job_id: uuid.UUID, kind: str,
                      operation: str | None = None) -> SyncCall:
     """``CallStarted`` (sync) and the heartbeat; raises, writing nothing, unless this
     started the job's call."""
-    if not is_sync_call(kind, operation):  # an unknown kind raises here too
-        raise WrongKind(f"{kind} is polled: use start() and task_created()")
+    check_sync_kind(kind, operation)
     p, here = await calls._start(job_id, kind, sync=True)
     if not here:
         if p.state is None:
@@ -144,6 +150,7 @@ class SyncCallContext:
 
     def __init__(self, calls: OwnCalls, job_id: uuid.UUID, kind: str,
                  operation: str | None) -> None:
+        check_sync_kind(kind, operation)  # before the host reserves, if it builds us first
         self.calls, self.job_id, self.kind, self.operation = calls, job_id, kind, operation
         self.call: SyncCall | None = None
 

@@ -45,6 +45,7 @@ from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
 from engine.store.write import append, cancel, load
 from events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
+from providers.errors import UnknownProviderKind
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.integration.conftest import MakeReconciler, MakeRunner
@@ -332,6 +333,10 @@ async def test_the_wrong_kind_and_a_job_the_host_ended_write_nothing(
     with pytest.raises(WrongKind):
         async with own().sync_call(job, "kie-standard"):
             pytest.fail("the body must not run")
+    with pytest.raises(WrongKind):  # refused when built: before a host reserves credits
+        own().sync_call(job, "kie-standard")
+    with pytest.raises(UnknownProviderKind):
+        own().sync_call(job, "kie-imaginary")
     assert (await facts(conn, job))["types"] == []
     await own().start(job, "kie-standard")
     with pytest.raises(WrongKind):
