@@ -5,9 +5,9 @@ Counters and the webhook latency histogram live in :data:`REGISTRY`, our own
 helpers (:func:`record_transition`, :func:`record_append`, :func:`record_reconcile`,
 :func:`record_webhook`); a worker or reconciler exposes it on a port of its own with
 :func:`start_metrics_server`. The gauges computed from the database (calls by kind and
-state, recently ended calls, stale calls per kind) are read at scrape time by
-:class:`CallGauges`, which only the service runs: N workers reporting the same global
-gauge would be N copies of one number.
+state, recently ended calls, stale calls per kind, reservations left reserved on recently
+ended calls) are read at scrape time by :class:`CallGauges`, which only the service runs:
+N workers reporting the same global gauge would be N copies of one number.
 
 Metric names: ``callwarden_transitions_total{kind,event,actor}``,
 ``callwarden_settlements_total{kind,settlement}``,
@@ -16,7 +16,7 @@ Metric names: ``callwarden_transitions_total{kind,event,actor}``,
 ``callwarden_webhook_handling_seconds{provider}`` (histogram), and at scrape time
 ``callwarden_calls{kind,state}`` (open calls), ``callwarden_calls_ended_recent{kind,state}``
 (calls that ended in the last ``recent_window_s``), ``callwarden_calls_stale{kind}``,
-``callwarden_jobs_without_call``.
+``callwarden_reservations_leaked_recent{kind}``, ``callwarden_jobs_without_call``.
 """
 
 from __future__ import annotations
@@ -152,9 +152,10 @@ def _family(name: str, doc: str, labels: list[str],
 class CallGauges:
     """Gauges read from the database at scrape time: open calls by kind and state (partial
     index), calls ended in the last ``recent_window_s`` (events' time index), stale calls
-    per kind (by the reconciler's ``stale`` rule), and the host's jobs waiting without a
-    call with credits reserved (older than the legacy threshold, newer than the legacy
-    cutoff: never swept, so reported)."""
+    per kind (by the reconciler's ``stale`` rule), reservations still reserved on calls
+    that ended in that window (``verify``'s rule: 0 unless something settled around the
+    write path), and the host's jobs waiting without a call with credits reserved (older
+    than the legacy threshold, newer than the legacy cutoff: never swept, so reported)."""
 
     def __init__(self, stale: StaleRule, *, recent_window_s: float = 3600.0,
                  legacy_cutoff: datetime | None = None) -> None:
@@ -163,8 +164,9 @@ class CallGauges:
 
     async def families(self, conn: Conn, now: datetime) -> list[Metric]:
         open_rows = await execute(conn, "metrics_open_calls", {})
-        ended = await execute(conn, "metrics_recent_terminal", {
-            "since": now - timedelta(seconds=self.recent_window_s)})
+        since = now - timedelta(seconds=self.recent_window_s)
+        ended = await execute(conn, "metrics_recent_terminal", {"since": since})
+        leaked = await execute(conn, "metrics_leaked_reservations", {"since": since})
         stale = await execute(conn, "metrics_stale_calls", self.stale.sql_params(now))
         waiting = await execute(conn, "audit_stats_jobs_without_call", {
             "older_than": now - timedelta(seconds=self.stale.legacy_threshold_s),
@@ -176,16 +178,21 @@ class CallGauges:
                     f"Calls that ended in the last {self.recent_window_s:g} s",
                     ["kind", "state"], (([r["kind"], r["state"]], r["calls"]) for r in ended)),
             _family("callwarden_calls_stale", "Open calls past their kind's stale threshold",
-                    ["kind"], self._stale_rows(stale)),
+                    ["kind"], self._per_kind(stale, "stale")),
+            _family("callwarden_reservations_leaked_recent",
+                    f"Reservations still reserved on calls that ended in the last "
+                    f"{self.recent_window_s:g} s, not the host's to settle (should be 0)",
+                    ["kind"], self._per_kind(leaked, "reservations")),
             _family("callwarden_jobs_without_call",
                     "In-flight jobs with credits reserved and no call, created after the "
                     "legacy cutoff (the host's: never swept)", [],
                     [([], float(waiting[0]["n"]))]),
         ]
 
-    def _stale_rows(self, rows: Iterable[Mapping[str, object]]) -> Iterator[
+    def _per_kind(self, rows: Iterable[Mapping[str, object]], column: str) -> Iterator[
             tuple[list[str], float]]:
-        found = {str(r["kind"]): float(str(r["stale"])) for r in rows}
+        """One sample per known kind (0 when no row names it), and per other kind a row names."""
+        found = {str(r["kind"]): float(str(r[column])) for r in rows}
         for kind in sorted(set(self.stale.thresholds) | set(found)):
             yield [kind], found.get(kind, 0.0)
 

@@ -61,6 +61,25 @@ WHERE e.recorded_at >= %(since)s::timestamptz
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
+-- name: metrics_leaked_reservations
+-- Reservations still 'reserved' on calls that ended since %(since)s, by kind: verify's rule
+-- (projections/verify.py) over the window. The write path settles them in the terminal
+-- event's own statement, so any row here is a credit something else re-opened or added
+-- afterwards; a call the host completed itself (call_settlement 'host') is the host's to
+-- settle and not counted. The events' recorded_at index bounds the scan to the window
+-- (as metrics_recent_terminal), usage_logs_job_id_idx finds each call's reservations.
+SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS reservations
+FROM call_events e
+JOIN jobs j ON j.id = e.job_id
+JOIN usage_logs u ON u.job_id = e.job_id
+WHERE e.recorded_at >= %(since)s::timestamptz
+  AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled', 'HostEnded')
+  AND j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
+  AND j.call_settlement IS DISTINCT FROM 'host'
+  AND u.status = 'reserved'
+GROUP BY 1
+ORDER BY 1;
+
 -- name: metrics_stale_calls
 -- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
 -- by kind: callwarden_stale_jobs (migration 0008: the one rule, callwarden_is_stale, with
