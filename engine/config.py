@@ -16,10 +16,12 @@ Every problem is a :class:`~engine.errors.ConfigError` naming the setting and it
 from __future__ import annotations
 
 import json
+import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 import msgspec
 
@@ -36,15 +38,20 @@ _ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 def read_section(path: Path, section: str) -> dict[str, Any]:
     """The ``[section]`` table of a TOML or JSON file (the whole file if it has none of
     the actors' tables)."""
+    return _read(path, section)[0]
+
+
+def _read(path: Path, section: str) -> tuple[dict[str, Any], str]:
+    """The table and how errors name it (``FILE [section]``, or ``FILE``)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # as written: no newline translation
         data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError) as exc:  # TOML/JSON errors are ValueErrors
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must hold a table/object")
     if not any(name in data for name in SECTIONS):
-        return data
+        return data, str(path)
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"config {path}: unknown table(s) {', '.join(unknown)} "
@@ -52,7 +59,7 @@ def read_section(path: Path, section: str) -> dict[str, Any]:
     table = data.get(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"config {path}: [{section}] must be a table")
-    return dict(table)
+    return dict(table), f"{path} [{section}]"
 
 
 def _kind(name: str, key: str) -> str:
@@ -62,10 +69,16 @@ def _kind(name: str, key: str) -> str:
     return kind
 
 
+Entry = tuple[str, str | None]
+"""A setting: a field, or one kind's value in a per-kind map field."""
+
+
 def _from_env(cls: type[msgspec.Struct], env: Mapping[str, str], prefix: str,
-              maps: Mapping[str, str]) -> dict[str, Any]:
+              maps: Mapping[str, str]) -> tuple[dict[str, Any], dict[Entry, str]]:
+    """The ``prefix`` variables as settings, and the variable that set each one."""
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
     out: dict[str, Any] = {}
+    names: dict[Entry, str] = {}
     for name, value in sorted(env.items()):
         if not name.startswith(prefix):
             continue
@@ -75,30 +88,122 @@ def _from_env(cls: type[msgspec.Struct], env: Mapping[str, str], prefix: str,
             listed = isinstance(fields[field].default, tuple)
             out[field] = tuple(v.strip() for v in value.split(",") if v.strip()) \
                 if listed else value
+            names[(field, None)] = name
             continue
         for env_map, map_field in maps.items():
             if rest.startswith(env_map + "_"):
-                out.setdefault(map_field, {})[_kind(name, rest[len(env_map) + 1:])] = value
+                kind = _kind(name, rest[len(env_map) + 1:])
+                table = out.setdefault(map_field, {})
+                if isinstance(table, dict):  # else the whole field's variable is reported
+                    table[kind] = value
+                    names[(map_field, kind)] = name
                 break
         else:
             raise ConfigError(f"{name}: no such setting")
+    return out, names
+
+
+def _is_map(info: msgspec.structs.FieldInfo | None) -> bool:
+    return info is not None and get_origin(info.type) in (Mapping, dict)
+
+
+def _layer(merged: dict[str, Any], where: dict[Entry, str], values: Mapping[str, Any],
+           fields: Mapping[str, msgspec.structs.FieldInfo], name: Callable[[Entry], str]
+           ) -> None:
+    """Put one layer's ``values`` over ``merged``, a per-kind map entry by entry;
+    ``where[entry]``: what errors call the setting's source."""
+    for field, value in values.items():
+        if _is_map(fields.get(field)) and isinstance(value, Mapping):
+            if not isinstance(merged.setdefault(field, {}), dict):
+                continue  # the lower layer's non-table is reported as it is
+            for kind, item in value.items():
+                merged[field][kind] = item
+                where[(field, kind)] = name((field, kind))
+            continue
+        merged[field] = value
+        for entry in [e for e in where if e[0] == field]:
+            del where[entry]
+        where[(field, None)] = name((field, None))
+
+
+def _without(merged: dict[str, Any], entry: Entry) -> dict[str, Any]:
+    field, kind = entry
+    out = dict(merged)
+    if kind is None:
+        del out[field]
+    else:
+        out[field] = {k: v for k, v in out[field].items() if k != kind}
     return out
+
+
+def _problem(cls: type[T], merged: dict[str, Any]) -> str | None:
+    try:
+        msgspec.convert(merged, cls, strict=False)
+    except (ConfigError, msgspec.ValidationError) as exc:
+        return str(exc)
+    return None
+
+
+def _a_number(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return isinstance(value, int | float)
+
+
+def _check_each(fields: Mapping[str, msgspec.structs.FieldInfo], merged: dict[str, Any],
+                where: dict[Entry, str], section: str) -> None:
+    """Each setting alone: a known name, a value of its field's type, a finite number, a
+    time written as a time (msgspec would read ``2026`` as seconds since 1970)."""
+    for (field, kind), source in where.items():
+        info = fields.get(field)
+        if info is None:
+            raise ConfigError(f"invalid {section} configuration: {source}: no such setting")
+        tp, value = info.type, merged[field]
+        if kind is not None:
+            tp, value = get_args(info.type)[1], value[kind]
+        try:
+            converted = msgspec.convert(value, tp, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"invalid {section} configuration: {source}: {exc}") from exc
+        if isinstance(converted, float) and not math.isfinite(converted):
+            raise ConfigError(f"invalid {section} configuration: {source}: "
+                              f"must be a finite number, got {converted}")
+        if isinstance(converted, datetime) and _a_number(value):
+            raise ConfigError(f"invalid {section} configuration: {source}: want a time "
+                              f"(e.g. 2026-05-19T00:00:00Z), got {value!r}")
 
 
 def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str,
          section: str, maps: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None) -> T:
+         overrides: Mapping[str, Any] | None = None,
+         origins: Mapping[str, str] | None = None) -> T:
     """``cls`` from its defaults, ``path``'s ``[section]``, the ``prefix`` variables of
     ``env`` (``maps``: env name -> per-kind map field, e.g. ``{"THRESHOLD": "thresholds_s"}``)
-    and finally ``overrides`` (a command's flags); validated."""
-    merged: dict[str, Any] = read_section(path, section) if path is not None else {}
-    for layer in (_from_env(cls, env, prefix, maps or {}), dict(overrides or {})):
-        for key, value in layer.items():
-            if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-                merged[key] = {**merged[key], **value}
-            else:
-                merged[key] = value
+    and finally ``overrides`` (a command's flags; ``origins`` names each one's source in
+    errors, e.g. ``{"finalize_lease_s": "--finalize-lease"}``); validated. An error names
+    the setting at fault by its source: ``FILE [section] key``, the variable, the flag."""
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    merged: dict[str, Any] = {}
+    where: dict[Entry, str] = {}
+    if path is not None:
+        table, label = _read(path, section)
+        _layer(merged, where, table, fields,
+               lambda e: f"{label} {e[0]}" + (f".{e[1]}" if e[1] is not None else ""))
+    values, names = _from_env(cls, env, prefix, maps or {})
+    _layer(merged, where, values, fields, names.__getitem__)
+    named = dict(origins or {})
+    _layer(merged, where, dict(overrides or {}), fields,
+           lambda e: named.get(e[0], f"{e[0]} (given by the caller)"))
+    _check_each(fields, merged, where, section)
     try:
         return msgspec.convert(merged, cls, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid {section} configuration: {exc}") from exc
+    except (ConfigError, msgspec.ValidationError) as exc:  # the struct's own checks
+        # the settings at fault: those without which this problem goes away
+        culprits = [source for entry, source in where.items()
+                    if _problem(cls, _without(merged, entry)) != str(exc)]
+        raise ConfigError(f"invalid {section} configuration: {exc}"
+                          + (f" (set by {'; '.join(culprits)})" if culprits else "")) from exc

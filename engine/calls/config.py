@@ -60,10 +60,14 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if not 0 < self.margin_s < self.finalize_lease_s:
             raise ConfigError(f"lease_margin_s ({self.margin_s:g}) must be positive "
                               f"and below finalize_lease_s ({self.finalize_lease_s:g})")
-        for name in (*self.ambiguous_create_by_kind, *self.poll_interval_s,
-                     *self.poll_budget_s):
-            if name not in KINDS:
-                raise ConfigError(f"unknown provider_kind {name!r} in call configuration")
+        for field in ("ambiguous_create_by_kind", "poll_interval_s", "poll_budget_s"):
+            for kind in getattr(self, field):
+                if kind not in KINDS:
+                    raise ConfigError(f"{field}: unknown provider_kind {kind!r}")
+        for field in ("poll_interval_s", "poll_budget_s"):
+            for kind, value in getattr(self, field).items():
+                if not value > 0:
+                    raise ConfigError(f"{field} for {kind} must be positive, got {value}")
 
     @property
     def margin_s(self) -> float:
@@ -92,12 +96,14 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 def load_call_config(path: Path | None = None, env: Mapping[str, str] | None = None,
-                     overrides: Mapping[str, Any] | None = None) -> CallConfig:
-    """Defaults < ``path``'s ``[calls]`` < ``env`` < ``overrides`` (see the module)."""
+                     overrides: Mapping[str, Any] | None = None, *,
+                     origins: Mapping[str, str] | None = None) -> CallConfig:
+    """Defaults < ``path``'s ``[calls]`` < ``env`` < ``overrides`` (see the module;
+    ``origins``: what errors call each override, e.g. its flag)."""
     env = dict(env or {})
     if env.get(MEDIA_ALLOW_ENV) and ENV_PREFIX + "MEDIA_ALLOW_HOSTS" not in env:
         env[ENV_PREFIX + "MEDIA_ALLOW_HOSTS"] = env[MEDIA_ALLOW_ENV]
     return load(CallConfig, path=path, env=env, prefix=ENV_PREFIX, section="calls",
                 maps={"POLL_INTERVAL": "poll_interval_s", "POLL_BUDGET": "poll_budget_s",
                       "AMBIGUOUS_CREATE": "ambiguous_create_by_kind"},
-                overrides=overrides)
+                overrides=overrides, origins=origins)

@@ -20,6 +20,7 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+from engine.cli.args import positive_int
 from engine.errors import JobNotFound
 from engine.reconciler.config import load_config
 from engine.replay import render
@@ -57,13 +58,6 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         raise argparse.ArgumentTypeError(
             f"invalid --since {text!r}: use a window (24h, 90m) or an ISO time") from None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 async def _audit(args: argparse.Namespace, url: str) -> int:
@@ -190,7 +184,7 @@ def _add_verify(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--since", type=parse_since, default=None,
                    help="only jobs with events recorded since (24h, or an ISO time)")
-    p.add_argument("--batch", type=_positive, default=1000, help="jobs per snapshot")
+    p.add_argument("--batch", type=positive_int, default=1000, help="jobs per snapshot")
     p.set_defaults(handler=_verify)
 
 
@@ -199,7 +193,7 @@ def _add_rebuild(sub: Subparsers) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--job", type=uuid.UUID, help="one job")
     which.add_argument("--all", action="store_true", help="every job with a call")
-    p.add_argument("--batch", type=_positive, default=500, help="jobs per snapshot")
+    p.add_argument("--batch", type=positive_int, default=500, help="jobs per snapshot")
     p.add_argument("--force", action="store_true",
                    help="rewrite every job, even one whose columns already match")
     p.add_argument("--json", action="store_true", help="the counts as JSON")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from engine.cli.process import env_help
 from engine.errors import CallwardenError
@@ -28,6 +29,7 @@ from providers.simulator.core import add_arguments as add_simulator_arguments
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 console = Console()
+errors = Console(stderr=True)  # a message is shown as it is: no markup, one line
 
 # Modules adding subcommands; a missing one (not yet written) is skipped.
 COMMAND_MODULES = ["engine.cli.audit", "engine.cli.worker", "engine.cli.reconcile",
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = resolve_database_url(args.data_dir)
         return int(asyncio.run(args.handler(args, url)))
     except CallwardenError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

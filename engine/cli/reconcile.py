@@ -30,6 +30,7 @@ from rich.table import Table
 
 from engine.calls.config import load_call_config
 from engine.calls.pricing import pricing_from_env
+from engine.cli.args import port
 from engine.cli.process import setup_logging
 from engine.reconciler.config import load_config
 from engine.reconciler.loop import Counts, Reconciler
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("reconcile", help="find stuck calls and settle them")
-    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
+    p.add_argument("--metrics-port", type=port, default=None, metavar="N",
                    help="expose this process's Prometheus /metrics on 127.0.0.1:N")
     p.add_argument("--once", action="store_true", help="run one pass, print its counts")
     p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
@@ -68,6 +69,7 @@ def _print(counts: Counts, as_json: bool) -> None:
 
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
+    call_config = load_call_config(args.config, os.environ)  # every setting before connecting
     pricing = pricing_from_env(os.environ)
     setup_logging()
     if args.metrics_port is not None:
@@ -80,7 +82,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
             aiohttp.ClientSession() as session:
         reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
                                 config=config,
-                                call_config=load_call_config(args.config, os.environ),
+                                call_config=call_config,
                                 pricing=pricing)
         if args.once:
             counts = await reconciler.reconcile_once_through_outage()

@@ -24,6 +24,7 @@ from engine.calls.config import load_call_config
 from engine.calls.finalize import Finalizer
 from engine.calls.identity import incarnation
 from engine.calls.pricing import pricing_from_env
+from engine.cli.args import port, positive_int
 from engine.cli.process import setup_logging
 from engine.errors import ConfigError
 from engine.reconciler.config import load_config
@@ -41,12 +42,12 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     s = sub.add_parser("serve", help="webhook receivers, /metrics, health and dashboard")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=port, default=8000)
     s.add_argument("--admin-token-env", default="CALLWARDEN_ADMIN_TOKEN", metavar="VAR",
                    help="environment variable holding the admin token (unset: read-only)")
     s.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (default: <data dir>/media)")
-    s.add_argument("--pool-size", type=int, default=10)
+    s.add_argument("--pool-size", type=positive_int, default=10)
     s.add_argument("--config", type=Path, default=None,
                    help="settings file (TOML or JSON): [webhooks], [calls] and the reconciler's "
                         "[reconcile] (stale thresholds, legacy cutoff)")
@@ -75,6 +76,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
     store = store_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
     config = service_config(args)
+    call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -83,7 +85,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=args.pool_size, check=True) as pool, \
             aiohttp.ClientSession() as session:
         finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
-                              config=load_call_config(args.config, env),
+                              config=call_config,
                               pricing=pricing)
 
         async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:

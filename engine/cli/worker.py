@@ -21,6 +21,7 @@ import msgspec
 
 from engine.calls.config import AmbiguousCreate, CallConfig, load_call_config
 from engine.calls.pricing import pricing_from_env
+from engine.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from engine.cli.process import setup_logging
 from engine.errors import ConfigError
 from engine.queue.claims import input_data
@@ -44,14 +45,15 @@ def register(sub: Any) -> None:
 
 def _register_worker(sub: Any) -> None:
     w = sub.add_parser("worker", help="claim pending jobs and run their calls")
-    w.add_argument("--concurrency", type=int, default=4, help="calls in flight (default 4)")
-    w.add_argument("--visibility", type=float, default=60.0, metavar="S",
+    w.add_argument("--concurrency", type=positive_int, default=4,
+                   help="calls in flight (default 4)")
+    w.add_argument("--visibility", type=positive_float, default=60.0, metavar="S",
                    help="lease per delivery; a dead worker's job is redelivered after it")
-    w.add_argument("--poll-empty", type=float, default=1.0, metavar="S",
+    w.add_argument("--poll-empty", type=positive_float, default=1.0, metavar="S",
                    help="wait between claims when the queue is empty")
-    w.add_argument("--grace", type=float, default=30.0, metavar="S",
+    w.add_argument("--grace", type=nonnegative_float, default=30.0, metavar="S",
                    help="on SIGTERM, how long in-flight calls may take to finish")
-    w.add_argument("--max-deliveries", type=int, default=5, metavar="N",
+    w.add_argument("--max-deliveries", type=positive_int, default=5, metavar="N",
                    help="give up on a job delivered more than N times")
     w.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (default: <data dir>/media)")
@@ -63,24 +65,24 @@ def _register_worker(sub: Any) -> None:
                         "reconciler (sweep, the default) or create again (recreate)")
     w.add_argument("--ambiguous-create-for", action="append", default=[],
                    metavar="KIND=POLICY", help="per-kind policy (repeatable)")
-    w.add_argument("--poll-interval", type=float, default=None, metavar="S",
+    w.add_argument("--poll-interval", type=positive_float, default=None, metavar="S",
                    help="poll every S seconds, every kind (default: the kind's)")
-    w.add_argument("--poll-budget", type=float, default=None, metavar="S",
+    w.add_argument("--poll-budget", type=positive_float, default=None, metavar="S",
                    help="give up polling after S seconds, every kind (the reconciler "
                         "takes over; default: the kind's)")
-    w.add_argument("--metrics-port", type=int, default=None, metavar="N",
+    w.add_argument("--metrics-port", type=port, default=None, metavar="N",
                    help="expose this process's Prometheus /metrics on 127.0.0.1:N")
-    w.add_argument("--finalize-lease", type=float, default=None, metavar="S",
+    w.add_argument("--finalize-lease", type=positive_float, default=None, metavar="S",
                    help="shortest finalization lease (grown to fit the media to store; "
                         "default 120)")
-    w.add_argument("--media-timeout", type=float, default=None, metavar="S",
+    w.add_argument("--media-timeout", type=positive_float, default=None, metavar="S",
                    help="time allowed to download one result (default 120)")
-    w.add_argument("--store-timeout", type=float, default=None, metavar="S",
+    w.add_argument("--store-timeout", type=positive_float, default=None, metavar="S",
                    help="time allowed to store one result (default 60)")
-    w.add_argument("--lease-margin", type=float, default=None, metavar="S",
+    w.add_argument("--lease-margin", type=positive_float, default=None, metavar="S",
                    help="a finalizer gives up this long before its lease ends (default: "
                         "15 s, or a quarter of a shorter --finalize-lease)")
-    w.add_argument("--heartbeat-every", type=float, default=None, metavar="S",
+    w.add_argument("--heartbeat-every", type=positive_float, default=None, metavar="S",
                    help="heartbeat a polling call at most this often (default 10)")
     w.set_defaults(handler=_worker)
 
@@ -89,10 +91,10 @@ def _register_enqueue(sub: Any) -> None:
     e = sub.add_parser("enqueue", help="create job rows (with a credit reservation)")
     e.add_argument("--kind", required=True, help="provider_kind, e.g. kie-standard")
     e.add_argument("--request", required=True, metavar="JSON", help="the provider request")
-    e.add_argument("--credits", type=float, default=10.0, help="credits to reserve")
+    e.add_argument("--credits", type=nonnegative_float, default=10.0, help="credits to reserve")
     e.add_argument("--operation", default=None, help="ElevenLabs operation, e.g. tts")
     e.add_argument("--user", default="user-1")
-    e.add_argument("--count", type=int, default=1)
+    e.add_argument("--count", type=count, default=1)
     e.set_defaults(handler=_enqueue)
 
 
@@ -109,6 +111,9 @@ def _policy_pairs(pairs: list[str]) -> dict[str, AmbiguousCreate]:
 _FLAGS = {"finalize_lease": "finalize_lease_s", "heartbeat_every": "heartbeat_every_s",
           "media_timeout": "media_timeout_s", "store_timeout": "store_timeout_s",
           "lease_margin": "lease_margin_s", "ambiguous_create": "ambiguous_create"}
+_ORIGINS = {**{field: "--" + flag.replace("_", "-") for flag, field in _FLAGS.items()},
+            "ambiguous_create_by_kind": "--ambiguous-create-for",
+            "poll_interval_s": "--poll-interval", "poll_budget_s": "--poll-budget"}
 
 
 def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> CallConfig:
@@ -125,7 +130,7 @@ def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         flags["poll_interval_s"] = dict.fromkeys(KINDS, args.poll_interval)
     if args.poll_budget is not None:
         flags["poll_budget_s"] = dict.fromkeys(KINDS, args.poll_budget)
-    return load_call_config(args.config, env, flags)
+    return load_call_config(args.config, env, flags, origins=_ORIGINS)
 
 
 def _media_env(args: argparse.Namespace) -> dict[str, str]:
@@ -159,7 +164,8 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
 
 async def _enqueue(args: argparse.Namespace, url: str) -> int:
     if args.kind not in KINDS:
-        raise ConfigError(f"unknown provider_kind {args.kind!r}; known: {', '.join(KINDS)}")
+        raise ConfigError(f"--kind {args.kind!r}: unknown provider_kind; "
+                          f"known: {', '.join(KINDS)}")
     try:
         request = msgspec.json.decode(args.request)
     except msgspec.DecodeError as exc:

@@ -95,7 +95,7 @@ def _check_positive(c: ReconcileConfig) -> None:
     if not 0 <= c.scan_jitter < 1:
         raise ConfigError(f"reconcile scan_jitter must be in [0, 1), got {c.scan_jitter}")
     if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
-        raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00Z)")
+        raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00:00Z)")
 
 
 def _check_kinds(c: ReconcileConfig) -> None:

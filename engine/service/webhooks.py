@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -44,7 +45,7 @@ from engine import config as actor_config
 from engine.calls.finalize import Finalizer
 from engine.calls.inline import store_inline
 from engine.calls.runner import ACTIVE, upstream_event
-from engine.errors import DatabaseError, DatabaseUnavailable
+from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
 from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
@@ -77,6 +78,17 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     secrets: Mapping[str, str] = msgspec.field(default_factory=dict)
     max_body_bytes: int = MiB
     poll_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise ConfigError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
+        if not (math.isfinite(self.poll_timeout_s) and self.poll_timeout_s > 0):
+            raise ConfigError(f"poll_timeout_s must be a positive number of seconds, got "
+                              f"{self.poll_timeout_s}")
+        unknown = sorted(set(self.secrets) - set(WEBHOOKS))
+        if unknown:
+            raise ConfigError(f"secrets: no webhook scheme for {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(WEBHOOKS))})")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WebhookConfig:
@@ -157,11 +169,14 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise Reject(413, "too_large", f"body over {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise Reject(413, "too_large", f"body over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise Reject(413, "too_large", f"body over {limit} bytes")
+            chunks.append(chunk)
+    except web.RequestPayloadError as exc:  # e.g. a Content-Encoding it is not in
+        raise Reject(400, "malformed", f"body cannot be read: {exc}") from None
     return b"".join(chunks)
 
 

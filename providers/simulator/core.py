@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import base64
 import importlib
+import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -353,14 +354,30 @@ KEY_HELP = ("Every provider route wants the one key given by --api-key (default 
             "secrets are printed at start.")
 
 
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"want a port 0..65535 (0: any free port), got {text!r}")
+    return int(text)
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"want a number > 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     """The simulator's options, shared by ``python -m providers.simulator`` and
     ``callwarden simulator``."""
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=default_port)
+    parser.add_argument("--port", type=_port, default=default_port)
     parser.add_argument("--api-key", default="sim-key",
                         help="the key every provider route accepts (default: sim-key)")
-    parser.add_argument("--clock-factor", type=float, default=1.0,
+    parser.add_argument("--clock-factor", type=_factor, default=1.0,
                         help="simulated seconds per real second (e.g. 60 for demos)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the simulator's randomness (ids, webhook secrets)")
