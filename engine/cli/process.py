@@ -60,6 +60,8 @@ ENV: dict[str, str] = {
         "webhook signing secrets",
     "CALLWARDEN_ADMIN_TOKEN": "the admin token (unset: the admin actions are off)",
     "CALLWARDEN_FAILPOINTS": "crash at a named point (tests and drills)",
+    "CALLWARDEN_REDIS_URL": "demo --queue: the Redis of Celery or arq (unset: a private "
+                            "redis-server)",
 }
 _DB = ["DATABASE_URL", "CALLWARDEN_DB_POOLER"]
 _LONG = [*_DB, "CALLWARDEN_DB_OUTAGE_LIMIT_S"]  # the commands that ride through outages
@@ -78,7 +80,7 @@ COMMAND_ENV: dict[str, list[str]] = {
     "serve": [*_LONG, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>", "CALLWARDEN_WEBHOOK_<FIELD>",
               "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY",
               "CALLWARDEN_ADMIN_TOKEN"],
-    "demo": ["DATABASE_URL", "CALLWARDEN_DB_OUTAGE_LIMIT_S"],
+    "demo": ["DATABASE_URL", "CALLWARDEN_DB_OUTAGE_LIMIT_S", "CALLWARDEN_REDIS_URL"],
 }
 
 

@@ -67,3 +67,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid();
 -- name: demo_job_ids
 -- The demo's jobs, if its setup already enqueued them.
 SELECT id FROM jobs ORDER BY created_at, id;
+
+-- name: demo_job_specs
+-- `callwarden demo --queue`: what to publish for each job (its input_data, as text).
+SELECT id, input_data::text AS input_data FROM jobs ORDER BY created_at, id;

@@ -25,11 +25,13 @@ from psycopg.rows import DictRow
 from engine.calls.config import CallConfig
 from engine.calls.finalize import Finalizer
 from engine.calls.identity import incarnation
-from engine.demo.fleet import WorkerFleet
+from engine.demo.fleet import Fleet, WorkerFleet
+from engine.demo.queues import call_env, job_specs, queue_fleet
 from engine.demo.report import Sample
 from engine.demo.summary import DemoSummary, install_audit, summarize
 from engine.demo.workload import DEMO_PRICING, PlannedJob, plan_jobs
 from engine.errors import DatabaseUnavailable
+from engine.queue.claims import JobSpec
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.loop import Reconciler
 from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
@@ -85,7 +87,8 @@ Restart = Callable[[], None]
 class DemoOptions(msgspec.Struct, kw_only=True):
     """``chaos``: also restart the database (immediate mode, when the demo has a
     ``restart`` handle on it) and cut every connection, alternately, every
-    ``chaos_every_s`` (jittered) while the jobs run."""
+    ``chaos_every_s`` (jittered) while the jobs run. ``queue``: run the jobs on Celery or
+    arq workers over Redis (:mod:`engine.demo.queues`) instead of the reference queue."""
 
     jobs: int = 140
     workers: int = 3
@@ -94,6 +97,7 @@ class DemoOptions(msgspec.Struct, kw_only=True):
     duration: float = 100.0
     chaos: bool = False
     chaos_every_s: float = 6.0
+    queue: str | None = None
 
 
 class Chaos:
@@ -216,7 +220,7 @@ async def _states(pool: Pool) -> tuple[dict[str, int], int]:
     return states, recovered
 
 
-async def _watch(pool: Pool, fleet: WorkerFleet, deadline: float, on_tick: OnTick,
+async def _watch(pool: Pool, fleet: Fleet, deadline: float, on_tick: OnTick,
                  samples: list[Sample], chaos: Chaos) -> None:
     start = time.monotonic()
     terminal = {"completed", "failed", "swept", "exhausted", "cancelled"}
@@ -263,7 +267,7 @@ async def _setup(pool: Pool, opts: DemoOptions, outage: Outage) -> list[uuid.UUI
     return await until_up(enqueue, outage)
 
 
-def _background(opts: DemoOptions, reconciler: Reconciler, fleet: WorkerFleet, chaos: Chaos,
+def _background(opts: DemoOptions, reconciler: Reconciler, fleet: Fleet, chaos: Chaos,
                 stop: asyncio.Event) -> list[asyncio.Task[None]]:
     """The reconciler's loop, the worker killer and (``--chaos``) the database faults."""
     tasks = [asyncio.create_task(reconciler.run(stop)),
@@ -275,8 +279,23 @@ def _background(opts: DemoOptions, reconciler: Reconciler, fleet: WorkerFleet, c
     return tasks
 
 
-async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos
-                   ) -> tuple[DemoSummary, list[DictRow]]:
+async def _fleet(opts: DemoOptions, pool: Pool, env: dict[str, str], work_dir: Path,
+                 stack: contextlib.AsyncExitStack, outage: Outage) -> Fleet:
+    """The reference fleet, or (``opts.queue``) a queue's, its jobs published at start."""
+    if opts.queue is None:
+        return WorkerFleet(opts.workers, env, work_dir)
+
+    async def specs() -> list[tuple[uuid.UUID, JobSpec]]:
+        async with connection(pool) as conn:
+            return await job_specs(conn)
+
+    jobs = await until_up(specs, outage)
+    return await stack.enter_async_context(queue_fleet(
+        opts.queue, opts.workers, {**env, **call_env(DEMO_CALLS)}, work_dir, jobs))
+
+
+async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos, *,
+                   queue: str | None, kills: int) -> tuple[DemoSummary, list[DictRow]]:
     """The summary (with SQL, retried through an outage) and the latencies."""
     async def read() -> tuple[DemoSummary, list[DictRow]]:
         async with connection(pool) as conn:
@@ -284,7 +303,8 @@ async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos
                     await execute(conn, "demo_latencies", {}))
     summary, rows = await until_up(read, chaos.outage)
     return msgspec.structs.replace(
-        summary, database_restarts=chaos.restarts, connections_cut=chaos.cuts,
+        summary, queue=queue or "reference", workers_killed=kills,
+        database_restarts=chaos.restarts, connections_cut=chaos.cuts,
         database_outages=chaos.outage.outages,
         database_down_s=round(chaos.outage.downtime_s, 1)), rows
 
@@ -305,9 +325,8 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
             pricing_file.write_bytes(msgspec.json.encode(DEMO_PRICING))
             media = work_dir / "media"
             service = await stack.enter_async_context(_service(pool, http, rs, media))
-            fleet = WorkerFleet(opts.workers,
-                                worker_env(db_url, rs, media, service, pricing_file),
-                                work_dir)
+            env = worker_env(db_url, rs, media, service, pricing_file)
+            fleet = await _fleet(opts, pool, env, work_dir, stack, chaos.outage)
             reconciler = Reconciler(pool, http, rs.settings, LocalFolderStore(media),
                                     config=DEMO_RECONCILE, call_config=DEMO_CALLS,
                                     pricing=DEMO_PRICING)
@@ -323,7 +342,8 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
             late = sum(1 for d in rs.sim.webhooks.deliveries
                        if d.attempt > 1 and d.status is not None)
             creates = creates_per_job(rs.sim, job_ids)
-        summary, rows = await _verdict(pool, creates, late, chaos)
+        summary, rows = await _verdict(pool, creates, late, chaos, queue=opts.queue,
+                                       kills=fleet.kills)
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,
                    latencies=[(r["s"], bool(r["by_reconciler"])) for r in rows],
                    seconds=time.monotonic() - started)

@@ -42,6 +42,8 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     p50_s: float | None
     p95_s: float | None
     violations: list[str] = msgspec.field(default_factory=list)
+    queue: str = "reference"  # what ran the jobs: the reference queue, celery or arq
+    workers_killed: int = 0  # worker processes SIGKILLed while the jobs ran
     # Faults the demo rode through (``--chaos``, or a restart from outside).
     database_restarts: int = 0
     connections_cut: int = 0

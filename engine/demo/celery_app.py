@@ -1,0 +1,21 @@
+"""The Celery app of ``callwarden demo --queue celery`` (``celery -A engine.demo.celery_app
+worker``): what :func:`engine.queue.celery.register` sets up for any host, on the demo's
+Redis (``CALLWARDEN_REDIS_URL``), queue (``CALLWARDEN_DEMO_QUEUE``) and demo-scale
+visibility timeout (``CALLWARDEN_DEMO_REDELIVER_S``); the calls' settings come from the
+environment :mod:`engine.demo.queues` gives each worker."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from engine.queue.celery import register
+
+VISIBILITY_S = float(os.environ["CALLWARDEN_DEMO_REDELIVER_S"])
+
+app = Celery("callwarden-demo", broker=os.environ["CALLWARDEN_REDIS_URL"])
+app.conf.update(broker_connection_retry_on_startup=True,
+                task_default_queue=os.environ["CALLWARDEN_DEMO_QUEUE"],
+                worker_cancel_long_running_tasks_on_connection_loss=False)
+run_call = register(app, visibility_timeout=VISIBILITY_S)
