@@ -18,6 +18,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import aiohttp
@@ -31,7 +32,7 @@ from providers.errors import (
 )
 from providers.raw import RawResponse
 
-__all__ = ["Classify", "RetryPolicy", "Sleep", "send"]
+__all__ = ["Classify", "RetryPolicy", "Sleep", "TraceRequest", "send", "trace_requests"]
 
 
 DEFAULT_POLICY = RetryPolicy()
@@ -39,6 +40,17 @@ DEFAULT_POLICY = RetryPolicy()
 
 Classify = Callable[[RawResponse], ProviderError | None]
 Sleep = Callable[[float], Awaitable[None]]
+#: ``(provider, method, url, attempt)`` -> a context around one HTTP attempt, yielding the
+#: function called with the response when one came (``engine.service.tracing``: a span).
+TraceRequest = Callable[[str, str, str, int],
+                        AbstractContextManager[Callable[[RawResponse], None]]]
+_trace: TraceRequest | None = None
+
+
+def trace_requests(hook: TraceRequest | None) -> None:
+    """Wrap every HTTP attempt of this process in ``hook`` (``None``: none; the default)."""
+    global _trace
+    _trace = hook
 
 
 def _backoff(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
@@ -81,6 +93,22 @@ async def _once(
         raise TransientError(f"{method} {url} failed: {exc!r}", provider=provider) from exc
 
 
+async def _checked(
+    session: aiohttp.ClientSession, method: str, url: str, *, provider: str,
+    classify: Classify, timeout_s: float, kwargs: Mapping[str, Any],
+    seen: Callable[[RawResponse], None] | None = None,
+) -> RawResponse:
+    """One attempt: the response if ``classify`` accepts it, else its error raised."""
+    raw = await _once(session, method, url, provider=provider, timeout_s=timeout_s,
+                      kwargs=kwargs)
+    if seen is not None:
+        seen(raw)
+    err = classify(raw)
+    if err is not None:
+        raise err
+    return raw
+
+
 async def send(
     session: aiohttp.ClientSession,
     method: str,
@@ -104,12 +132,14 @@ async def send(
     attempt = 0
     while True:
         try:
-            raw = await _once(session, method, url, provider=provider,
-                              timeout_s=policy.timeout_s, kwargs=kwargs)
-            err = classify(raw)
-            if err is None:
-                return raw
-            raise err
+            if _trace is None:
+                return await _checked(session, method, url, provider=provider,
+                                      classify=classify, timeout_s=policy.timeout_s,
+                                      kwargs=kwargs)
+            with _trace(provider, method, url, attempt + 1) as seen:
+                return await _checked(session, method, url, provider=provider,
+                                      classify=classify, timeout_s=policy.timeout_s,
+                                      kwargs=kwargs, seen=seen)
         except ProviderError as err:
             attempt += 1
             if attempt >= policy.max_attempts or not _retryable(err, idempotent):

@@ -34,6 +34,7 @@ from engine.calls.identity import incarnation
 from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.errors import DatabaseError
+from engine.service.tracing import call_context
 from engine.store.boundary import connection
 from engine.store.clock import Clock, DatabaseClock, sync_clock
 from engine.store.db import Pool
@@ -125,7 +126,8 @@ class CallRunner:
                   operation: str | None = None) -> CallOutcome:
         """Run (or resume, or report) the job's call; see the module docstring."""
         try:
-            return await self._run(job_id, kind, request, operation)
+            with call_context(job_id, kind):
+                return await self._run(job_id, kind, request, operation)
         finally:
             self._last_beat.pop(job_id, None)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from projections.fold import CallProjection, apply, fold
 __all__ = [
     "AppendResult", "Decide", "append", "cancel", "execute", "execute_batch",
     "execute_script", "from_log", "load",
-    "load_events", "load_stored", "observe", "transition", "without_nul",
+    "load_events", "load_stored", "observe", "trace_appends", "transition", "without_nul",
 ]
 
 Decide = Callable[[CallProjection], Event | None]
@@ -79,6 +80,19 @@ def observe(fn: Callable[[AppendResult], None]) -> None:
     """Call ``fn`` with every successful append of this process (metrics hook it here)."""
     if fn not in _observers:
         _observers.append(fn)
+
+
+#: ``(job_id, current, event)`` -> a context around one append, yielding the function the
+#: append calls with its result (``engine.service.tracing`` opens a span here).
+TraceAppend = Callable[[uuid.UUID, CallProjection, Event],
+                       AbstractContextManager[Callable[[AppendResult], None]]]
+_trace: TraceAppend | None = None
+
+
+def trace_appends(hook: TraceAppend | None) -> None:
+    """Wrap every append of this process in ``hook`` (``None``: none; the default)."""
+    global _trace
+    _trace = hook
 
 
 async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
@@ -238,6 +252,17 @@ async def append(
     Raises ``InvalidTransition`` (nothing written) if the event may not follow
     ``current``; returns ``ok=False`` with the fresh projection if someone else wrote
     first, or if the host's state changed since ``current`` was read."""
+    if _trace is None:
+        return await _append(conn, job_id, current, event)
+    with _trace(job_id, current, event) as done:
+        result = await _append(conn, job_id, current, event)
+        done(result)
+        return result
+
+
+async def _append(
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event
+) -> AppendResult:
     event = without_nul(event)
     new = apply(current, event)
     params = append_params(job_id, current, new, event)

@@ -1,0 +1,123 @@
+"""OpenTelemetry spans when the ``callwarden[otel]`` extra is installed (operations.md, "Traces").
+
+Importing this module hooks two spans into the I/O edges, as :mod:`engine.service.metrics`
+hooks its counters: ``callwarden.provider.request`` around each HTTP attempt
+(:func:`providers.transport.trace_requests`) and ``callwarden.transition`` around each
+append (:func:`engine.store.write.trace_appends`). Both are children of the current span
+(the host's) and record the exception that escapes them; they come from the tracer
+``callwarden`` of the global provider, or of the one given to :func:`use`. Without
+``opentelemetry`` nothing is hooked: an append or a request checks one module attribute.
+The actors import this module and name the job of their requests with :func:`call_context`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from engine.store import write
+from engine.store.write import AppendResult
+from events.types import Event
+from projections.fold import CallProjection
+from providers import transport
+from providers.raw import RawResponse
+
+try:
+    from opentelemetry import trace
+except ImportError:  # the extra is absent: nothing is hooked, nothing is imported
+    trace = None  # type: ignore[assignment]
+
+__all__ = ["ENABLED", "REQUEST_SPAN", "TRANSITION_SPAN", "call_context", "use"]
+
+ENABLED = trace is not None
+REQUEST_SPAN = "callwarden.provider.request"
+TRANSITION_SPAN = "callwarden.transition"
+
+_CALL: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "callwarden_call", default=None)
+_tracer: trace.Tracer | None = None
+
+
+def use(provider: trace.TracerProvider | None = None) -> None:
+    """Take spans from ``provider``'s tracer (``None``: the global provider's, the default;
+    a host that sets its provider later is followed, as the API's proxy tracer does)."""
+    global _tracer
+    if trace is not None:
+        _tracer = (provider or trace).get_tracer("callwarden")
+
+
+@contextmanager
+def call_context(job_id: uuid.UUID, kind: str) -> Iterator[None]:
+    """The provider requests made inside are for ``job_id`` of ``kind`` (span attributes)."""
+    token = _CALL.set((str(job_id), kind))
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
+@contextmanager
+def _request(provider: str, method: str, url: str, attempt: int
+             ) -> Iterator[Callable[[RawResponse], None]]:
+    assert _tracer is not None
+    u = urlsplit(url)  # no credentials, no query string
+    attrs: dict[str, Any] = {
+        "callwarden.provider": provider, "callwarden.attempt": attempt,
+        "http.request.method": method, "server.address": u.hostname or "",
+        "url.full": urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, "", ""))}
+    call = _CALL.get()
+    if call is not None:
+        attrs["callwarden.job_id"], attrs["callwarden.kind"] = call
+    span = _tracer.start_span(REQUEST_SPAN, kind=trace.SpanKind.CLIENT, attributes=attrs)
+    if not span.is_recording():  # the no-op provider, or not sampled: nothing to carry
+        yield _ignore
+        return
+    with trace.use_span(span, end_on_exit=True):  # records the exception that escapes
+        yield lambda raw: span.set_attribute("http.response.status_code", raw.status)
+
+
+@contextmanager
+def _transition(job_id: uuid.UUID, current: CallProjection, event: Event
+                ) -> Iterator[Callable[[AppendResult], None]]:
+    assert _tracer is not None
+    attrs: dict[str, Any] = {
+        "callwarden.job_id": str(job_id), "callwarden.event": type(event).__name__,
+        "callwarden.actor": event.actor, "callwarden.expected_version": current.version}
+    kind = current.provider_kind or getattr(event, "kind", None)
+    if kind:
+        attrs["callwarden.kind"] = kind
+    span = _tracer.start_span(TRANSITION_SPAN, attributes=attrs)
+    if not span.is_recording():
+        yield _ignore
+        return
+    with trace.use_span(span, end_on_exit=True):
+
+        def done(result: AppendResult) -> None:
+            p = result.projection
+            moved = p.settlement if result.ok and result.settlement == "settled" else None
+            out: dict[str, Any] = {
+                "callwarden.ok": result.ok, "callwarden.settlement": moved or "none",
+                "callwarden.outcome": "appended" if result.ok else "fenced_out"}
+            if result.ok:
+                out["callwarden.seq"] = p.version
+            if result.settlement is not None:
+                out["callwarden.settlement_result"] = result.settlement
+            if not kind and p.provider_kind:
+                out["callwarden.kind"] = p.provider_kind
+            span.set_attributes(out)
+
+        yield done
+
+
+if ENABLED:
+    use()
+    write.trace_appends(_transition)
+    transport.trace_requests(_request)
