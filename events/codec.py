@@ -65,7 +65,11 @@ def _upcast(type_name: str, version: int, payload: bytes, job_id: object, seq: i
         step = _UPCASTERS.get((type_name, version))
         if step is None:
             raise EventDecodeError(job_id, seq, f"no upcaster for {type_name} v{version}")
-        data = step(data)
+        try:
+            data = step(data)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a garbage payload
+            raise EventDecodeError(job_id, seq, f"cannot upcast {type_name} v{version}: "
+                                   f"{exc}") from exc
         version += 1
     data["type"] = type_name
     return msgspec.convert(data, EVENT_TYPES[type_name])

@@ -6,10 +6,10 @@ one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RE
 (see :mod:`engine.reconciler.config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
 API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
 ``CALLWARDEN_MEDIA_ALLOW_HOSTS``). Exit codes: 0 the pass ran (per-call provider errors
-are outcomes, recorded on the calls and counted); 1 the pass could not run (``--once``:
-the claim failed, or the database stayed unavailable longer than
-``CALLWARDEN_DB_OUTAGE_LIMIT_S``, retried with backoff until then); 2 bad configuration or
-database failure at start.
+are outcomes, recorded on the calls and counted); 1 the pass could not run through
+(``--once`` retries with backoff while the database is unavailable, at the claim or
+during the pass, and gives up once the outage outlasts ``CALLWARDEN_DB_OUTAGE_LIMIT_S``);
+2 bad configuration or database failure at start.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
         if args.once:
             counts = await reconciler.reconcile_once_through_outage()
             _print(counts, args.json)
-            return 1 if counts.pass_failed else 0
+            return 1 if counts.pass_failed or counts.interrupted else 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

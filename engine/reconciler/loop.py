@@ -12,12 +12,13 @@ River's job rescuer in our terms: a thin loop (:meth:`Reconciler.run`) around
 
 A call's outcome is logged; a provider error is stored on the call (attempt + 1, the error
 kept, next attempt after the re-poll interval), never dropped. Nothing about one row stops
-the others or the loop: a row whose callwarden columns do not decode is read from its log;
-an unexpected error while handling a call is recorded on it the same way (attempt + 1); a
-row that cannot be read at all (columns and log) is parked until the next re-poll and
-counted as ``unreadable``; a database error is counted and the call's claim simply expires
-if it cannot be released. A host that ended the job meanwhile is recorded as such
-(``HostEnded``), never overwritten.
+the others or the loop: a call is decided on the fold of its log, never on what host code
+wrote over its projection columns (the next write rewrites them); an unexpected error
+while handling a call is recorded on it the same way (attempt + 1); a call whose log
+cannot be read or replayed, or disagrees with the row's ``call_version``, is parked until
+the next re-poll and counted as ``unreadable``; a database error is counted and the
+call's claim simply expires if it cannot be released. A host that ended the job meanwhile
+is recorded as such (``HostEnded``), never overwritten.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from engine.calls.identity import incarnation
 from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.calls.runner import upstream_event
-from engine.errors import CallwardenError, DatabaseError, DatabaseUnavailable
+from engine.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
 from engine.reconciler.config import ReconcileConfig
 from engine.reconciler.decide import (
     Action,
@@ -59,13 +60,15 @@ from engine.reconciler.decide import (
     decide,
     next_scan_delay,
 )
+from engine.replay.history import fold_checked, snapshot
 from engine.service.metrics import record_reconcile
+from engine.service.tracing import call_context
 from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Pool
 from engine.store.host import host_status_ended
 from engine.store.outage import Outage
-from engine.store.write import AppendResult, append, execute, from_log, load
+from engine.store.write import AppendResult, append, execute, load, load_events
 from events.codec import EventDecodeError
 from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
 from projections.columns import ProjectionUnreadable
@@ -109,6 +112,7 @@ class Counts(msgspec.Struct, kw_only=True):
     errors: int = 0
     unreadable: int = 0
     pass_failed: bool = False  # the claim itself failed: this pass handled nothing
+    interrupted: bool = False  # the database went away while the pass handled its rows
 
     def bump(self, name: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
@@ -202,14 +206,32 @@ class Reconciler:
             return await execute(conn, "reconcile_claim", self.claim_params(now))
 
     async def candidate(self, row: DictRow) -> Candidate:
-        """The row as a :class:`Candidate`; a row whose callwarden columns do not decode
-        is read from its log (``EventDecodeError`` when that fails too)."""
-        try:
-            return Candidate.from_row(row)
-        except ProjectionUnreadable as exc:
-            log.warning("job %s: %s; reading the call from its log", row["id"], exc)
-            async with connection(self.pool) as conn:
-                return Candidate.from_row(row, await from_log(conn, row["id"], row))
+        """The claimed row as a :class:`Candidate`, its call folded from its log: the log
+        is the truth the projection columns only cache, so what host code wrote over them
+        is never acted on (the next write rewrites them from the fold). The row and the
+        log are read in one snapshot; a row with no events (the host's seed columns) is
+        read as it is. ``EventDecodeError`` (the row is parked) when the log cannot be read
+        or replayed, or the row's ``call_version`` is not the length of its log."""
+        job: uuid.UUID = row["id"]
+        async with connection(self.pool) as conn, snapshot(conn):
+            current = await execute(conn, "load_projection", {"job_id": job})
+            events = await load_events(conn, job)
+        if not current:
+            raise JobNotFound(job)
+        now = current[0]
+        if not events and now["call_version"] == 0:
+            try:
+                return Candidate.from_row(row)
+            except ProjectionUnreadable as exc:
+                log.warning("job %s: %s; reading the call from its log", job, exc)
+        folded = fold_checked(job, events)
+        if folded.version != now["call_version"]:
+            raise EventDecodeError(job, min(folded.version, now["call_version"]) + 1,
+                                   f"row at version {now['call_version']} but the log has "
+                                   f"{folded.version} events")
+        return Candidate.from_row(row, msgspec.structs.replace(
+            folded, status=folded.status if folded.terminal else now["status"],
+            settled_reservations=int(now["settled_reservations"] or 0)))
 
     async def _handle(self, row: DictRow, now: datetime, counts: Counts) -> None:
         job: uuid.UUID = row["id"]
@@ -229,8 +251,10 @@ class Reconciler:
             counts.unreadable += 1
             park = True
         except DatabaseUnavailable as exc:  # an outage: the claim expires, nothing lost
-            log.warning("job %s: %s: %s", job, type(exc).__name__, exc)
+            log.debug("job %s: %s: %s", job, type(exc).__name__, exc)
+            self._backoff = self.outage.down(exc)  # one log line per outage
             counts.errors += 1
+            counts.interrupted = True
         except Exception as exc:  # any other failure is this row's outcome, not the pass's
             log.exception("job %s: unexpected error", job)
             park = not await self._record_error(job, exc, now, counts)
@@ -293,7 +317,7 @@ class Reconciler:
                 last_error=action.last_error), counts, "exhausted",
                 f"exhausted after {action.attempts} attempts")
         elif isinstance(action, Finalize):
-            await self._finalize(job, counts, final=action.final)
+            await self._finalize(job, counts, p, final=action.final)
         elif isinstance(action, RecordHostEnded):
             await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
                               counts, "host_ended", f"ended by the host ({action.status})")
@@ -333,8 +357,11 @@ class Reconciler:
         record_reconcile(p.provider_kind or r.projection.provider_kind, count)
         return r
 
-    async def _finalize(self, job: uuid.UUID, counts: Counts, *, final: bool = False) -> None:
-        done = await self.finalizer.finalize(job)
+    async def _finalize(self, job: uuid.UUID, counts: Counts, p: CallProjection, *,
+                        final: bool = False) -> None:
+        """Finalize from ``p``, the call as this pass read it from its log (never the
+        columns host code may have written over: their media URLs are not the call's)."""
+        done = await self.finalizer.finalize(job, p)
         log.info("job %s: finalize -> %s%s", job, done.outcome,
                  f" ({done.error})" if done.error else "")
         if done.outcome == "retry_later" and final:  # past the horizon: it ends here
@@ -352,7 +379,8 @@ class Reconciler:
 
     async def _poll(self, job: uuid.UUID, p: CallProjection, action: PollUpstream,
                     now: datetime, counts: Counts) -> None:
-        outcome, error = await self._poll_once(action)
+        with call_context(job, action.kind):
+            outcome, error = await self._poll_once(action)
         if action.final and (outcome is None or isinstance(outcome, Running)):
             await self._write(job, p, Exhausted(
                 at=now, actor=self.owner, attempts=p.reconcile_attempts,
@@ -378,7 +406,7 @@ class Reconciler:
         r = await self._write(job, p, event, counts, count,
                               f"upstream {type(outcome).__name__.lower()}")
         if r is not None and isinstance(outcome, Succeeded):
-            await self._finalize(job, counts)
+            await self._finalize(job, counts, r.projection)
 
     async def _poll_once(self, action: PollUpstream) -> tuple[PollOutcome | None, str | None]:
         """ONE poll (no loop): the outcome, or ``None`` and the provider error."""
@@ -402,11 +430,13 @@ class Reconciler:
 
     async def reconcile_once_through_outage(self) -> Counts:
         """One pass (``--once``), retried with the outage's backoff while the database is
-        unavailable, until it runs or the outage outlasts its limit (then the failed
-        pass's counts, ``pass_failed`` set)."""
+        unavailable — at the claim or while the pass handles its rows — until a pass runs
+        through or the outage outlasts its limit (then that pass's counts, with
+        ``pass_failed`` or ``interrupted`` set)."""
         while True:
             counts = await self.reconcile_once()
-            if not (counts.pass_failed and self.outage.is_down) or self.outage.over_limit:
+            failed = counts.pass_failed or counts.interrupted
+            if not (failed and self.outage.is_down) or self.outage.over_limit:
                 return counts
             await self.sleep(self._backoff)
 

@@ -92,9 +92,10 @@ SET reconcile_owner = NULL, reconcile_lease_until = NULL
 WHERE id = %(job_id)s::uuid AND reconcile_owner = %(owner)s::text;
 
 -- name: reconcile_park
--- A row the reconciler cannot read at all (its callwarden columns and its log both fail to
--- decode): keep it out of the claims until %(until)s (only the claim columns are written;
--- nothing about the call changes), so one bad row never costs every pass.
+-- A call the reconciler cannot read (its log does not decode or replay, or the row's
+-- call_version is not its length): keep it out of the claims until %(until)s (only the
+-- claim columns are written; nothing about the call changes), so one bad row never costs
+-- every pass.
 UPDATE jobs
 SET reconcile_owner = NULL, reconcile_lease_until = %(until)s::timestamptz
 WHERE id = %(job_id)s::uuid AND reconcile_owner = %(owner)s::text;
