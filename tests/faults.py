@@ -1,9 +1,10 @@
 """The fault harness (issue 15), for the chaos tests and ``bench/chaos.py``.
 
 - :class:`FaultProxy`: a TCP proxy on 127.0.0.1 between callwarden and its Postgres that
-  can drop every connection (both sides reset), stall them (bytes held, connections kept
-  open) and add latency to every chunk. It runs its own event loop in a thread, so it
-  serves subprocesses and synchronous code alike, and stops itself after ``lifetime_s``.
+  can drop every connection (both sides closed at once), stall them (bytes held,
+  connections kept open) and add latency to every chunk. It runs its own event loop in a
+  thread, so it serves subprocesses and synchronous code alike; after ``lifetime_s`` it
+  stops accepting and closes its connections.
 - :class:`DatabaseFaults`: a schedule of faults at random intervals from a seeded RNG —
   the server restarted in immediate mode (crash recovery on start), one random
   callwarden backend terminated, every backend terminated, and the proxy's drops, stalls
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import threading
 import time
@@ -36,13 +38,22 @@ __all__ = ["FAULTS", "DatabaseFaults", "FaultLog", "FaultProxy"]
 _CHUNK = 65536
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: not known to be local
+        return False
+
+
 class FaultProxy:
     """A TCP proxy to the server of ``target_url``; :meth:`url` is a URL through it."""
 
     def __init__(self, target_url: str, *, lifetime_s: float = 1800.0) -> None:
         info = conninfo_to_dict(target_url)
         host, port = str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)
-        if not (host.startswith("/") or host.startswith("127.") or host == "localhost"):
+        if info.get("hostaddr") or not (host.startswith("/") or _loopback(host)):
             raise ValueError(f"the fault proxy only reaches local servers, not {host!r}")
         self.target_url, self._host, self._port = target_url, host, port
         self.lifetime_s = lifetime_s
@@ -84,17 +95,25 @@ class FaultProxy:
     # -- faults (callable from any thread) ---------------------------------------------
 
     def drop(self) -> int:
-        """Reset every open connection, both sides; the number of connections dropped."""
+        """Close every open connection, both sides at once; the number of connections dropped."""
         return self._call(self._drop())
 
-    def stall(self, seconds: float) -> None:
+    def stall(self, seconds: float, *, stop: threading.Event | None = None) -> float:
         """Hold every byte in both directions for ``seconds`` (connections stay open; new
-        ones are accepted and held too). Returns once the stall is over."""
-        self._loop.call_soon_threadsafe(self._flowing.clear)
+        ones are accepted and held too), or until ``stop`` is set. Returns once the stall
+        is over: the ``time.monotonic()`` just before bytes flow again."""
+        self._call(self._set_flowing(False))  # in effect before the wait starts
         try:
-            time.sleep(seconds)  # the fault's own length, not synchronisation
+            (stop or threading.Event()).wait(seconds)  # the fault's own length
         finally:
-            self._loop.call_soon_threadsafe(self._flowing.set)
+            resumed = time.monotonic()
+            self._call(self._set_flowing(True))
+        return resumed
+
+    @property
+    def flowing(self) -> bool:
+        """False while a stall holds the bytes."""
+        return self._flowing.is_set()
 
     def latency(self, seconds: float) -> None:
         """Delay every chunk forwarded by ``seconds`` from now on (0: none)."""
@@ -104,6 +123,10 @@ class FaultProxy:
 
     def _call(self, coro: Coroutine[Any, Any, int]) -> int:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    async def _set_flowing(self, flowing: bool) -> int:
+        (self._flowing.set if flowing else self._flowing.clear)()
+        return 0
 
     async def _open(self) -> int:
         self._flowing.set()
@@ -265,8 +288,9 @@ class DatabaseFaults:
         return self._deck.pop()
 
     def _sql(self, query: str) -> int:
-        with psycopg.connect(self.server.url(self.database), connect_timeout=5,
-                             autocommit=True) as c:
+        # Through the server's own database (the query filters on datname), so a fault
+        # never depends on the demo's database existing (a round drops and creates it).
+        with psycopg.connect(self.server.url(), connect_timeout=5, autocommit=True) as c:
             rows = c.execute(query, (self.database,)).fetchall()
         return sum(int(r[0]) for r in rows)
 
@@ -280,7 +304,7 @@ class DatabaseFaults:
         elif self.proxy is not None and name == "drop":
             self.log.connections_dropped += self.proxy.drop()
         elif self.proxy is not None and name == "stall":
-            self.proxy.stall(self.rng.uniform(0.5, 3.0))
+            self.proxy.stall(self.rng.uniform(0.5, 3.0), stop=self._stop)
         elif self.proxy is not None and name == "latency":
             self.proxy.latency(self.rng.uniform(0.005, 0.05))
             self._stop.wait(self.rng.uniform(1.0, 4.0))  # the latency's own length

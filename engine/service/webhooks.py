@@ -47,6 +47,7 @@ from engine.calls.inline import store_inline
 from engine.calls.runner import ACTIVE, upstream_event
 from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
+from engine.service.tracing import call_context
 from engine.store.boundary import connection
 from engine.store.clock import DatabaseClock, sync_clock
 from engine.store.db import Conn, Pool
@@ -250,13 +251,24 @@ class Receiver:
                 if isinstance(exc, DatabaseUnavailable):  # one log line per outage
                     self.outage.down(exc)
             else:
-                self.outage.up()
+                if self.outage.is_down:  # the answer may not have needed the database
+                    await self._probe()
             record_webhook(provider, outcome, time.perf_counter() - started)
             if status >= 400:
                 log.info("webhook %s refused (%s): %s", provider, outcome, message)
             return web.json_response({"result": outcome, "detail": message}, status=status,
                                      headers=headers)
         return handle
+
+    async def _probe(self) -> None:
+        """End the service's outage only if the database answers (a delivery about no
+        call is answered without it)."""
+        try:
+            async with connection(self.pool, wait_s=1.0) as conn:
+                await execute(conn, "service_ping", {})
+        except DatabaseError:
+            return
+        self.outage.up()
 
     # -- the two kinds of scheme -------------------------------------------------------------
 
@@ -329,8 +341,9 @@ class Receiver:
             raise Reply("noted", "no poller configured: left to the workers' polls", 202)
         try:
             async with asyncio.timeout(self.config.poll_timeout_s):
-                outcome = await self.poll(kind, task_id,
-                                          started.timestamp() if started else None)
+                with call_context(job_id, kind):
+                    outcome = await self.poll(kind, task_id,
+                                              started.timestamp() if started else None)
         except (ProviderError, TimeoutError) as exc:
             raise Reply("noted", f"polling the task failed ({exc}); left to the polls",
                         202) from None

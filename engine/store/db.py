@@ -17,6 +17,7 @@ from typing import Any
 import platformdirs
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool
@@ -138,11 +139,27 @@ def resolve_database_url(data_dir: Path | None = None) -> str:
 POOLER_ENV = "CALLWARDEN_DB_POOLER"
 
 
+#: A silent network (a partition, a dead peer that sent no reset) must end as a lost
+#: connection, not a statement waiting for the kernel's retransmission timeout (~15 min):
+#: TCP keepalives probe an idle link, ``tcp_user_timeout`` bounds unacknowledged data, and
+#: ``connect_timeout`` a connection attempt. Values a ``DATABASE_URL`` sets win (libpq
+#: reads the URL after these defaults). Unix sockets ignore the TCP ones.
+NETWORK_DEFAULTS: dict[str, Any] = {"connect_timeout": 10, "keepalives": 1,
+                                    "keepalives_idle": 10, "keepalives_interval": 5,
+                                    "keepalives_count": 3, "tcp_user_timeout": 30_000}
+
+
 def _connection_kwargs() -> dict[str, Any]:
     mode = os.environ.get(POOLER_ENV, "").strip().lower()
     if mode not in ("", "none", "session", "transaction"):
         raise ConfigError(f"{POOLER_ENV} must be transaction, session or none, got {mode!r}")
     return {"prepare_threshold": None} if mode == "transaction" else {}
+
+
+def network_defaults(url: str) -> str:
+    """``url`` with :data:`NETWORK_DEFAULTS` for the parameters it does not set."""
+    given = conninfo_to_dict(url)
+    return make_conninfo(url, **{k: v for k, v in NETWORK_DEFAULTS.items() if k not in given})
 
 
 async def connect(url: str) -> AsyncConnection[DictRow]:
@@ -151,8 +168,8 @@ async def connect(url: str) -> AsyncConnection[DictRow]:
     from engine.store.boundary import translated  # the boundary imports this module
 
     with translated():
-        conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row,
-                                             **_connection_kwargs())
+        conn = await AsyncConnection.connect(network_defaults(url), autocommit=True,
+                                             row_factory=dict_row, **_connection_kwargs())
     configure(conn)
     return conn
 
@@ -165,7 +182,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
     ``wait_s``: how long a caller waits for a connection (through an outage) before
     ``DatabaseUnavailable``."""
     return AsyncConnectionPool(
-        url, min_size=min_size, max_size=max_size, open=False, timeout=wait_s,
+        network_defaults(url), min_size=min_size, max_size=max_size, open=False, timeout=wait_s,
         kwargs={"autocommit": True, "row_factory": dict_row, **_connection_kwargs()},
         connection_class=AsyncConnection[DictRow], configure=_configure,
         check=AsyncConnectionPool.check_connection if check else None,

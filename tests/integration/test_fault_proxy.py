@@ -36,20 +36,28 @@ def test_the_proxy_forwards_and_a_drop_resets_only_its_connections(
 
 
 def test_a_stall_holds_a_statement_until_it_ends(proxy: FaultProxy) -> None:
+    """Ordered, not timed: the statement's answer arrives after the moment the stall
+    let bytes flow again (``stall`` returns that moment; it is taken before they flow)."""
     with psycopg.connect(proxy.url(), autocommit=True) as conn:
-        begun = threading.Event()
-
-        def stall() -> None:
-            begun.set()
-            proxy.stall(1.0)
-        t = threading.Thread(target=stall)
-        t.start()
-        begun.wait(5)
-        start = time.monotonic()
-        assert conn.execute("SELECT 1").fetchone() == (1,)
-        held = time.monotonic() - start
-        t.join()
-    assert held >= 0.5  # held by the stall (it began at most a moment before the query)
+        resumed: list[float] = []
+        held = threading.Event()
+        proxy_stall = threading.Thread(
+            target=lambda: resumed.append(proxy.stall(1.0, stop=held)))
+        proxy_stall.start()
+        # The stall is in effect once stall() has cleared the flow; wait for that.
+        while proxy.flowing:
+            time.sleep(0.01)  # polling the proxy's flag, bounded by the stall's start
+        query = threading.Thread(target=lambda: conn.execute("SELECT 1").fetchone())
+        query.start()
+        query.join(timeout=0.3)
+        assert query.is_alive()  # held while stalled
+        held.set()  # end the stall now
+        query.join(timeout=10)
+        done = time.monotonic()
+        proxy_stall.join(timeout=10)
+    assert not query.is_alive()
+    assert resumed
+    assert resumed[0] <= done
 
 
 def test_latency_delays_every_round_trip(proxy: FaultProxy) -> None:

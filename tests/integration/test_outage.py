@@ -11,16 +11,29 @@ import logging
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from engine.calls.finalize import Finalizer
+from engine.reconciler.loop import Reconciler
+from engine.service.app import ServiceConfig, build_app
+from engine.service.webhooks import WebhookConfig
 from engine.store.databases import create_database
 from engine.store.db import EmbeddedServer, Pool, connect, open_pool
 from engine.store.migrate import migrate
+from engine.store.write import load_events
+from providers.base import ProviderSettings
+from providers.elevenlabs.webhook import elevenlabs_sign
 from providers.simulator.core import RunningSimulator
+from providers.storage import LocalFolderStore
+from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, upstream_task
 from tests.integration.test_webhooks import (
     post,
     replicate_task,
@@ -28,6 +41,7 @@ from tests.integration.test_webhooks import (
     state,
     terminal_delivery,
 )
+from tests.support import no_sleep
 
 
 async def ready_within(http: aiohttp.ClientSession, url: str, limit_s: float) -> bool:
@@ -159,3 +173,72 @@ def test_reconcile_once_exits_1_when_the_outage_outlasts_its_limit(
     assert json.loads(out)["pass_failed"] is True
     assert err.count("database unavailable, retrying with backoff") == 1
     assert "longer than the outage limit (CALLWARDEN_DB_OUTAGE_LIMIT_S=1)" in err
+
+
+async def test_a_delivery_answered_without_the_database_does_not_end_the_outage(
+        http: aiohttp.ClientSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An authentic delivery about no call (an ElevenLabs notice) is answered 200 without
+    the database; while the database is still down it must not end the service's outage
+    (found in review: it reset ``/readyz``'s over-limit report and logged a false "back")."""
+    monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "0.5")
+    pool = open_pool("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1", wait_s=0.3)
+    async with pool:
+        finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), ProviderSettings(),
+                              owner="webhook:t", clock=lambda: datetime.now(UTC))
+        config = ServiceConfig(webhooks=WebhookConfig(secrets={"elevenlabs": "sek"}))
+        app = build_app(pool, finalizer, config, clock=time.time,
+                        now=lambda: datetime.now(UTC))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            assert (await over_limit_within(http, f"{base}/readyz", 30.0))["over_limit"]
+            body = json.dumps({"type": "voice_removal_notice", "data": {}}).encode()
+            headers = {"ElevenLabs-Signature": elevenlabs_sign("sek", int(time.time()), body)}
+            async with http.post(f"{base}/webhooks/elevenlabs", data=body,
+                                 headers=headers) as resp:
+                assert resp.status == 200
+            async with http.get(f"{base}/readyz") as resp:
+                still = await resp.json()
+            assert still["over_limit"] is True
+            assert still["down_s"] > 0.5
+        finally:
+            await runner.cleanup()
+
+
+async def test_an_outage_that_begins_during_a_pass_is_an_outage_of_the_pass(
+        server: EmbeddedServer, sim: RunningSimulator, http: aiohttp.ClientSession,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database goes away after the claim, while the pass handles its row: the pass
+    is ``interrupted``, the outage is the reconciler's (one log line, its backoff), and
+    ``--once``'s retry gives up past the limit instead of reporting a clean pass (found
+    in review: it exited 0). Nothing is written; the call is still open afterwards."""
+    monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "1")
+    url = create_database(server.url(), "midpass")
+    async with await connect(url) as conn:
+        await migrate(conn)
+        job = await dead_worker_call(conn, "kie-standard", await upstream_task(
+            http, sim, "kie-standard", NOW_SCRIPT))
+
+    async def halt_once_decided(point: str, _: uuid.UUID) -> None:
+        if point == "decided" and not halted:
+            halted.append(True)
+            await asyncio.to_thread(server.halt)
+
+    halted: list[bool] = []
+    pool = open_pool(url, max_size=4, check=True, wait_s=0.5)
+    async with pool:
+        reconciler = Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "m"),
+                                signal=halt_once_decided, sleep=no_sleep)
+        try:
+            counts = await reconciler.reconcile_once_through_outage()
+        finally:
+            server.start()
+    assert counts.pass_failed or counts.interrupted  # the last try: the claim failed
+    assert reconciler.outage.outages == 1
+    assert reconciler.outage.over_limit
+    async with await connect(url) as conn:
+        assert [e.__class__.__name__ for e in await load_events(conn, job)] == [
+            "CallStarted", "TaskCreated"]
