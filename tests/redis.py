@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.demo import redis_server
+from tests.debian import binary
 
 __all__ = ["running_redis"]
 
@@ -21,8 +22,9 @@ MISSING = ("redis-server is not installed: apt-get install redis-server (.ci/run
 @contextmanager
 def running_redis(folder: Path, *, ready_s: float = 20.0) -> Iterator[str]:
     """Yield ``redis://127.0.0.1:<port>/0`` of a fresh server living in ``folder``."""
-    binary = redis_server.redis_binary()
-    if binary is None:
+    found = redis_server.redis_binary() or binary(("redis-server",), "redis-server",
+                                                  paths=("/usr/bin/redis-server",))
+    if found is None:
         raise RuntimeError(MISSING)
-    with redis_server.running_redis(folder, binary=binary, ready_s=ready_s) as url:
+    with redis_server.running_redis(folder, binary=found, ready_s=ready_s) as url:
         yield url

@@ -9,9 +9,6 @@ Debian machine without it, the test installs it itself.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -29,24 +26,13 @@ from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.base import ProviderSettings
 from providers.storage import LocalFolderStore
+from tests.debian import binary
 
 TOKEN = "browser-test-token"
 
 
-def _install_chromium() -> None:
-    """On a Debian machine where we are root (a fresh dev box, CI), install Debian's
-    ``chromium`` so the README's test command holds there; elsewhere do nothing."""
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        subprocess.run(cmd, check=False, capture_output=True, timeout=600)
-
-
 def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        _install_chromium()
-        found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = binary(("chromium", "chromium-browser"), "chromium")
     if found is None:
         pytest.fail("headless Chromium is required for the dashboard acceptance test: "
                     "install Debian's package with `apt-get update && apt-get install -y "

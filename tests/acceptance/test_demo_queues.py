@@ -28,7 +28,8 @@ import pytest
 import redis
 
 from tests.acceptance.test_chaos import assert_invariants
-from tests.redis import running_redis
+from tests.debian import binary
+from tests.redis import MISSING, running_redis
 
 JOBS = 40
 DEADLINE_S = 180
@@ -90,6 +91,7 @@ def test_demo_on_celery_passes_with_workers_killed(data_dir: Path, shared_redis:
 
 
 def test_demo_on_arq_passes_with_workers_killed(data_dir: Path) -> None:
+    assert binary(("redis-server",), "redis-server", paths=("/usr/bin/redis-server",)), MISSING
     _passed(_demo(data_dir, "arq", None), data_dir, "arq")
     assert (data_dir / "demo-files" / "redis" / "redis.log").exists()  # its own server
 

@@ -51,6 +51,7 @@ from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
 from providers.base import ProviderSettings
 from providers.storage import LocalFolderStore
+from tests.debian import binary
 from tests.integration.conftest import MakeReconciler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,8 +66,7 @@ MISSING = ("promtool is required to check the alerting rules: install Debian's p
 
 
 def promtool() -> str:
-    found = shutil.which("promtool") or (
-        "/usr/bin/promtool" if Path("/usr/bin/promtool").is_file() else None)
+    found = binary(("promtool",), "prometheus", paths=("/usr/bin/promtool",))
     if found is None:
         pytest.fail(MISSING)
     return found
