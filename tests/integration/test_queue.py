@@ -114,7 +114,8 @@ def make_worker(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
                 tmp_path: Path) -> Callable[..., Worker]:
     def make(owner: str = "worker:test", visibility_s: float = 30, poll_s: float = 0.0,
              **kw: Any) -> Worker:
-        config = CallConfig(poll_interval_s={"kie-standard": poll_s})
+        # poll_s 0: no wait between polls (an interval must be positive; sleep is no_sleep)
+        config = CallConfig(poll_interval_s={"kie-standard": poll_s or 1e-6})
         runner = CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
                             owner=owner, config=config,
                             sleep=asyncio.sleep if poll_s else no_sleep)
