@@ -30,7 +30,10 @@ import pytest
 from engine.store.db import EmbeddedServer
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy
 
-DEADLINE_S = 240
+# `demo --chaos` runs are bimodal on this 2-core machine: about 25 s, or 80–165 s when the
+# stuck-forever jobs wait out their horizon through repeated faults (measured 2026-12-01;
+# every run PASS). The deadline leaves room for the slow mode.
+DEADLINE_S = 420
 
 
 def assert_invariants(summary: dict[str, object], jobs: int) -> None:
@@ -45,13 +48,14 @@ def assert_invariants(summary: dict[str, object], jobs: int) -> None:
     assert credits["leaked"] == 0
 
 
+@pytest.mark.timeout(DEADLINE_S + 60)
 def test_demo_chaos_restarts_the_database_and_cuts_connections_and_passes(
         tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     proc = subprocess.run(
         [sys.executable, "-m", "engine.cli", "--data-dir", str(tmp_path), "demo",
          "--jobs", "60", "--workers", "2", "--kill-rate", "0.5", "--seed", "5",
-         "--chaos", "--chaos-every", "3", "--duration", "150", "--json"],
+         "--chaos", "--chaos-every", "3", "--duration", "300", "--json"],
         env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)

@@ -324,7 +324,7 @@ async def test_connection_dropped_mid_pass_writes_nothing_and_next_pass_complete
     job = await dead_worker_call(conn, "kie-standard", task)
     reconciler = make_reconciler(signal=_terminator(db_url, {job}))
     first = await reconciler.reconcile_once()
-    assert counted(first) == {"claimed": 1, "errors": 1}
+    assert counted(first) == {"claimed": 1, "errors": 1, "interrupted": 1}
     r = await row(conn, job)
     assert (r["call_state"], r["call_version"], r["credits"], r["assets"]) == (
         "polling", 2, "reserved", 0)
