@@ -16,17 +16,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from engine.calls.finalize import Finalizer
-from engine.service.app import ServiceConfig, build_app
+from engine.service.app import ServiceConfig
 from engine.store.db import connect, open_pool
 from engine.store.jobs import create_job
 from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
-from providers.base import ProviderSettings
-from providers.storage import LocalFolderStore
 from tests.debian import binary
+from tests.service import running_service
 
 TOKEN = "browser-test-token"
 
@@ -61,17 +58,9 @@ async def browse(url: str, tmp_path: Path, *extra: str) -> str:
 
 @pytest.fixture
 async def dashboard(db_url: str, tmp_path: Path) -> AsyncIterator[str]:
-    async with open_pool(db_url, max_size=4) as pool:
-        finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"),
-                              ProviderSettings(), owner="webhook:test",
-                              clock=lambda: datetime.now(UTC))
-        runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-        finally:
-            await runner.cleanup()
+    async with open_pool(db_url, max_size=4) as pool, running_service(
+            pool, tmp_path / "media", ServiceConfig(admin_token=TOKEN)) as url:
+        yield url
 
 
 async def cancelled_call(db_url: str, base: str) -> uuid.UUID:

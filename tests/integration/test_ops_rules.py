@@ -36,12 +36,10 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.calls.finalize import Finalizer
 from engine.errors import DatabaseUnavailable
-from engine.service.app import ServiceConfig, build_app
+from engine.service.app import ServiceConfig
 from engine.service.metrics import REGISTRY
 from engine.store.db import Conn, Pool
 from engine.store.jobs import create_job
@@ -49,10 +47,9 @@ from engine.store.outage import Outage
 from engine.store.queries import QUERIES
 from engine.store.write import append, load
 from events.types import CallStarted, TaskCreated
-from providers.base import ProviderSettings
-from providers.storage import LocalFolderStore
 from tests.debian import binary
 from tests.integration.conftest import MakeReconciler
+from tests.service import running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "ops" / "prometheus" / "callwarden-rules.yml"
@@ -330,21 +327,9 @@ def test_the_dashboard_imports_anywhere() -> None:
 # -- what the processes export, scraped --------------------------------------------------------
 
 
-async def _serve(pool: Pool, tmp_path: Path) -> AsyncIterator[str]:
-    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(),
-                          owner="webhook:test", clock=lambda: datetime.now(UTC))
-    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture
 async def base(pool: Pool, tmp_path: Path) -> AsyncIterator[str]:
-    async for url in _serve(pool, tmp_path):
+    async with running_service(pool, tmp_path, ServiceConfig(admin_token=TOKEN)) as url:
         yield url
 
 

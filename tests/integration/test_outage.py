@@ -14,22 +14,18 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from engine.calls.finalize import Finalizer
 from engine.reconciler.loop import Reconciler
-from engine.service.app import ServiceConfig, build_app
+from engine.service.app import ServiceConfig
 from engine.service.webhooks import WebhookConfig
 from engine.store.databases import create_database
 from engine.store.db import EmbeddedServer, Pool, connect, open_pool
 from engine.store.migrate import migrate
 from engine.store.write import load_events
-from providers.base import ProviderSettings
 from providers.elevenlabs.webhook import elevenlabs_sign
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
@@ -41,6 +37,7 @@ from tests.integration.test_webhooks import (
     state,
     terminal_delivery,
 )
+from tests.service import running_service
 from tests.support import no_sleep
 
 
@@ -182,30 +179,18 @@ async def test_a_delivery_answered_without_the_database_does_not_end_the_outage(
     (found in review: it reset ``/readyz``'s over-limit report and logged a false "back")."""
     monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "0.5")
     pool = open_pool("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1", wait_s=0.3)
-    async with pool:
-        finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), ProviderSettings(),
-                              owner="webhook:t", clock=lambda: datetime.now(UTC))
-        config = ServiceConfig(webhooks=WebhookConfig(secrets={"elevenlabs": "sek"}))
-        app = build_app(pool, finalizer, config, clock=time.time,
-                        now=lambda: datetime.now(UTC))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            assert (await over_limit_within(http, f"{base}/readyz", 30.0))["over_limit"]
-            body = json.dumps({"type": "voice_removal_notice", "data": {}}).encode()
-            headers = {"ElevenLabs-Signature": elevenlabs_sign("sek", int(time.time()), body)}
-            async with http.post(f"{base}/webhooks/elevenlabs", data=body,
-                                 headers=headers) as resp:
-                assert resp.status == 200
-            async with http.get(f"{base}/readyz") as resp:
-                still = await resp.json()
-            assert still["over_limit"] is True
-            assert still["down_s"] > 0.5
-        finally:
-            await runner.cleanup()
+    config = ServiceConfig(webhooks=WebhookConfig(secrets={"elevenlabs": "sek"}))
+    async with pool, running_service(pool, tmp_path / "media", config) as base:
+        assert (await over_limit_within(http, f"{base}/readyz", 30.0))["over_limit"]
+        body = json.dumps({"type": "voice_removal_notice", "data": {}}).encode()
+        headers = {"ElevenLabs-Signature": elevenlabs_sign("sek", int(time.time()), body)}
+        async with http.post(f"{base}/webhooks/elevenlabs", data=body,
+                             headers=headers) as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/readyz") as resp:
+            still = await resp.json()
+        assert still["over_limit"] is True
+        assert still["down_s"] > 0.5
 
 
 async def test_an_outage_that_begins_during_a_pass_is_an_outage_of_the_pass(

@@ -6,47 +6,36 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.calls.finalize import Finalizer
 from engine.replay.verify import verify_job
-from engine.service.app import ServiceConfig, build_app
+from engine.service.app import ServiceConfig
 from engine.service.metrics import record_reconcile, start_metrics_server
 from engine.store.db import Conn, Pool, open_pool
 from engine.store.jobs import create_job
 from engine.store.write import append, load, load_events
 from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
-from providers.base import ProviderSettings
-from providers.storage import LocalFolderStore
+from tests.service import running_service
 
 TOKEN = "s3cret-admin"
 
 
-async def serve(pool: Pool, http: aiohttp.ClientSession, tmp_path: Path
-                ) -> AsyncIterator[str]:
-    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(),
-                          owner="webhook:test", clock=lambda: datetime.now(UTC))
-    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig(admin_token=TOKEN)))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+def serve(pool: Pool, http: aiohttp.ClientSession, tmp_path: Path
+          ) -> AbstractAsyncContextManager[str]:
+    return running_service(pool, tmp_path, ServiceConfig(admin_token=TOKEN))
 
 
 @pytest.fixture
 async def base(db_url: str, http: aiohttp.ClientSession, tmp_path: Path
                ) -> AsyncIterator[str]:
-    async with open_pool(db_url, max_size=4) as pool:
-        async for url in serve(pool, http, tmp_path):
-            yield url
+    async with open_pool(db_url, max_size=4) as pool, serve(pool, http, tmp_path) as url:
+        yield url
 
 
 async def open_call(conn: Conn, kind: str, *, age_s: float = 0.0,
@@ -127,14 +116,13 @@ async def test_healthz_and_readyz_on_a_migrated_database(
 
 async def test_readyz_fails_on_an_unmigrated_database(
         empty_db_url: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
-    async with open_pool(empty_db_url, max_size=2) as pool:
-        async for url in serve(pool, http, tmp_path):
-            async with http.get(f"{url}/healthz") as resp:
-                assert resp.status == 200
-            async with http.get(f"{url}/readyz") as resp:
-                body = await resp.json()
-            assert (resp.status, body["status"]) == (503, "migrations pending")
-            assert body["pending"][0] == "0001_host_baseline"
+    async with open_pool(empty_db_url, max_size=2) as pool, serve(pool, http, tmp_path) as url:
+        async with http.get(f"{url}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{url}/readyz") as resp:
+            body = await resp.json()
+        assert (resp.status, body["status"]) == (503, "migrations pending")
+        assert body["pending"][0] == "0001_host_baseline"
 
 
 async def test_dashboard_pages_show_calls_and_escape_what_they_show(
