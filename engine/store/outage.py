@@ -108,8 +108,8 @@ class Outage:
         if self.over_limit and not self._over_reported:
             self._over_reported = True
             self.log.error("%s: database unavailable for %.0f s, longer than the outage "
-                           "limit (%s=%g); still retrying", self.what, self.down_for_s,
-                           LIMIT_ENV, self.limit_s)
+                           "limit (%s=%g)", self.what, self.down_for_s, LIMIT_ENV,
+                           self.limit_s)
         return self.rng.uniform(0, min(self.cap_s, self.base_s * 2 ** min(self.failures, 16)))
 
     def report(self) -> dict[str, float | bool]:
