@@ -4,7 +4,9 @@ dashboard and the admin actions, over one connection pool.
 ``build_app(pool, finalizer, config)`` returns an ``aiohttp`` application; the caller owns
 the pool (opened) and runs the app (``callwarden serve`` or an ``AppRunner`` in tests).
 Admin actions need ``Authorization: Bearer <admin token>``; with no token configured they
-are refused (403) — the service is then read-only.
+are refused (403) — the service is then read-only. A request a browser marks as coming
+from another site (``Sec-Fetch-Site``, ``Origin``) is refused even with the token; the
+dashboard's buttons send the token from the page's script (kept in ``sessionStorage``).
 
 - ``POST /admin/jobs/{id}/force-fail``: ``Cancelled(by="admin")`` through the write path
   (refunds the reservation in the same statement). Cancelled rather than Exhausted:
@@ -28,6 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -66,7 +69,22 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     ready_timeout_s: float = 2.0
 
 
+def _cross_site(request: web.Request) -> bool:
+    """Whether a browser says the request comes from another site: ``Sec-Fetch-Site``
+    other than same-origin / none (typed by the user), or an ``Origin`` for another host.
+    ``curl`` sends neither, so the API keeps working from a shell."""
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("Origin")
+    return origin is not None and urlsplit(origin).netloc != request.host
+
+
 def _authorized(request: web.Request, token: str | None) -> bool:
+    """The admin token, sent as ``Authorization: Bearer`` — a header a cross-site form
+    cannot send and a cross-site script cannot add without a CORS preflight this service
+    never grants; never a cookie. Refused from another site even with the token."""
+    if _cross_site(request):
+        return False
     given = request.headers.get("Authorization", "")
     if not token or not given.startswith("Bearer "):
         return False

@@ -101,14 +101,93 @@ ORDER BY j.provider_call_started_at
 LIMIT %(limit)s;
 
 -- name: dashboard_recent_outcomes
--- The latest terminal events (exhausted ones included), newest first.
+-- The latest terminal events (%(types)s: a subset of the terminal types), newest first:
+-- a backward scan of call_events_terminal_idx (0009) from now, stopped by the LIMIT.
 SELECT e.job_id, e.type, e.actor, e.recorded_at, j.provider_kind, j.call_state,
        j.error_message, j.call_settlement
 FROM call_events e
 JOIN jobs j ON j.id = e.job_id
-WHERE e.recorded_at >= %(since)s::timestamptz
+WHERE e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled', 'HostEnded')
+  AND e.recorded_at >= %(since)s::timestamptz
   AND e.type = ANY(%(types)s::text[])
 ORDER BY e.recorded_at DESC
+LIMIT %(limit)s;
+
+-- name: dashboard_terminal_buckets
+-- Calls that ended in [%(since)s, %(until)s) (NULL: no end), per time bucket (%(bucket)s
+-- wide, aligned on %(origin)s), terminal event type and actor: an index-only range scan of
+-- call_events_terminal_idx (0009), so the cost is the range's ended calls. The dashboard
+-- asks once for each closed bucket (engine/service/dashboard/rollup.py) and then only for
+-- the open one.
+SELECT date_bin(%(bucket)s::interval, e.recorded_at, %(origin)s::timestamptz) AS bucket,
+       e.type, e.actor, count(*) AS calls
+FROM call_events e
+WHERE e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled', 'HostEnded')
+  AND e.recorded_at >= %(since)s::timestamptz
+  AND e.recorded_at < coalesce(%(until)s::timestamptz, 'infinity')
+GROUP BY 1, 2, 3;
+
+-- name: dashboard_finished_durations
+-- Time to terminal (call start to call end, seconds) of the calls that finished in
+-- [%(since)s, %(until)s), per bucket and kind (one array of seconds each): an index-only
+-- range scan of jobs_call_finished_idx (0009). The percentiles per kind are computed from
+-- these (engine/service/dashboard/rollup.py).
+SELECT date_bin(%(bucket)s::interval, call_finished_at, %(origin)s::timestamptz) AS bucket,
+       coalesce(provider_kind, '-') AS kind,
+       array_agg(extract(epoch FROM call_finished_at - provider_call_started_at)::float8)
+           AS seconds
+FROM jobs
+WHERE call_finished_at >= %(since)s::timestamptz
+  AND call_finished_at < coalesce(%(until)s::timestamptz, 'infinity')
+  AND provider_call_started_at IS NOT NULL
+GROUP BY 1, 2;
+
+-- name: dashboard_credit_buckets
+-- Credits settled in [%(since)s, %(until)s) per time bucket: committed (charged), released
+-- (the rest of a committed reservation) and refunded: usage_logs_settled_at_idx (0009).
+SELECT date_bin(%(bucket)s::interval, settled_at, %(origin)s::timestamptz) AS bucket,
+       coalesce(sum(credits_charged) FILTER (WHERE status = 'committed'), 0) AS committed,
+       coalesce(sum(credits_reserved - coalesce(credits_charged, 0))
+                FILTER (WHERE status = 'committed'), 0) AS released,
+       coalesce(sum(credits_reserved) FILTER (WHERE status = 'refunded'), 0) AS refunded
+FROM usage_logs
+WHERE settled_at >= %(since)s::timestamptz
+  AND settled_at < coalesce(%(until)s::timestamptz, 'infinity')
+GROUP BY 1;
+
+-- name: dashboard_list_calls
+-- One page of calls, newest call start first, after the keyset cursor (%(cursor_at)s,
+-- %(cursor_id)s) (NULL: the first page; never OFFSET), with optional filters (NULL: any):
+-- kind, call state, the role that ended the call, a call-start range, and an ILIKE pattern
+-- (its % and _ escaped by the caller) on the job's and the reconciler's last error.
+-- jobs_call_started_idx / jobs_kind_started_idx (0009) give the order and bound the range;
+-- the filters are checked on the rows the index walk reads, and the page stops at LIMIT.
+-- ended_by: the terminal event's actor role, read through call_events' primary key.
+SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id,
+       j.provider_call_started_at AS started_at, j.call_finished_at AS finished_at,
+       coalesce(j.error_message, j.reconcile_last_error) AS error, t.ended_by
+FROM jobs j
+LEFT JOIN LATERAL (
+    SELECT split_part(e.actor, ':', 1) AS ended_by
+    FROM call_events e
+    WHERE e.job_id = j.id
+      AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled',
+                     'HostEnded')
+    ORDER BY e.seq DESC
+    LIMIT 1
+) t ON true
+WHERE j.provider_call_started_at IS NOT NULL
+  AND j.provider_call_started_at >= coalesce(%(from)s::timestamptz, '-infinity')
+  AND j.provider_call_started_at < coalesce(%(to)s::timestamptz, 'infinity')
+  AND (j.provider_call_started_at, j.id)
+      < (coalesce(%(cursor_at)s::timestamptz, 'infinity'),
+         coalesce(%(cursor_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+  AND (%(kind)s::text IS NULL OR j.provider_kind = %(kind)s::text)
+  AND (%(state)s::text IS NULL OR j.call_state = %(state)s::text)
+  AND (%(actor)s::text IS NULL OR t.ended_by = %(actor)s::text)
+  AND (%(error)s::text IS NULL OR j.error_message ILIKE %(error)s::text ESCAPE '\'
+       OR j.reconcile_last_error ILIKE %(error)s::text ESCAPE '\')
+ORDER BY j.provider_call_started_at DESC, j.id DESC
 LIMIT %(limit)s;
 
 -- name: dashboard_search
@@ -118,3 +197,17 @@ FROM jobs
 WHERE id = %(job_id)s::uuid
    OR (provider_task_id = %(task_id)s::text AND provider_kind IS NOT NULL)
 LIMIT 20;
+
+-- name: dashboard_job_events
+-- A job's stored events as they are (the page shows the raw payloads on demand).
+SELECT seq, type, version, payload::text AS payload, actor, recorded_at
+FROM call_events
+WHERE job_id = %(job_id)s::uuid
+ORDER BY seq;
+
+-- name: dashboard_ledger
+-- A job's settlement ledger: its usage_logs rows (usage_logs_job_id_idx).
+SELECT id, status, credits_reserved, credits_charged, created_at, settled_at, settled_by_seq
+FROM usage_logs
+WHERE job_id = %(job_id)s::uuid
+ORDER BY id;

@@ -15,6 +15,7 @@ import pytest
 from tests.acceptance.conftest import ROOT
 
 RUNS = {
+    "dashboard": ["--rows", "2000", "--requests", "3"],
     "capacity": ["--calls", "16", "--warmup", "8", "--beats", "2", "--probe-jobs", "10",
                  "--prefill", "50"],
     "replay": ["--events", "3000", "--batch", "200"],

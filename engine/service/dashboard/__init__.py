@@ -1,0 +1,20 @@
+"""The operator dashboard: server-rendered HTML with SVG charts, one stylesheet and one
+small script (``engine/service/static/``, shipped in the wheel: no CDN, works offline).
+
+- ``/``: calls in flight and stale per kind (with the thresholds), calls ended over the
+  last hour or day (``?window=``) by terminal state and by who ended them, time to
+  terminal per kind, credits settled, and the stale / exhausted / recent lists; the
+  script refreshes it from ``/overview/live`` every few seconds.
+- ``/jobs``: the call list with filters and keyset pages; ``/jobs?q=`` finds a job by id
+  or upstream task id (one match: redirected to it).
+- ``/jobs/{id}``: the job's story (:mod:`.story`) and its admin buttons.
+
+Pure renderers (:mod:`.format`, :mod:`.html`, :mod:`.overview`, :mod:`.calls`,
+:mod:`.story`, :mod:`engine.service.charts`) are separate from the routes
+(:mod:`.handlers`). Every value shown passes through :func:`html.escape`.
+"""
+
+from engine.service.dashboard.handlers import Dashboard
+from engine.service.dashboard.html import page
+
+__all__ = ["Dashboard", "page"]

@@ -1,0 +1,89 @@
+"""The dashboard's HTML building blocks (pure): the page frame, tables, links.
+
+Every value shown passes through :func:`html.escape` (attributes too); links to a job
+quote its id. The frame loads one stylesheet and one script from ``/static/`` (shipped in
+the wheel, no CDN); every page is complete without the script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from html import escape
+from urllib.parse import quote
+
+from engine.service.dashboard.format import when
+
+__all__ = ["Cell", "job_href", "page", "raw", "table"]
+
+ASSET_VERSION = "1"  # bump when the static files change (they are cached for 5 minutes)
+
+
+class Cell:
+    """Markup already escaped by its producer (a link, a chart): put in a cell as is."""
+
+    __slots__ = ("html",)
+
+    def __init__(self, html: str) -> None:
+        self.html = html
+
+
+def raw(html: str) -> Cell:
+    return Cell(html)
+
+
+def job_href(job_id: object) -> str:
+    return f"/jobs/{quote(str(job_id))}"
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, Cell):
+        return f"<td>{value.html}</td>"
+    if value is None:
+        return '<td class="muted">-</td>'
+    if isinstance(value, datetime):
+        value = when(value)
+    return f"<td>{escape(str(value))}</td>"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, link_first: bool = False,
+          empty: str = "none", caption: str | None = None) -> str:
+    """An HTML table in its own scrolling container; with ``link_first`` the first column
+    is a job id linking to its page."""
+    head = "".join(f'<th scope="col">{escape(h)}</th>' for h in headers)
+    body = []
+    for row in rows:
+        first = (f'<td><a href="{escape(job_href(row[0]))}">{escape(str(row[0]))}</a></td>'
+                 if link_first else _cell(row[0]))
+        body.append(f"<tr>{first}{''.join(_cell(v) for v in row[1:])}</tr>")
+    if not body:
+        return f'<p class="muted">{escape(empty)}</p>'
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    return (f'<div class="scroll" tabindex="0"><table>{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _nav(current: str) -> str:
+    links = [("/", "Overview"), ("/jobs", "Calls")]
+    here = ' aria-current="page"'
+    items = "".join(f'<a href="{href}"{here if href == current else ""}>{name}</a>'
+                    for href, name in links)
+    return (f'<header class="top"><a class="brand" href="/">callwarden</a>'
+            f'<nav aria-label="main">{items}</nav>'
+            '<form class="search" action="/jobs" method="get" role="search">'
+            '<label for="q">Job id or task id</label> <input id="q" name="q" size="36" '
+            'autocomplete="off"> <button type="submit">Search</button></form></header>')
+
+
+def page(title: str, body: str, *, current: str = "") -> str:
+    """A complete page: ``body`` is markup its producer escaped."""
+    v = ASSET_VERSION
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<meta name="color-scheme" content="light dark">'
+            f"<title>{escape(title)} - callwarden</title>"
+            f'<link rel="stylesheet" href="/static/callwarden.css?v={v}">'
+            f'<script src="/static/callwarden.js?v={v}" defer></script></head>'
+            '<body><a class="skip" href="#main">Skip to content</a>'
+            f'{_nav(current)}<main id="main" tabindex="-1"><h1>{escape(title)}</h1>'
+            f"{body}</main></body></html>")
