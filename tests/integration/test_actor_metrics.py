@@ -63,8 +63,19 @@ async def test_worker_and_reconciler_outcomes_are_counted(
     def grew(name: str, **labels: str) -> float:
         return _total(after, name, **labels) - _total(before, name, **labels)
 
-    # CallStarted, UpstreamSucceeded, FinalizeClaimed, Completed
+    # The worker: CallStarted, UpstreamSucceeded, FinalizeClaimed, Completed, one commit.
     assert grew("callwarden_transitions_total", kind="anthropic-sync") == 4
-    assert grew("callwarden_settlements_total", settlement="committed") >= 1
-    assert grew("callwarden_settlements_total", settlement="refunded") >= 1
-    assert grew("callwarden_reconcile_outcomes_total", kind="kie-llm") >= 1
+    for event in ("CallStarted", "UpstreamSucceeded", "FinalizeClaimed", "Completed"):
+        assert grew("callwarden_transitions_total", kind="anthropic-sync", event=event,
+                    actor="worker") == 1, event
+    # The dead worker's CallStarted (appended by this test through the store), then the
+    # reconciler's Swept: one refund, one reconcile outcome.
+    assert grew("callwarden_transitions_total", kind="kie-llm") == 2
+    assert grew("callwarden_transitions_total", kind="kie-llm", event="Swept",
+                actor="reconciler") == 1
+    assert grew("callwarden_settlements_total") == 2
+    assert grew("callwarden_settlements_total", kind="anthropic-sync",
+                settlement="committed") == 1
+    assert grew("callwarden_settlements_total", kind="kie-llm", settlement="refunded") == 1
+    assert grew("callwarden_reconcile_outcomes_total") == 1
+    assert grew("callwarden_reconcile_outcomes_total", kind="kie-llm", outcome="swept") == 1

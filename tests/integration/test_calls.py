@@ -4,7 +4,7 @@ local media store. (Crashes with SIGKILL are in tests/acceptance.)"""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,12 @@ import pytest
 
 from engine.calls.runner import CallRunner
 from engine.replay.verify import verify_job
+from engine.store.clock import utcnow
 from engine.store.db import Conn, Pool, connect
 from engine.store.jobs import create_job
-from engine.store.write import append, load
+from engine.store.write import append, load, load_events
 from events.states import CallState
-from events.types import CallStarted, TaskCreated
+from events.types import CallStarted, TaskCreated, UpstreamSucceeded
 from providers.simulator.core import RunningSimulator
 from providers.storage import LocalFolderStore
 from tests.support import no_sleep
@@ -124,14 +125,85 @@ async def test_sync_llm_call_completes_with_text(conn: Conn, make_runner: Any) -
     assert (await _row(conn, job))["credits"] == "committed"
 
 
+TTS: dict[str, Any] = {"operation": "tts", "voice_id": "v1", "text": "hello"}
+
+
+class Crash(BaseException):
+    """The worker dies (nothing catches a ``BaseException`` but the test)."""
+
+
+class WatchedStore(LocalFolderStore):
+    """A media store that, at each put, reads the job's event log from the database
+    (another connection: what any other actor would see at that moment), and stores;
+    ``crash_after_put``: the worker then dies before anything else happens."""
+
+    def __init__(self, root: Path, db_url: str, job: uuid.UUID, *,
+                 crash_after_put: bool = False) -> None:
+        super().__init__(root)
+        self.db_url, self.job, self.crash_after_put = db_url, job, crash_after_put
+        self.puts: list[tuple[str, list[str]]] = []  # (key, event types when it was put)
+
+    async def put(self, key: str, data: bytes, content_type: str) -> Any:
+        async with await connect(self.db_url) as c:
+            seen = [type(e).__name__ for e in await load_events(c, self.job)]
+        obj = await super().put(key, data, content_type)
+        self.puts.append((key, seen))
+        if self.crash_after_put:
+            raise Crash(key)
+        return obj
+
+
 async def test_sync_tts_bytes_are_stored_before_the_outcome_is_recorded(
-        conn: Conn, make_runner: Any, tmp_path: Path) -> None:
+        db_url: str, conn: Conn, pool: Pool, sim: RunningSimulator,
+        http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """The audio exists only in the answer: it is stored (once) while the log holds only
+    ``CallStarted``, and the ``UpstreamSucceeded`` recorded after it names the stored key;
+    finalization checks that object and stores nothing again."""
     job = await create_job(conn)
-    out = await make_runner().run(job, "elevenlabs-sync", {
-        "operation": "tts", "voice_id": "v1", "text": "hello"}, operation="tts")
+    store = WatchedStore(tmp_path / "media", db_url, job)
+    runner = CallRunner(pool, http, sim.settings, store, sleep=no_sleep)
+    out = await runner.run(job, "elevenlabs-sync", TTS, operation="tts")
     assert out.result == "completed"
-    assert (await _row(conn, job))["assets"] == 1
-    assert any((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    [(key, seen)] = store.puts
+    assert seen == ["CallStarted"]  # no outcome recorded when the bytes were stored
+    events = await load_events(conn, job)
+    assert [type(e).__name__ for e in events] == [
+        "CallStarted", "UpstreamSucceeded", "FinalizeClaimed", "Completed"]
+    succeeded = events[1]
+    assert isinstance(succeeded, UpstreamSucceeded)
+    assert succeeded.result.stored_keys == (key,)
+    assert await store.exists(key)
+    row = await _row(conn, job)
+    assert (row["assets"], row["credits"], row["credits_charged"]) == (1, "committed", 10)
+    assert await verify_job(conn, job) == []
+
+
+async def test_a_worker_dying_between_storing_bytes_and_recording_leaves_no_outcome(
+        db_url: str, conn: Conn, pool: Pool, sim: RunningSimulator,
+        http: aiohttp.ClientSession, tmp_path: Path, make_reconciler: Any) -> None:
+    """Died right after the put: the bytes are there, no outcome is recorded. A
+    redelivered job calls nothing again (a sync call cannot be resumed), stores nothing
+    again, and the reconciler sweeps and refunds it: nothing is charged."""
+    job = await create_job(conn)
+    store = WatchedStore(tmp_path / "media", db_url, job, crash_after_put=True)
+    runner = CallRunner(pool, http, sim.settings, store, sleep=no_sleep)
+    with pytest.raises(Crash):
+        await runner.run(job, "elevenlabs-sync", TTS, operation="tts")
+    [(key, _)] = store.puts
+    assert await store.exists(key)
+    assert [type(e).__name__ for e in await load_events(conn, job)] == ["CallStarted"]
+    calls = sim.sim.journal.count("elevenlabs")
+    assert calls == 1
+    again = await runner.run(job, "elevenlabs-sync", TTS, operation="tts")
+    assert again.result == "left_for_reconciler"
+    assert (sim.sim.journal.count("elevenlabs"), len(store.puts)) == (calls, 1)
+    counts = await make_reconciler().reconcile_once(utcnow() + timedelta(hours=1))
+    assert counts.swept == 1
+    row = await _row(conn, job)
+    assert (row["call_state"], row["credits"], row["credits_charged"], row["assets"]) == (
+        "swept", "refunded", 0, 0)
+    assert len(store.puts) == 1
+    assert await verify_job(conn, job) == []
 
 
 async def test_unknown_kind_writes_nothing(conn: Conn, make_runner: Any) -> None:

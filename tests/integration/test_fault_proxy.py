@@ -37,19 +37,21 @@ def test_the_proxy_forwards_and_a_drop_resets_only_its_connections(
 
 def test_a_stall_holds_a_statement_until_it_ends(proxy: FaultProxy) -> None:
     """Ordered, not timed: the statement's answer arrives after the moment the stall
-    let bytes flow again (``stall`` returns that moment; it is taken before they flow)."""
+    let bytes flow again (``stall`` returns that moment; it is taken before they flow).
+    The stall ends only on the test's signal (its 60 s length is a bound, never reached),
+    so however slowly this thread runs, the statement is still held when checked."""
     with psycopg.connect(proxy.url(), autocommit=True) as conn:
         resumed: list[float] = []
         held = threading.Event()
         proxy_stall = threading.Thread(
-            target=lambda: resumed.append(proxy.stall(1.0, stop=held)))
+            target=lambda: resumed.append(proxy.stall(60.0, stop=held)))
         proxy_stall.start()
         # The stall is in effect once stall() has cleared the flow; wait for that.
         while proxy.flowing:
             time.sleep(0.01)  # polling the proxy's flag, bounded by the stall's start
         query = threading.Thread(target=lambda: conn.execute("SELECT 1").fetchone())
         query.start()
-        query.join(timeout=0.3)
+        query.join(timeout=0.3)  # a bound on looking, not a synchronisation
         assert query.is_alive()  # held while stalled
         held.set()  # end the stall now
         query.join(timeout=10)

@@ -72,21 +72,22 @@ async def test_claim_skips_leased_acked_and_finished_jobs(conn: Conn) -> None:
 
 async def test_expired_lease_is_redelivered_and_the_old_owner_is_fenced_out(
         conn: Conn) -> None:
+    """The lease is compared on the database's clock; instead of waiting for it, the
+    dead worker's lease is made to have run out (the row's deadline moved 1 s into the
+    past, as 30 s of waiting would have left it)."""
     job = await create_job(conn, input_data=KIE)
-    first = await claim(conn, owner="w:dead", batch=1, visibility_s=0.5)
+    first = await claim(conn, owner="w:dead", batch=1, visibility_s=30)
     assert [(c.job_id, c.deliveries) for c in first] == [(job, 1)]
     assert await claim(conn, owner="w:next", batch=1, visibility_s=30) == []  # still leased
-    again: list[Any] = []
-
-    async def redelivered() -> bool:
-        again.extend(await claim(conn, owner="w:next", batch=1, visibility_s=30))
-        return bool(again)
-
-    await _eventually(redelivered)
+    await conn.execute("UPDATE jobs SET queue_lease_until = now() - interval '1 second' "
+                       "WHERE id = %s", (job,))
+    again = await claim(conn, owner="w:next", batch=1, visibility_s=30)
     assert [(c.job_id, c.deliveries) for c in again] == [(job, 2)]
     assert not await ack(conn, job, owner="w:dead")
     assert await ack(conn, job, owner="w:next")
-    assert await claim(conn, owner="w:later", batch=1, visibility_s=0.01) == []
+    await conn.execute("UPDATE jobs SET queue_lease_until = now() - interval '1 second' "
+                       "WHERE id = %s", (job,))
+    assert await claim(conn, owner="w:later", batch=1, visibility_s=30) == []  # acked
 
 
 async def test_concurrent_claimers_never_get_the_same_job(conn: Conn, db_url: str) -> None:
@@ -167,16 +168,62 @@ async def test_job_the_worker_cannot_read_is_refunded_and_acked(
 
 
 async def test_a_live_workers_lease_is_extended_so_its_job_is_not_redelivered(
-        conn: Conn, make_worker: Callable[..., Worker], sim: RunningSimulator) -> None:
-    # The call takes ~3 visibility timeouts; a second worker claims all the while.
-    script = {"steps": [{"phase": "running", "polls": 12}], "end": "succeeded"}
+        conn: Conn, db_url: str, pool: Pool, sim: RunningSimulator,
+        http: aiohttp.ClientSession, tmp_path: Path,
+        make_worker: Callable[..., Worker]) -> None:
+    """Worker a claims the job (b starts claiming only once a's call is running: a
+    signal, so which worker claims first is not left to the scheduler). a's call is held
+    between two polls until the lease it was claimed with has run out on the database's
+    clock — the condition is observed, not guessed from a number of polls — while b
+    claims all the while: a's lease keeper extended the lease, so b never got the job.
+    (The keeper extends every visibility/2 = 1 s; only a keeper late by more than 1 s
+    could lose the lease.)"""
+    script = {"steps": [{"phase": "running", "polls": 2}], "end": "succeeded"}
     req = {"model": "m", "input": {"prompt": "slow", "_sim": script}}
     job = await create_job(conn, input_data=input_data("kie-standard", req))
-    a = make_worker("worker:a", visibility_s=0.4, poll_s=0.1)
-    b = make_worker("worker:b", visibility_s=0.4, poll_s=0.1)
-    await _run_until([a, b], _acked(conn, job))
+    seen: dict[str, Any] = {}
+    running = asyncio.Event()
+
+    async def outlive_the_claimed_lease(_: float) -> None:
+        if seen:
+            return
+        async with await connect(db_url) as c:
+            row = await (await c.execute("SELECT queue_lease_until AS lease FROM jobs "
+                                         "WHERE id = %s", (job,))).fetchone()
+            assert row is not None
+            seen["claimed_until"] = row["lease"]
+            running.set()
+
+            async def ran_out() -> bool:
+                got = await (await c.execute(
+                    "SELECT now() > %s AS out, queue_lease_until AS lease, queue_owner, "
+                    "queue_deliveries FROM jobs WHERE id = %s",
+                    (seen["claimed_until"], job))).fetchone()
+                assert got is not None
+                seen.update(got)
+                return bool(got["out"])
+            await _eventually(ran_out, timeout_s=30.0)
+
+    runner = CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                        owner="worker:a", sleep=outlive_the_claimed_lease,
+                        config=CallConfig(poll_interval_s={"kie-standard": 1e-6}))
+    a = Worker(pool, runner, concurrency=2, visibility_s=2.0, poll_empty_s=0.05, grace_s=5)
+    b = make_worker("worker:b", visibility_s=2.0)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(a.run(stop))]
+    try:
+        async with asyncio.timeout(30):
+            await running.wait()  # a holds the job and its call runs: now b claims too
+        tasks.append(asyncio.create_task(b.run(stop)))
+        await _eventually(_acked(conn, job))
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+    assert seen["lease"] > seen["claimed_until"]  # extended by a's keeper ...
+    assert (seen["queue_owner"], seen["queue_deliveries"]) == ("worker:a", 1)  # ... still a's
     row = await _queue_row(conn, job)
-    assert (row["call_state"], row["queue_deliveries"]) == ("completed", 1)
+    assert (row["call_state"], row["queue_deliveries"], row["queue_owner"]) == (
+        "completed", 1, "worker:a")
     assert sim.sim.journal.count("kie", "create") == 1
 
 

@@ -83,6 +83,20 @@ def recorder(seen: list[uuid.UUID]) -> Signal:
     return signal
 
 
+def rendezvous(seen: list[uuid.UUID], mine: asyncio.Event, other: asyncio.Event) -> Signal:
+    """``recorder``, and at the first call it claims, wait (bounded) until the other
+    reconciler has claimed one too: both take part, whatever the scheduling."""
+    record = recorder(seen)
+
+    async def signal(point: str, job: uuid.UUID) -> None:
+        if point == "claimed" and not mine.is_set():
+            mine.set()
+            async with asyncio.timeout(30):
+                await other.wait()
+        await record(point, job)
+    return signal
+
+
 async def settled_once(conn: Conn, job: uuid.UUID) -> None:
     """The job completed exactly once: one Completed event, credits committed once, the
     projection equal to the fold of its log."""
@@ -112,10 +126,13 @@ async def test_two_reconcilers_never_process_the_same_call(
     jobs = await stale_calls(conn, http, sim, 16)
     seen_a: list[uuid.UUID] = []
     seen_b: list[uuid.UUID] = []
-    a = make_reconciler(pools[0], "reconciler:a", recorder(seen_a), batch_size=3)
-    b = make_reconciler(pools[1], "reconciler:b", recorder(seen_b), batch_size=3)
+    claimed_a, claimed_b = asyncio.Event(), asyncio.Event()
+    a = make_reconciler(pools[0], "reconciler:a", rendezvous(seen_a, claimed_a, claimed_b),
+                        batch_size=3)
+    b = make_reconciler(pools[1], "reconciler:b", rendezvous(seen_b, claimed_b, claimed_a),
+                        batch_size=3)
     ca, cb = await asyncio.gather(drain(a), drain(b))
-    assert seen_a  # both took part
+    assert seen_a  # both took part (made sure of by the rendezvous, not by the scheduler)
     assert seen_b
     assert not set(seen_a) & set(seen_b)
     assert sorted(seen_a + seen_b) == sorted(jobs)  # each call processed by exactly one

@@ -63,21 +63,25 @@ async def test_metrics_report_open_and_stale_calls_and_webhook_results(
     await open_call(conn, "kie-standard", age_s=3600, task_id="t-stale")   # past 10 min
     await open_call(conn, "kie-standard", age_s=5, task_id="t-fresh")
     await open_call(conn, "replicate-prediction", age_s=5)
+    before = await scrape(http, f"{base}/metrics")
     async with http.post(f"{base}/webhooks/replicate", data=b"{}") as resp:
         assert resp.status == 401  # no secret configured: refused
-    record_reconcile("kie-standard", "polled_still_running")
     samples = await scrape(http, f"{base}/metrics")
     assert samples[("callwarden_calls", (("kind", "kie-standard"), ("state", "polling")))] == 2
     assert samples[("callwarden_calls", (("kind", "replicate-prediction"),
                                          ("state", "created")))] == 1
     assert samples[("callwarden_calls_stale", (("kind", "kie-standard"),))] == 1
     assert samples[("callwarden_calls_stale", (("kind", "replicate-prediction"),))] == 0
-    assert samples[("callwarden_webhook_deliveries_total", (
-        ("outcome", "not_configured"), ("provider", "replicate")))] >= 1
-    assert samples[("callwarden_webhook_handling_seconds_count",
-                    (("provider", "replicate"),))] >= 1
-    assert samples[("callwarden_reconcile_outcomes_total", (
-        ("kind", "kie-standard"), ("outcome", "polled_still_running")))] >= 1
+
+    def grew(name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return samples.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    # Exactly the one delivery: its outcome, its latency observation, nothing else.
+    assert grew("callwarden_webhook_deliveries_total", (
+        ("outcome", "not_configured"), ("provider", "replicate"))) == 1
+    assert grew("callwarden_webhook_handling_seconds_count", (("provider", "replicate"),)) == 1
+    assert sum(v - before.get(k, 0.0) for k, v in samples.items()
+               if k[0] == "callwarden_webhook_deliveries_total") == 1
 
 
 async def test_admin_actions_need_the_token_and_go_through_the_write_path(
@@ -144,11 +148,14 @@ async def test_dashboard_pages_show_calls_and_escape_what_they_show(
 
 async def test_a_worker_exposes_its_counters_on_its_own_port(
         http: aiohttp.ClientSession) -> None:
-    record_reconcile("kie-veo", "finalized")
+    """The port serves the process's counters live: one outcome recorded between two
+    scrapes moves its sample by exactly one."""
+    key = ("callwarden_reconcile_outcomes_total", (("kind", "kie-veo"), ("outcome", "finalized")))
     server, port = start_metrics_server(0)
     try:
-        samples = await scrape(http, f"http://127.0.0.1:{port}/metrics")
+        before = await scrape(http, f"http://127.0.0.1:{port}/metrics")
+        record_reconcile("kie-veo", "finalized")
+        after = await scrape(http, f"http://127.0.0.1:{port}/metrics")
     finally:
         server.shutdown()
-    assert samples[("callwarden_reconcile_outcomes_total",
-                    (("kind", "kie-veo"), ("outcome", "finalized")))] >= 1
+    assert after[key] - before.get(key, 0.0) == 1

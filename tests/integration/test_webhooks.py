@@ -9,10 +9,9 @@ the simulator's clock, so ``sim.clock.advance`` moves a task on without making i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -441,34 +440,85 @@ async def test_elevenlabs_signed_transcription_webhook_completes_the_job(
 
 # -- races -----------------------------------------------------------------------------------
 
-async def no_sleep(_: float) -> None:
-    await asyncio.sleep(0.005)
+class HookedStore(LocalFolderStore):
+    """A media store that runs ``before_first_put`` once, when the first finalizer to
+    store media is about to store it: the moment its claim is held."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.before_first_put: Callable[[], Awaitable[None]] | None = None
+        self.puts = 0
+
+    async def put(self, key: str, data: bytes, content_type: str) -> Any:
+        self.puts += 1
+        hook, self.before_first_put = self.before_first_put, None
+        if hook is not None:
+            await hook()
+        return await super().put(key, data, content_type)
 
 
-@pytest.mark.parametrize("round_", range(3))
+ORDERS = ["webhook_first", "worker_first", "webhook_while_worker_finalizes"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
 async def test_webhook_racing_worker_and_finalizer_settles_once(
         pool: Pool, conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
-        service: Service, tmp_path: Path, round_: int) -> None:
+        service: Service, tmp_path: Path, order: str) -> None:
+    """The worker (polling, with a callback URL), the webhook receiver and a third
+    finalizer (a reconciler's) race for one KIE call, in each order forced by signals
+    (the worker's wait between polls, the simulator's delivery, the moment a finalizer
+    holding its claim stores media) rather than by timing: whoever records and
+    finalizes first, the call is claimed, completed and committed once."""
     job = await create_job(conn, credits=10)
     urls = CallbackUrls(service.url)
     await urls.prepare(conn, job)
-    store = LocalFolderStore(tmp_path / "media")
-    runner = CallRunner(pool, http, sim.settings, store, sleep=no_sleep, callback_url=urls)
+    store = HookedStore(tmp_path / "media")
     other = Finalizer(pool, store, sim.settings, owner="reconciler:test",
                       clock=lambda: datetime.now(UTC))
+    dropped = order != "webhook_first"  # the test delivers it itself, at its moment
     request = {"model": "nano-banana-pro", "input": {"prompt": "race", "_sim": {
-        "steps": [{"phase": "queued", "seconds": 0.05 * round_}]}}}
+        "steps": [{"phase": "queued", "seconds": 60}], "webhook": {"drop": dropped}}}}
+    others: list[str] = []
 
-    async def reconciler() -> None:
-        await sim.sim.webhooks.wait_for(1, timeout=10)
-        await other.finalize(job)
+    async def deliver_and_finalize() -> None:
+        [d] = await sim.sim.webhooks.wait_for(1, outcome="dropped")
+        assert await post(http, d) == 200
+        await service.drain()
+        others.append((await other.finalize(job)).outcome)
 
-    outcome, _ = await asyncio.gather(runner.run(job, "kie-standard", request), reconciler())
+    async def between_polls(_: float) -> None:  # the task ends upstream while the worker waits
+        if sim.sim.clock.now() < started + 60:
+            sim.sim.clock.advance(60)
+            if order == "webhook_first":  # the callback arrives, and is finalized, first
+                await sim.sim.webhooks.wait_for(1, outcome="delivered")
+                await service.drain()
+                others.append((await other.finalize(job)).outcome)
+
+    if order == "webhook_while_worker_finalizes":
+        store.before_first_put = deliver_and_finalize
+    started = sim.sim.clock.now()
+    runner = CallRunner(pool, http, sim.settings, store, sleep=between_polls,
+                        callback_url=urls)
+    outcome = await runner.run(job, "kie-standard", request)
+    if order == "worker_first":
+        await deliver_and_finalize()
     await service.drain()
-    assert outcome.result in ("completed", "still_running", "left_for_reconciler")
+    assert outcome.result == "completed"
     assert await state(conn, job) == ("completed", "committed")
-    types = await event_types(conn, job)
-    assert (types.count("UpstreamSucceeded"), types.count("Completed")) == (1, 1)
+    events = await load_events(conn, job)
+    types = [type(e).__name__ for e in events]
+    assert [types.count(t) for t in ("UpstreamSucceeded", "FinalizeClaimed", "Completed")] == [
+        1, 1, 1]
+    recorder = next(e.actor for e in events if type(e).__name__ == "UpstreamSucceeded")
+    finisher = next(e.actor for e in events if type(e).__name__ == "Completed")
+    webhook_won = order == "webhook_first"
+    assert recorder.startswith("webhook:" if webhook_won else "worker:")
+    assert finisher.startswith("webhook:" if webhook_won else "worker:")
+    assert others == ["not_claimable"]  # the third finalizer found nothing to claim
+    assert store.puts == (0 if webhook_won else 1)  # (the service stores in its own)
+    assets = await (await conn.execute("SELECT count(*) AS n FROM assets WHERE job_id = %s",
+                                       (job,))).fetchone()
+    assert assets == {"n": 1}  # the media was attached once
     assert await verify_job(conn, job) == []
 
 

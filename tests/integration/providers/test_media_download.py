@@ -288,11 +288,13 @@ async def test_reset_connection_is_transient(
 
 
 async def test_refused_connection_is_transient(http: aiohttp.ClientSession) -> None:
+    """The port stays bound (never listening) while it is tried: a port closed first
+    could be taken by another process's server in between, and then answer."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(TransientError):
-        await fetch(http, f"http://127.0.0.1:{port}/x.png")
+        with pytest.raises(TransientError):
+            await fetch(http, f"http://127.0.0.1:{port}/x.png")
 
 
 @pytest.mark.parametrize("url", ["ftp://example.invalid/x.png", "file:///etc/passwd",
