@@ -31,8 +31,9 @@ WHERE id = %(job_id)s;
 -- The seed's columns are written only once a call owns them (owns_seed: CallStarted or
 -- Adopted set provider_kind): a cancel of a job whose call never started leaves the host's
 -- provider_kind, task id, start time and attempt counters as they are.
--- A commit charges min(cost, reserved) in total, split over the job's reservations in id
--- order (never above any one of them, never below zero).
+-- A commit charges min(cost, reserved) in total over the job's reservations, split over
+-- those still reserved in id order (never above any one of them, never below zero); a
+-- row the host committed itself counts with what it charged (never charged again).
 WITH upd AS (
     UPDATE jobs SET
         call_state = %(call_state)s::text,
@@ -86,9 +87,14 @@ WITH upd AS (
            %(payload)s::jsonb, %(actor)s::text
     FROM upd
     RETURNING seq
+), host_charged AS (
+    -- what the job's rows the host committed itself already charged: part of the total
+    SELECT COALESCE(sum(COALESCE(u.credits_charged, u.credits_reserved)), 0) AS charged
+    FROM usage_logs u
+    WHERE u.job_id = %(job_id)s::uuid AND u.status = 'committed'
 ), open_rows AS (
     SELECT u.id, u.credits_reserved,
-           COALESCE(sum(u.credits_reserved) OVER (
+           (SELECT charged FROM host_charged) + COALESCE(sum(u.credits_reserved) OVER (
                ORDER BY u.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
     FROM usage_logs u
     WHERE u.job_id = %(job_id)s::uuid AND u.status = 'reserved'
