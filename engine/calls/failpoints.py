@@ -4,12 +4,16 @@
 code passes an armed point, the process kills itself with SIGKILL (no cleanup, no
 ``finally``: exactly what an OOM kill or a container recycle does). ``name@N`` fires on the
 N-th pass only. Unarmed, a failpoint costs one set look-up.
+
+In-process property tests pass ``action=``: a function called with the point's name in
+place of the SIGKILL (it raises, so the actor stops right there, as a crash would).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 __all__ = ["POINTS", "RECONCILER_POINTS", "arm", "failpoint"]
 
@@ -31,8 +35,18 @@ _armed: dict[str, int] = {}
 _passes: dict[str, int] = {}
 
 
-def arm(spec: str | None) -> None:
-    """Arm points from a spec like ``"after_create,mid_poll@3"`` (replaces the set)."""
+def _kill(_name: str) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_action: Callable[[str], None] = _kill
+
+
+def arm(spec: str | None, *, action: Callable[[str], None] | None = None) -> None:
+    """Arm points from a spec like ``"after_create,mid_poll@3"`` (replaces the set);
+    ``action``: what a fired point does (default: SIGKILL this process)."""
+    global _action
+    _action = action if action is not None else _kill
     _armed.clear()
     _passes.clear()
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
@@ -44,12 +58,13 @@ def arm(spec: str | None) -> None:
 
 
 def failpoint(name: str) -> None:
-    """Die here with SIGKILL if ``name`` is armed (on its N-th pass)."""
+    """Die here (SIGKILL, or the armed ``action``) if ``name`` is armed (on its N-th
+    pass)."""
     if name not in _armed:
         return
     _passes[name] = _passes.get(name, 0) + 1
     if _passes[name] == _armed[name]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        _action(name)
 
 
 arm(os.environ.get("CALLWARDEN_FAILPOINTS"))

@@ -263,9 +263,13 @@ async def _apply_fault(fault: Fault, module: ProviderModule, request: web.Reques
                                    in_body=kind == "rate_limit_in_body")
     if kind == "reset":
         return await _reset(request)
-    if kind == "hang":
+    if kind == "hang":  # the answer is late and the request not yet handled
         await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))
         return await handler(request)
+    if kind == "late":  # handled at once (a create creates), answered late
+        response = await handler(request)
+        await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))
+        return response
     return await _truncated_json(request, handler)
 
 

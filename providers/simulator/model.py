@@ -138,7 +138,7 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
 
 
 FaultKind = Literal["http_status", "rate_limit", "rate_limit_in_body", "reset", "hang",
-                    "malformed_json"]
+                    "late", "malformed_json"]
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True):
