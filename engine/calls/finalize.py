@@ -39,11 +39,12 @@ from engine.calls.config import CallConfig
 from engine.calls.failpoints import failpoint
 from engine.calls.pricing import ChargeReservation, Pricing, checked_charge
 from engine.errors import WriteConflict
-from engine.store.boundary import connection, transaction
-from engine.store.clock import Clock, DatabaseClock, sync_clock
-from engine.store.db import Conn, Pool
+from engine.store.clock import Clock, DatabaseClock
+from engine.store.db import Pool
 from engine.store.host import host_ended
-from engine.store.write import AppendResult, Decide, append, execute, load, transition
+from engine.store.port import Store
+from engine.store.postgres import PostgresStore
+from engine.store.write import AppendResult, Decide
 from events.states import CallState
 from events.types import (
     Completed,
@@ -84,12 +85,19 @@ class _GiveUp(Exception):
 class Finalizer:
     """Runs finalizations for one process incarnation (``owner``)."""
 
-    def __init__(self, pool: Pool, store: MediaStore, settings: ProviderSettings, *,
+    def __init__(self, pool: Pool | None, store: MediaStore, settings: ProviderSettings, *,
                  owner: str, clock: Clock | None = None,
-                 config: CallConfig | None = None, pricing: Pricing | None = None) -> None:
+                 config: CallConfig | None = None, pricing: Pricing | None = None,
+                 db: Store | None = None) -> None:
         """``pricing``: what a completed call is charged (default: its reservation;
-        :mod:`engine.calls.pricing`)."""
+        :mod:`engine.calls.pricing`). ``db``: the store (:mod:`engine.store.port`;
+        default: :class:`PostgresStore` on ``pool``)."""
         self.pool, self.store, self.settings = pool, store, settings
+        if db is None:
+            if pool is None:
+                raise TypeError("a pool, or a store (db=...), is required")
+            db = PostgresStore(pool)
+        self.db: Store = db
         self.owner = owner
         self.clock = clock if clock is not None else DatabaseClock()
         self.config = config or CallConfig()
@@ -99,7 +107,7 @@ class Finalizer:
                        current: CallProjection | None = None) -> FinalizeResult:
         """Finalize the job's call; ``current`` is the projection the caller holds (it
         saves a read; a stale one only costs a re-read)."""
-        await sync_clock(self.clock, self.pool)
+        await self.db.sync_clock(self.clock)
         claim_owner = f"{self.owner}/{uuid.uuid4().hex[:8]}"
         claim = await self._claim(job_id, current, claim_owner)
         if not claim.ok:
@@ -133,9 +141,8 @@ class Finalizer:
 
     async def _claim(self, job_id: uuid.UUID, current: CallProjection | None,
                      claim_owner: str) -> AppendResult:
-        async with connection(self.pool) as conn:
-            return await transition(conn, job_id, self._decide_claim(claim_owner),
-                                    current=current)
+        return await self.db.transition(job_id, self._decide_claim(claim_owner),
+                                        current=current)
 
     # -- storing ---------------------------------------------------------------------------
 
@@ -200,8 +207,7 @@ class Finalizer:
             mine = p.state is CallState.FINALIZING and p.finalize_owner == claim_owner
             return stop.event if mine else None
 
-        async with connection(self.pool) as conn:
-            r = await transition(conn, job_id, decide)
+        r = await self.db.transition(job_id, decide)
         outcome: Outcome = "host_ended" if r.host_ended else (
             stop.outcome if r.ok else "lost_race")
         return FinalizeResult(outcome=outcome, projection=r.projection, error=stop.event.error)
@@ -214,15 +220,11 @@ class Finalizer:
                           text=result.text, stop_reason=result.stop_reason)
         for _ in range(_MAX_COMPLETE_TRIES):
             ended = host_ended(p, at=event.at, actor=event.actor)
-            try:
-                async with connection(self.pool) as conn, transaction(conn):
-                    r = await append(conn, job_id, p, ended or event)
-                    if r.ok and ended is None:
-                        await _record_assets(conn, job_id, media)
-                        await execute(conn, "reopen_workflow", {"job_id": job_id})
+            try:  # the event, the assets and the workflow reopen: one transaction
+                r = await self.db.append(job_id, p, ended or event,
+                                         assets=media if ended is None else None)
             except WriteConflict:  # a deadlock rolled the transaction back: read, retry
-                async with connection(self.pool) as conn:
-                    p = await load(conn, job_id)
+                p = await self.db.load(job_id)
                 continue
             if r.ok:
                 return FinalizeResult(outcome="host_ended" if ended else "completed",
@@ -232,10 +234,3 @@ class Finalizer:
                 break
         return FinalizeResult(outcome="lost_race", projection=p)
 
-
-async def _record_assets(conn: Conn, job_id: uuid.UUID, media: tuple[StoredMedia, ...]) -> None:
-    if not media:
-        return
-    await execute(conn, "insert_assets", {
-        "job_id": job_id, "keys": [m.key for m in media], "urls": [m.url for m in media],
-        "types": [m.content_type for m in media], "sizes": [m.size for m in media]})

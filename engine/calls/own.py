@@ -55,10 +55,11 @@ from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.calls.runner import ACTIVE, CallOutcome, Result, call_outcome, upstream_event
 from engine.errors import CallwardenError, ConfigError, DatabaseError
-from engine.store.boundary import connection
-from engine.store.clock import Clock, DatabaseClock, sync_clock
+from engine.store.clock import Clock, DatabaseClock
 from engine.store.db import Pool
-from engine.store.write import AppendResult, Decide, append, execute, transition
+from engine.store.port import Store
+from engine.store.postgres import PostgresStore
+from engine.store.write import AppendResult, Decide
 from events.states import CallState
 from events.types import CallStarted, Event, TaskCreated
 from projections.fold import EMPTY, CallProjection
@@ -140,20 +141,25 @@ class _NoStore:
 class OwnCalls:
     """Records host-made calls for one process incarnation (``owner``). ``store`` and
     ``settings`` are the finalizer's (media results are downloaded from the kind's media
-    hosts and stored); ``pricing`` charges completed calls (default: the reservation)."""
+    hosts and stored); ``pricing`` charges completed calls (default: the reservation);
+    ``db``: the store the calls are recorded in (:mod:`engine.store.port`; default:
+    :class:`PostgresStore` on ``pool``)."""
 
     def __init__(self, pool: Pool, *, store: MediaStore | None = None,
                  settings: ProviderSettings | None = None, owner: str | None = None,
                  clock: Clock | None = None, config: CallConfig | None = None,
                  pricing: Pricing | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 db: Store | None = None) -> None:
         self.pool, self.store = pool, store
+        self.db: Store = db if db is not None else PostgresStore(pool)
         self.settings = settings or ProviderSettings()
         self.owner = owner or incarnation("worker")
         self.clock = clock if clock is not None else DatabaseClock()
         self.config, self.sleep = config or CallConfig(), sleep
         self.finalizer = Finalizer(pool, store or _NoStore(), self.settings, owner=self.owner,
-                                   clock=self.clock, config=self.config, pricing=pricing)
+                                   clock=self.clock, config=self.config, pricing=pricing,
+                                   db=self.db)
         self._settling: set[asyncio.Task[Reported]] = set()
 
     async def start(self, job_id: uuid.UUID, kind: str, *,
@@ -212,24 +218,20 @@ class OwnCalls:
     async def heartbeat(self, job_id: uuid.UUID, progress: float | None = None) -> None:
         """Projection-only: the call is alive (never an event; a failure is logged)."""
         try:
-            async with connection(self.pool) as conn:
-                await execute(conn, "heartbeat", {
-                    "job_id": job_id, "owner": self.owner,
-                    "progress": int(progress) if progress is not None else None})
+            await self.db.heartbeat(job_id, self.owner,
+                                    int(progress) if progress is not None else None)
         except DatabaseError as exc:
             log.warning("job %s: heartbeat not written (%s)", job_id, exc)
 
     async def transition(self, job_id: uuid.UUID, decide: Decide,
                          current: CallProjection | None = None) -> AppendResult:
-        async with connection(self.pool) as conn:
-            return await transition(conn, job_id, decide, current=current)
+        return await self.db.transition(job_id, decide, current=current)
 
     async def _start(self, job_id: uuid.UUID, kind: str,
                      sync: bool) -> tuple[CallProjection, bool]:
-        await sync_clock(self.clock, self.pool)
+        await self.db.sync_clock(self.clock)
         event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
-        async with connection(self.pool) as conn:
-            r = await append(conn, job_id, EMPTY, event)
+        r = await self.db.append(job_id, EMPTY, event)
         return r.projection, r.ok
 
     async def _beat_forever(self, job_id: uuid.UUID) -> None:

@@ -35,10 +35,11 @@ from engine.calls.inline import store_inline
 from engine.calls.pricing import Pricing
 from engine.errors import DatabaseError
 from engine.service.tracing import call_context
-from engine.store.boundary import connection
-from engine.store.clock import Clock, DatabaseClock, sync_clock
+from engine.store.clock import Clock, DatabaseClock
 from engine.store.db import Pool
-from engine.store.write import Decide, append, execute, load, transition
+from engine.store.port import Store
+from engine.store.postgres import PostgresStore
+from engine.store.write import Decide
 from events.states import CallState
 from events.types import (
     CallStarted,
@@ -106,20 +107,34 @@ def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
 
 
 class CallRunner:
-    """Runs calls for one process incarnation (``owner``)."""
+    """Runs calls for one process incarnation (``owner``). ``db``: the store the calls are
+    recorded in (:mod:`engine.store.port`; default: :class:`PostgresStore` on ``pool``);
+    ``monotonic``: the clock the poll budget and the heartbeat cadence are measured on
+    (the deterministic simulation passes its simulated one)."""
 
-    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
-                 store: MediaStore, *, owner: str | None = None, clock: Clock | None = None,
-                 config: CallConfig | None = None, sleep: Sleep = asyncio.sleep,
+    def __init__(self, pool: Pool | None, session: aiohttp.ClientSession,
+                 settings: ProviderSettings, store: MediaStore, *, owner: str | None = None,
+                 clock: Clock | None = None, config: CallConfig | None = None,
+                 sleep: Sleep = asyncio.sleep,
                  callback_url: Callable[[uuid.UUID, str], str | None] | None = None,
-                 pricing: Pricing | None = None) -> None:
-        self.pool, self.session, self.settings, self.store = pool, session, settings, store
+                 pricing: Pricing | None = None, db: Store | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        # None only with a store that is not Postgres (db=...): nothing reads it then.
+        self.pool = cast(Pool, pool)
+        self.session, self.settings, self.store = session, settings, store
+        if db is None:
+            if pool is None:
+                raise TypeError("a pool, or a store (db=...), is required")
+            db = PostgresStore(pool)
+        self.db: Store = db
+        self.monotonic = monotonic
         self.owner = owner or incarnation("worker")
         self.clock = clock if clock is not None else DatabaseClock()
         self.config, self.sleep = config or CallConfig(), sleep
         self.callback_url = callback_url
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
-                                   clock=self.clock, config=self.config, pricing=pricing)
+                                   clock=self.clock, config=self.config, pricing=pricing,
+                                   db=self.db)
         self._last_beat: dict[uuid.UUID, float] = {}
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
@@ -134,7 +149,7 @@ class CallRunner:
     async def _run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any],
                    operation: str | None) -> CallOutcome:
         get_kind(kind)  # an unknown kind is refused before anything is written
-        await sync_clock(self.clock, self.pool)
+        await self.db.sync_clock(self.clock)
         sync = is_sync_call(kind, operation)
         client = client_for(kind, self.session, self.settings, operation=operation,
                             callback_url=self._callback(job_id, kind))
@@ -195,10 +210,10 @@ class CallRunner:
     async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
                     client: AsyncKindClient) -> tuple[CallProjection, str | None]:
         assert p.provider_task_id is not None
-        deadline = time.monotonic() + self.config.budget_for(kind)
+        deadline = self.monotonic() + self.config.budget_for(kind)
         interval = self.config.interval_for(kind)
         last_error: str | None = None
-        self._last_beat.setdefault(job_id, time.monotonic())  # TaskCreated just proved it
+        self._last_beat.setdefault(job_id, self.monotonic())  # TaskCreated just proved it
         while True:
             outcome: PollOutcome | None = None
             try:
@@ -220,7 +235,7 @@ class CallRunner:
                 return await self._record(job_id, self._if_active(event), p), None
             await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
                                   else None)
-            if time.monotonic() + interval > deadline:
+            if self.monotonic() + interval > deadline:
                 return await self._load(job_id), last_error or "poll budget spent"
             await self.sleep(interval)
 
@@ -260,8 +275,7 @@ class CallRunner:
         """Optimistically start the call as if it were new (one statement, fenced on
         version 0); otherwise the append re-reads and we continue from what is there."""
         event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
-        async with connection(self.pool) as conn:
-            r = await append(conn, job_id, EMPTY, event)
+        r = await self.db.append(job_id, EMPTY, event)
         return r.projection, r.ok
 
     def _if_active(self, event: Event) -> Decide:
@@ -271,24 +285,20 @@ class CallRunner:
                       current: CallProjection | None = None) -> CallProjection:
         """``transition`` from the projection we hold (``current``): no re-read unless
         someone else wrote in between."""
-        async with connection(self.pool) as conn:
-            return (await transition(conn, job_id, decide, current=current)).projection
+        return (await self.db.transition(job_id, decide, current=current)).projection
 
     async def _load(self, job_id: uuid.UUID) -> CallProjection:
-        async with connection(self.pool) as conn:
-            return await load(conn, job_id)
+        return await self.db.load(job_id)
 
     async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
         """A projection-only write: when it fails (the database blinked), the call keeps
         polling and the next beat tries again; a heartbeat never abandons a call."""
-        now = time.monotonic()
+        now = self.monotonic()
         if now - self._last_beat.get(job_id, -1e9) < self.config.heartbeat_every_s:
             return
         try:
-            async with connection(self.pool) as conn:
-                await execute(conn, "heartbeat", {
-                    "job_id": job_id, "owner": self.owner,
-                    "progress": int(progress) if progress is not None else None})
+            await self.db.heartbeat(job_id, self.owner,
+                                    int(progress) if progress is not None else None)
         except DatabaseError as exc:  # the pool's timeout too (DatabaseUnavailable)
             log.warning("job %s: heartbeat not written (%s); still polling", job_id, exc)
             return
@@ -296,3 +306,4 @@ class CallRunner:
 
     def _callback(self, job_id: uuid.UUID, kind: str) -> str | None:
         return self.callback_url(job_id, kind) if self.callback_url else None
+

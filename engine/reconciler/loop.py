@@ -35,7 +35,6 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from psycopg.rows import DictRow
 
 from engine.calls.config import CallConfig
 from engine.calls.failpoints import failpoint
@@ -60,15 +59,16 @@ from engine.reconciler.decide import (
     decide,
     next_scan_delay,
 )
-from engine.replay.history import fold_checked, snapshot
+from engine.replay.history import fold_checked
 from engine.service.metrics import record_reconcile
 from engine.service.tracing import call_context
-from engine.store.boundary import connection
-from engine.store.clock import DatabaseClock, sync_clock
+from engine.store.clock import DatabaseClock
 from engine.store.db import Pool
 from engine.store.host import host_status_ended
 from engine.store.outage import Outage
-from engine.store.write import AppendResult, append, execute, load, load_events
+from engine.store.port import ClaimRequest, ReconcilerStore, Row
+from engine.store.postgres import PostgresStore
+from engine.store.write import AppendResult
 from events.codec import EventDecodeError
 from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
 from projections.columns import ProjectionUnreadable
@@ -119,15 +119,23 @@ class Counts(msgspec.Struct, kw_only=True):
 
 
 class Reconciler:
-    """Reconciles for one process incarnation (``owner``)."""
+    """Reconciles for one process incarnation (``owner``). ``db``: the store
+    (:mod:`engine.store.port`; default: :class:`PostgresStore` on ``pool``)."""
 
-    def __init__(self, pool: Pool, session: aiohttp.ClientSession, settings: ProviderSettings,
-                 store: MediaStore, *, config: ReconcileConfig | None = None,
+    def __init__(self, pool: Pool | None, session: aiohttp.ClientSession,
+                 settings: ProviderSettings, store: MediaStore, *,
+                 config: ReconcileConfig | None = None,
                  owner: str | None = None, clock: Clock | None = None,
                  call_config: CallConfig | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 signal: Signal | None = None, pricing: Pricing | None = None) -> None:
+                 signal: Signal | None = None, pricing: Pricing | None = None,
+                 db: ReconcilerStore | None = None) -> None:
         self.pool, self.session, self.settings = pool, session, settings
+        if db is None:
+            if pool is None:
+                raise TypeError("a pool, or a store (db=...), is required")
+            db = PostgresStore(pool)
+        self.db: ReconcilerStore = db
         self.config = config or ReconcileConfig()
         self.owner = owner or incarnation("reconciler")
         self.clock = clock if clock is not None else DatabaseClock()
@@ -137,7 +145,7 @@ class Reconciler:
         self.outage, self._backoff = Outage(log, f"reconciler {self.owner}"), 0.0
         self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config,
-                                   pricing=pricing)
+                                   pricing=pricing, db=db)
 
     def _event_clock(self) -> datetime:
         """Now, during a pass: the clock itself, or — when the pass was given a logical
@@ -158,7 +166,7 @@ class Reconciler:
         ``now``: a logical time (tests); by default the database's clock."""
         self._logical = now is not None
         if now is None:
-            await sync_clock(self.clock, self.pool)
+            await self.db.sync_clock(self.clock)
             now = self.clock()
         self._pass_start = (now, time.monotonic())
         counts = Counts()
@@ -178,7 +186,7 @@ class Reconciler:
             failpoint("reconciler_after_claim")
         gate = asyncio.Semaphore(self.config.concurrency)
 
-        async def one(item: DictRow) -> None:
+        async def one(item: Row) -> None:
             async with gate:
                 await self._handle(item, now, counts)
 
@@ -187,25 +195,27 @@ class Reconciler:
                 group.create_task(one(item))
         return counts
 
+    def claim_request(self, now: datetime) -> ClaimRequest:
+        """This owner's claim at ``now``."""
+        c = self.config
+        return ClaimRequest(
+            owner=self.owner, now=now, lease_until=now + timedelta(seconds=c.claim_lease_s),
+            stale=c.stale,
+            cutoff=now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s)),
+            horizon_extra_s=c.attempt_cap * c.repoll_interval_s,
+            legacy_cutoff=c.legacy_cutoff, batch_size=c.batch_size)
+
     def claim_params(self, now: datetime) -> dict[str, Any]:
         """The parameters of the ``reconcile_claim`` statement at ``now``."""
-        c = self.config
-        cutoff = now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s))
-        return {
-            **c.stale.sql_params(now), "cutoff": cutoff, "owner": self.owner,
-            "lease_until": now + timedelta(seconds=c.claim_lease_s),
-            "horizon_extra_s": c.attempt_cap * c.repoll_interval_s,
-            "legacy_cutoff": c.legacy_cutoff, "batch_size": c.batch_size,
-        }
+        return self.claim_request(now).sql_params()
 
-    async def claim(self, now: datetime) -> list[DictRow]:
+    async def claim(self, now: datetime) -> list[Row]:
         """Claim up to ``batch_size`` stale calls for this owner (one statement); the rows
         as read (each is turned into a :class:`Candidate` on its own, so one unreadable
         row never costs the batch)."""
-        async with connection(self.pool) as conn:
-            return await execute(conn, "reconcile_claim", self.claim_params(now))
+        return await self.db.claim(self.claim_request(now))
 
-    async def candidate(self, row: DictRow) -> Candidate:
+    async def candidate(self, row: Row) -> Candidate:
         """The claimed row as a :class:`Candidate`, its call folded from its log: the log
         is the truth the projection columns only cache, so what host code wrote over them
         is never acted on (the next write rewrites them from the fold). The row and the
@@ -213,12 +223,10 @@ class Reconciler:
         read as it is. ``EventDecodeError`` (the row is parked) when the log cannot be read
         or replayed, or the row's ``call_version`` is not the length of its log."""
         job: uuid.UUID = row["id"]
-        async with connection(self.pool) as conn, snapshot(conn):
-            current = await execute(conn, "load_projection", {"job_id": job})
-            events = await load_events(conn, job)
-        if not current:
+        current, events = await self.db.candidate_read(job)
+        if current is None:
             raise JobNotFound(job)
-        now = current[0]
+        now = current
         if not events and now["call_version"] == 0:
             try:
                 return Candidate.from_row(row)
@@ -233,7 +241,7 @@ class Reconciler:
             folded, status=folded.status if folded.terminal else now["status"],
             settled_reservations=int(now["settled_reservations"] or 0)))
 
-    async def _handle(self, row: DictRow, now: datetime, counts: Counts) -> None:
+    async def _handle(self, row: Row, now: datetime, counts: Counts) -> None:
         job: uuid.UUID = row["id"]
         park = False
         try:
@@ -265,8 +273,7 @@ class Reconciler:
                             counts: Counts) -> bool:
         """Attempt + 1 with the error kept; ``False`` if even that could not be written."""
         try:
-            async with connection(self.pool) as conn:
-                p = await load(conn, job)
+            p = await self.db.load(job)
             if p.state is None or p.terminal:
                 counts.errors += 1
                 return False
@@ -281,21 +288,15 @@ class Reconciler:
     async def _renew(self, job: uuid.UUID) -> bool:
         """Extend the claim from the time of renewal (not from the pass's start)."""
         lease = self._event_clock() + timedelta(seconds=self.config.claim_lease_s)
-        async with connection(self.pool) as conn:
-            rows = await execute(conn, "reconcile_renew",
-                                 {"job_id": job, "owner": self.owner, "lease_until": lease})
-        return bool(rows)
+        return await self.db.renew(job, self.owner, lease)
 
     async def _release(self, job: uuid.UUID, *, park: bool = False) -> None:
         until = self._event_clock() + timedelta(seconds=self.config.repoll_interval_s)
         with contextlib.suppress(DatabaseError):  # the claim lease expires on its own
-            async with connection(self.pool) as conn:
-                if park:
-                    await execute(conn, "reconcile_park",
-                                  {"job_id": job, "owner": self.owner, "until": until})
-                else:
-                    await execute(conn, "reconcile_release",
-                                  {"job_id": job, "owner": self.owner})
+            if park:
+                await self.db.park(job, self.owner, until)
+            else:
+                await self.db.release(job, self.owner)
         await self._signal("released", job)
 
     # -- acting on a decision -----------------------------------------------------------
@@ -336,9 +337,7 @@ class Reconciler:
                      count: str, what: str) -> AppendResult | None:
         """Append ``event`` fenced on the version read (``p``); ``None`` if the call
         moved meanwhile (the write is dropped, never retried blindly)."""
-        async with connection(self.pool) as conn:
-            await self._signal("write", job)
-            r = await append(conn, job, p, event)
+        r = await self.db.append(job, p, event, before=lambda: self._signal("write", job))
         if not r.ok and not isinstance(event, HostEnded) and host_status_ended(r.projection):
             assert r.projection.status is not None  # the host ended it meanwhile: record it
             await self._write(job, r.projection, HostEnded(

@@ -48,11 +48,12 @@ from engine.calls.runner import ACTIVE, upstream_event
 from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from engine.service.metrics import record_webhook
 from engine.service.tracing import call_context
-from engine.store.boundary import connection
-from engine.store.clock import DatabaseClock, sync_clock
+from engine.store.clock import DatabaseClock
 from engine.store.db import Conn, Pool
 from engine.store.outage import Outage
-from engine.store.write import execute, load, transition
+from engine.store.port import WebhookStore
+from engine.store.postgres import PostgresStore
+from engine.store.write import execute
 from events.states import CallState
 from providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
 from providers.kinds import KINDS
@@ -197,13 +198,20 @@ class Receiver:
     ``clock`` (unix seconds) checks signature timestamps, ``now`` stamps events (default:
     the database's clock); ``poll`` checks a task when a signal scheme's callback names
     it (without one, such callbacks are acknowledged and left to the workers' and the
-    reconciler's polls)."""
+    reconciler's polls). ``db``: the store (:mod:`engine.store.port`; default:
+    :class:`PostgresStore` on ``pool``)."""
 
-    def __init__(self, pool: Pool, finalizer: Finalizer, config: WebhookConfig, *,
+    def __init__(self, pool: Pool | None, finalizer: Finalizer, config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
                  now: Callable[[], datetime] | None = None,
-                 poll: TaskPoll | None = None, outage: Outage | None = None) -> None:
+                 poll: TaskPoll | None = None, outage: Outage | None = None,
+                 db: WebhookStore | None = None) -> None:
         self.pool, self.finalizer, self.config = pool, finalizer, config
+        if db is None:
+            if pool is None:
+                raise TypeError("a pool, or a store (db=...), is required")
+            db = PostgresStore(pool)
+        self.db: WebhookStore = db
         self.outage = outage if outage is not None else Outage(log, "service")
         self.clock = clock
         self.now = now if now is not None else DatabaseClock()
@@ -238,7 +246,7 @@ class Receiver:
             started = time.perf_counter()
             headers: dict[str, str] = {}
             try:
-                await sync_clock(self.now, self.pool)
+                await self.db.sync_clock(self.now)
                 outcome, message = await handler(request)
                 status = 200
             except Reply as exc:
@@ -264,8 +272,7 @@ class Receiver:
         """End the service's outage only if the database answers (a delivery about no
         call is answered without it)."""
         try:
-            async with connection(self.pool, wait_s=1.0) as conn:
-                await execute(conn, "service_ping", {})
+            await self.db.ping()
         except DatabaseError:
             return
         self.outage.up()
@@ -302,7 +309,7 @@ class Receiver:
             return await self._signalled(scheme, job, task_id, delivery)
         return handle
 
-    async def _signalled(self, scheme: WebhookScheme, job: dict[str, Any], task_id: str,
+    async def _signalled(self, scheme: WebhookScheme, job: Mapping[str, Any], task_id: str,
                          delivery: str | None) -> tuple[str, str]:
         kind = str(job["provider_kind"] or "")
         # An authentic signal is never answered 4xx (providers retry those): one that
@@ -316,23 +323,21 @@ class Receiver:
         if job["provider_task_id"] != task_id:  # e.g. a task replaced under "recreate"
             raise Reply("ignored", f"callback about task {task_id}, not the job's current "
                         "task: acknowledged, nothing changed")
-        async with connection(self.pool) as conn:
-            if delivery is not None and not await _claim_delivery(
-                    conn, scheme.provider, delivery, job["id"]):
-                return "duplicate", "delivery already processed"
+        if delivery is not None and not await self.db.record_delivery(
+                scheme.provider, delivery, job["id"]):
+            return "duplicate", "delivery already processed"
         try:
             return await self._poll_and_record(scheme.provider, job["id"], kind, task_id,
                                                job["provider_call_started_at"])
         except (DatabaseUnavailable, DatabaseError, StorageError):
             if delivery is not None:
-                await _forget_delivery(self.pool, scheme.provider, delivery)
+                await self._forget_delivery(scheme.provider, delivery)
             raise
 
     async def _poll_and_record(self, provider: str, job_id: uuid.UUID, kind: str,
                                task_id: str, started: datetime | None) -> tuple[str, str]:
         """A signal: poll the task and record what the poll says."""
-        async with connection(self.pool) as conn:
-            p = await load(conn, job_id)
+        p = await self.db.load(job_id)
         if p.state not in ACTIVE:
             if p.state is CallState.UPSTREAM_SUCCEEDED:
                 self._finalize_later(job_id)
@@ -350,8 +355,7 @@ class Receiver:
         parsed = Parsed(task_id=task_id, outcome=outcome)
         if parsed.intermediate:
             return "intermediate", "the task is still running upstream"
-        async with connection(self.pool) as conn:
-            return await self._record(conn, provider, job_id, parsed)
+        return await self._record(provider, job_id, parsed)
 
     def _signal_signature(self, scheme: WebhookScheme, request: web.Request, task_id: str,
                           body: bytes) -> str | None:
@@ -366,57 +370,65 @@ class Receiver:
             raise _signature_reject(exc) from None
 
     async def _signal_job(self, request: web.Request, *, authenticated: bool
-                          ) -> dict[str, Any]:
+                          ) -> Mapping[str, Any]:
         try:
             job_id = uuid.UUID(request.match_info["job_id"])
         except ValueError:
             raise Reject(404, "unknown_task", "no such job") from None
-        async with connection(self.pool) as conn:
-            rows = await execute(conn, "webhook_job_by_id", {"job_id": job_id})
-        if not rows:
+        row = await self.db.job_by_id(job_id)
+        if row is None:
             if authenticated:  # signature-verified: the provider's own, for a job we lack
                 raise Reply("unknown_task", "no such job: acknowledged", status=202)
             raise Reject(401, "unknown_task", "no such job")
-        stored, given = rows[0]["callback_token"], request.match_info["token"]
+        stored, given = row["callback_token"], request.match_info["token"]
         if stored is None and authenticated:
-            return rows[0]  # signature-verified; the job never had a token
+            return row  # signature-verified; the job never had a token
         if not (isinstance(stored, str)
                 and hmac.compare_digest(given.encode(), stored.encode())):
             raise Reject(401, "bad_signature", "callback token does not match the job")
-        return rows[0]
+        return row
 
     # -- the shared path ---------------------------------------------------------------------
 
-    async def _deliver(self, provider: str, delivery_id: str | None, kinds: tuple[str, ...],
-                       parsed: Parsed) -> tuple[str, str]:
+    async def deliver(self, provider: str, delivery_id: str | None, kinds: tuple[str, ...],
+                      parsed: Parsed) -> tuple[str, str]:
+        """A verified, parsed delivery (what every signed-body route ends in): find the
+        job by its task, dedupe the delivery, record the outcome; ``(outcome, message)``,
+        or :class:`Reply` with the answer."""
         if parsed.intermediate:
             return "intermediate", "intermediate stage acknowledged"
-        async with connection(self.pool) as conn:
-            rows = await execute(conn, "webhook_find_job", {
-                "kinds": list(kinds), "task_id": parsed.task_id})
-            if not rows:
-                raise Reply("unknown_task", f"no call for task {parsed.task_id} (not ours, "
-                            "or not recorded yet: its worker polls it)", status=202)
-            job_id = rows[0]["id"]
-            if delivery_id is not None and not await _claim_delivery(
-                    conn, provider, delivery_id, job_id):
-                return "duplicate", "delivery already processed"
-            try:
-                return await self._record(conn, provider, job_id, parsed)
-            except (DatabaseUnavailable, DatabaseError, StorageError):
-                if delivery_id is not None:
-                    await _forget_delivery(self.pool, provider, delivery_id)
-                raise
+        row = await self.db.find_job(kinds, parsed.task_id)
+        if row is None:
+            raise Reply("unknown_task", f"no call for task {parsed.task_id} (not ours, "
+                        "or not recorded yet: its worker polls it)", status=202)
+        job_id = row["id"]
+        if delivery_id is not None and not await self.db.record_delivery(
+                provider, delivery_id, job_id):
+            return "duplicate", "delivery already processed"
+        try:
+            return await self._record(provider, job_id, parsed)
+        except (DatabaseUnavailable, DatabaseError, StorageError):
+            if delivery_id is not None:
+                await self._forget_delivery(provider, delivery_id)
+            raise
 
-    async def _record(self, conn: Conn, provider: str, job_id: uuid.UUID,
+    _deliver = deliver
+
+    async def _forget_delivery(self, provider: str, delivery_id: str) -> None:
+        try:
+            await self.db.forget_delivery(provider, delivery_id)
+        except (DatabaseUnavailable, DatabaseError):
+            log.warning("could not forget delivery %s/%s", provider, delivery_id)
+
+    async def _record(self, provider: str, job_id: uuid.UUID,
                       parsed: Parsed) -> tuple[str, str]:
-        kind = (await load(conn, job_id)).provider_kind or ""
+        kind = (await self.db.load(job_id)).provider_kind or ""
         outcome, keys = await store_inline(
             self.finalizer.store, job_id, kind, parsed.outcome,
             settings=self.finalizer.settings, config=self.finalizer.config)
         event = upstream_event(outcome, f"webhook:{provider}", self.now(), stored_keys=keys)
-        result = await transition(
-            conn, job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
+        result = await self.db.transition(
+            job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
         state = result.projection.state
         if state is CallState.UPSTREAM_SUCCEEDED:
             self._finalize_later(job_id)
@@ -444,19 +456,3 @@ def _parse(fn: Callable[[], T]) -> T:
     except MalformedDelivery as exc:
         raise Reject(400, "malformed", str(exc)) from None
 
-
-async def _claim_delivery(conn: Conn, provider: str, delivery_id: str,
-                          job_id: uuid.UUID) -> bool:
-    """Record the delivery; ``False`` if it was processed already (a duplicate)."""
-    rows = await execute(conn, "webhook_record_delivery", {
-        "provider": provider, "delivery_id": delivery_id, "job_id": job_id})
-    return bool(rows)
-
-
-async def _forget_delivery(pool: Pool, provider: str, delivery_id: str) -> None:
-    try:
-        async with connection(pool) as conn:
-            await execute(conn, "webhook_forget_delivery", {
-                "provider": provider, "delivery_id": delivery_id})
-    except (DatabaseUnavailable, DatabaseError):
-        log.warning("could not forget delivery %s/%s", provider, delivery_id)

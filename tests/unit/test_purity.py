@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).parents[2]
 WIRE = ("wire", "requests", "llm", "operations", "webhook")
 NAMED = ["engine.errors", "engine.machine", "engine.reconciler.decide",
-         "engine.reconciler.stale", "engine.store.host", "providers.errors",
+         "engine.reconciler.stale", "engine.store.appending", "engine.store.host",
+         "engine.store.memory", "engine.store.port", "providers.errors",
          "providers.kinds", "providers.llm_stop", "providers.outcomes", "providers.raw",
          "providers.webhooks"]
 # (Not ``socket``: the standard library's own email.utils imports it, doing no I/O.)

@@ -1,0 +1,110 @@
+"""The pure half of the write path: what one append writes, decided before any I/O.
+
+:func:`append_params` gives the ``append_event`` statement's parameters for an event moving
+a projection to its fold (the one place they are built: the Postgres write path, the
+in-memory store of :mod:`engine.store.memory` and the benchmarks use it);
+:class:`AppendResult` is what an append answers; :func:`without_nul` makes an event
+recordable; :func:`observe` registers a hook on every successful append. No I/O, no clock
+(``engine.store.write`` re-exports every name).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from events.codec import encode
+from events.types import CallStarted, Completed, Event, HostEnded
+from projections.columns import to_columns
+from projections.fold import CallProjection
+
+__all__ = ["AppendResult", "Decide", "Settled", "append_params", "observe", "without_nul"]
+
+Decide = Callable[[CallProjection], Event | None]
+Settled = Literal["settled", "no_reservation", "already_settled"]
+
+# What the write path moves a reservation to ("host": left to the host, see HostEnded).
+_SETTLES = frozenset({"committed", "refunded"})
+
+
+class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``ok``: the event was appended. ``projection``: the call after the attempt (the
+    winner's state when ``ok`` is false). ``settlement``: for a settling transition,
+    whether this write moved the reservation, found none, or found it already settled.
+    ``host_ended``: the host had ended the job; :class:`HostEnded` was recorded in place
+    of the actor's event (``ok`` is false: the actor's own event was not appended)."""
+
+    ok: bool
+    projection: CallProjection
+    event: Event | None = None
+    settlement: Settled | None = None
+    host_ended: bool = False
+
+
+_observers: list[Callable[[AppendResult], None]] = []
+
+
+def observe(fn: Callable[[AppendResult], None]) -> None:
+    """Call ``fn`` with every successful append of this process (metrics hook it here)."""
+    if fn not in _observers:
+        _observers.append(fn)
+
+
+def _cost(new: CallProjection) -> float | None:
+    """The credits a commit charges: the ``Completed`` event's (the pricing hook's), or
+    ``None`` (the reservation); never negative or non-finite (the last line)."""
+    cost = new.provider_cost
+    if cost is None or not math.isfinite(cost):
+        return None
+    return max(cost, 0.0)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    return value
+
+
+def without_nul(event: Event) -> Event:
+    """``event`` with every NUL character (which Postgres refuses in text and jsonb) made
+    U+FFFD: a provider's answer that carries one must still be recordable."""
+    if b"\\u0000" not in msgspec.json.encode(event):
+        return event
+    return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
+
+
+def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
+            event: Event) -> dict[str, Any]:
+    """The ``append_event`` statement's parameters for ``event`` moving ``current`` to
+    ``new`` (its fold): the one place they are built (the benchmarks use it too)."""
+    type_name, version, payload = encode(event)
+    settling = new.terminal and not current.terminal
+    is_start = isinstance(event, CallStarted)
+    params = to_columns(new)
+    params.update(
+        job_id=job_id, expected_version=current.version, type=type_name,
+        event_version=version, payload=payload.decode(), actor=event.actor,
+        is_start=is_start, is_completion=isinstance(event, Completed),
+        owns_seed=new.provider_kind is not None,
+        host_status=event.status if isinstance(event, HostEnded) else None,
+        expected_settled=None if is_start else current.settled_reservations,
+        settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
+        cost=_cost(new),
+    )
+    return params
+
+
+def _settled(settle_to: str | None, row: Mapping[str, Any]) -> Settled | None:
+    if settle_to is None:
+        return None
+    if row["settled"]:
+        return "settled"
+    return "already_settled" if row["reservations"] else "no_reservation"

@@ -1,0 +1,158 @@
+"""The store's port: what the actors ask of the database, at the level of meaning.
+
+Three small protocols, one per kind of caller:
+
+* :class:`Store` — every actor: read a call (:meth:`~Store.load`, its log), append one
+  event fenced on what was read (:meth:`~Store.append`; with ``assets`` the finalizer's
+  completion: the event, the ``assets`` rows and the sole-cause workflow reopen in one
+  transaction; ``before`` is awaited just before the write is sent), read-decide-append
+  (:meth:`~Store.transition`), the projection-only heartbeat, and the clock refresh;
+* :class:`ReconcilerStore` — the reconciler's claim (the stale rule, leases), the
+  candidate read (the row and its log in one snapshot), renew, park and release;
+* :class:`WebhookStore` — the receiver's look-ups by task and by job, delivery dedupe;
+* :class:`HostStore` — the host's side (drivers and tests): a job and its reservations.
+
+Two adapters: :class:`engine.store.postgres.PostgresStore` (the SQL of ``queries.sql``,
+unchanged) and :class:`engine.store.memory.MemoryStore` (pure Python with the same fences,
+on a simulated clock: the deterministic simulation's store). Both pass one contract suite
+(``tests/integration/test_store_contract.py``).
+
+A fence's outcome is the same on both: a lost race is ``ok=False`` with the winner's
+projection; the host's ended status is recorded as ``HostEnded``
+(:func:`engine.store.host.host_ended`); a task id another job holds raises
+:class:`~engine.errors.TaskAlreadyClaimed`; an unknown job raises
+:class:`~engine.errors.JobNotFound`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from engine.errors import ConflictExhausted
+from engine.reconciler.stale import StaleRule
+from engine.store.appending import AppendResult, Decide
+from engine.store.host import host_ended, job_ended_by_host
+from events.types import Event, StoredMedia
+from projections.fold import CallProjection
+
+__all__ = ["AppendResult", "Before", "ClaimRequest", "Clock", "Decide", "HostStore",
+           "ReconcilerStore",
+           "Row", "Store", "WebhookStore", "transition_via"]
+
+#: The clock an actor reads (``engine.store.clock.Clock``: the database's, or a logical one).
+Clock = Callable[[], datetime]
+
+#: Awaited once the store is about to send a write (Postgres: with its connection held);
+#: the reconciler's ``write`` test signal.
+Before = Callable[[], Awaitable[None]]
+
+#: A row as the store returns it (the columns the named SQL query returns).
+Row = Mapping[str, Any]
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One reconciler claim (the parameters of ``reconcile_claim``): ``cutoff`` bounds the
+    index range every stale open call falls in; ``horizon_extra_s`` = attempt cap x
+    re-poll; ``legacy_cutoff`` ``None``: when migration 0002 installed the call columns."""
+
+    owner: str
+    now: datetime
+    lease_until: datetime
+    stale: StaleRule
+    cutoff: datetime
+    horizon_extra_s: float
+    legacy_cutoff: datetime | None
+    batch_size: int
+
+    def sql_params(self) -> dict[str, Any]:
+        return {**self.stale.sql_params(self.now), "cutoff": self.cutoff, "owner": self.owner,
+                "lease_until": self.lease_until, "horizon_extra_s": self.horizon_extra_s,
+                "legacy_cutoff": self.legacy_cutoff, "batch_size": self.batch_size}
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The write path and the reads every actor needs."""
+
+    async def load(self, job_id: uuid.UUID) -> CallProjection: ...
+
+    async def load_events(self, job_id: uuid.UUID) -> list[Event]: ...
+
+    async def append(self, job_id: uuid.UUID, current: CallProjection, event: Event, *,
+                     assets: Sequence[StoredMedia] | None = None,
+                     before: Before | None = None) -> AppendResult: ...
+
+    async def transition(self, job_id: uuid.UUID, decide: Decide, *,
+                         current: CallProjection | None = None,
+                         max_conflicts: int = 8) -> AppendResult: ...
+
+    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> None: ...
+
+    async def sync_clock(self, clock: Clock) -> None: ...
+
+
+class ReconcilerStore(Store, Protocol):
+    async def claim(self, request: ClaimRequest) -> list[Row]: ...
+
+    async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
+        """The row (``load_projection``'s columns) and its log, read in one snapshot."""
+        ...
+
+    async def renew(self, job_id: uuid.UUID, owner: str, lease_until: datetime) -> bool: ...
+
+    async def release(self, job_id: uuid.UUID, owner: str) -> None: ...
+
+    async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None: ...
+
+
+class WebhookStore(Store, Protocol):
+    async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None: ...
+
+    async def job_by_id(self, job_id: uuid.UUID) -> Row | None: ...
+
+    async def record_delivery(self, provider: str, delivery_id: str,
+                              job_id: uuid.UUID) -> bool:
+        """``False``: this delivery was recorded already (a duplicate)."""
+        ...
+
+    async def forget_delivery(self, provider: str, delivery_id: str) -> None: ...
+
+    async def ping(self) -> None: ...
+
+
+class HostStore(Protocol):
+    async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
+                         credits: Decimal | None = None, status: str = "pending",
+                         job_type: str = "image") -> None: ...
+
+    async def add_reservation(self, job_id: uuid.UUID, credits: Decimal) -> None: ...
+
+
+async def transition_via(store: Store, job_id: uuid.UUID, decide: Decide, *,
+                         max_conflicts: int = 8,
+                         current: CallProjection | None = None) -> AppendResult:
+    """:func:`engine.store.write.transition` over any :class:`Store`'s ``load``/``append``
+    (the same loop: read, decide, record the host's decision in its place, re-decide on a
+    lost race)."""
+    projection = current if current is not None else await store.load(job_id)
+    for _ in range(max_conflicts):
+        event = decide(projection)
+        if event is None:
+            return AppendResult(ok=False, projection=projection)
+        if projection.state is None and job_ended_by_host(projection):
+            return AppendResult(ok=False, projection=projection, host_ended=True)
+        ended = host_ended(projection, at=event.at, actor=event.actor)
+        result = await store.append(job_id, projection, ended or event)
+        if result.ok and ended is not None:
+            return AppendResult(ok=False, projection=result.projection, event=ended,
+                                settlement=result.settlement, host_ended=True)
+        if result.ok:
+            return result
+        projection = result.projection
+    raise ConflictExhausted(f"job {job_id}: lost {max_conflicts} races in a row")

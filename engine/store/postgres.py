@@ -1,0 +1,168 @@
+"""The Postgres adapter of :mod:`engine.store.port`: a thin layer over the write path
+(:mod:`engine.store.write`) and the named queries, one pooled connection per operation,
+exactly as the actors used them before the port existed (the SQL stays in the ``.sql``
+files).
+
+``clock``: when given (the deterministic simulation replaying a schedule on Postgres),
+the heartbeat is stamped with it instead of the database's ``now()``, so a simulated
+clock's heartbeats are compared on that clock; every other statement is unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+
+from engine.store import write
+from engine.store.boundary import connection, transaction
+from engine.store.clock import Clock
+from engine.store.clock import sync_clock as _sync_clock
+from engine.store.db import Pool
+from engine.store.port import Before, ClaimRequest, Row
+from engine.store.write import AppendResult, Decide
+from engine.store.write import execute as _execute
+from events.types import Event, StoredMedia
+from projections.fold import CallProjection
+
+__all__ = ["PostgresStore"]
+
+
+class PostgresStore:
+    """:class:`~engine.store.port.Store`, :class:`~engine.store.port.ReconcilerStore`,
+    :class:`~engine.store.port.WebhookStore` and :class:`~engine.store.port.HostStore` on
+    ``pool``."""
+
+    def __init__(self, pool: Pool, *, clock: Clock | None = None) -> None:
+        self.pool = pool
+        self.clock = clock
+
+    # -- Store -------------------------------------------------------------------------
+
+    async def load(self, job_id: uuid.UUID) -> CallProjection:
+        async with connection(self.pool) as conn:
+            return await write.load(conn, job_id)
+
+    async def load_stored(self, job_id: uuid.UUID) -> CallProjection:
+        """The projection exactly as the row stores it (``write.load_stored``)."""
+        async with connection(self.pool) as conn:
+            return await write.load_stored(conn, job_id)
+
+    async def load_events(self, job_id: uuid.UUID) -> list[Event]:
+        async with connection(self.pool) as conn:
+            return await write.load_events(conn, job_id)
+
+    async def append(self, job_id: uuid.UUID, current: CallProjection, event: Event, *,
+                     assets: Sequence[StoredMedia] | None = None,
+                     before: Before | None = None) -> AppendResult:
+        if assets is None:
+            async with connection(self.pool) as conn:
+                if before is not None:
+                    await before()
+                return await write.append(conn, job_id, current, event)
+        async with connection(self.pool) as conn, transaction(conn):
+            if before is not None:
+                await before()
+            r = await write.append(conn, job_id, current, event)
+            if r.ok:
+                if assets:
+                    await _execute(conn, "insert_assets", {
+                        "job_id": job_id, "keys": [m.key for m in assets],
+                        "urls": [m.url for m in assets],
+                        "types": [m.content_type for m in assets],
+                        "sizes": [m.size for m in assets]})
+                await _execute(conn, "reopen_workflow", {"job_id": job_id})
+            return r
+
+    async def transition(self, job_id: uuid.UUID, decide: Decide, *,
+                         current: CallProjection | None = None,
+                         max_conflicts: int = 8) -> AppendResult:
+        async with connection(self.pool) as conn:
+            return await write.transition(conn, job_id, decide, current=current,
+                                          max_conflicts=max_conflicts)
+
+    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> None:
+        params = {"job_id": job_id, "owner": owner, "progress": progress}
+        async with connection(self.pool) as conn:
+            if self.clock is None:
+                await _execute(conn, "heartbeat", params)
+            else:
+                await _execute(conn, "heartbeat_at", {**params, "now": self.clock()})
+
+    async def sync_clock(self, clock: Clock) -> None:
+        await _sync_clock(clock, self.pool)
+
+    # -- ReconcilerStore ----------------------------------------------------------------
+
+    async def claim(self, request: ClaimRequest) -> list[Row]:
+        async with connection(self.pool) as conn:
+            return list(await _execute(conn, "reconcile_claim", request.sql_params()))
+
+    async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
+        from engine.replay.history import snapshot  # the replay package imports the store
+
+        async with connection(self.pool) as conn, snapshot(conn):
+            rows = await _execute(conn, "load_projection", {"job_id": job_id})
+            events = await write.load_events(conn, job_id)
+        return (rows[0] if rows else None), events
+
+    async def renew(self, job_id: uuid.UUID, owner: str, lease_until: datetime) -> bool:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "reconcile_renew", {
+                "job_id": job_id, "owner": owner, "lease_until": lease_until})
+        return bool(rows)
+
+    async def release(self, job_id: uuid.UUID, owner: str) -> None:
+        async with connection(self.pool) as conn:
+            await _execute(conn, "reconcile_release", {"job_id": job_id, "owner": owner})
+
+    async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None:
+        async with connection(self.pool) as conn:
+            await _execute(conn, "reconcile_park",
+                           {"job_id": job_id, "owner": owner, "until": until})
+
+    # -- WebhookStore -------------------------------------------------------------------
+
+    async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "webhook_find_job",
+                                  {"kinds": list(kinds), "task_id": task_id})
+        return rows[0] if rows else None
+
+    async def job_by_id(self, job_id: uuid.UUID) -> Row | None:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "webhook_job_by_id", {"job_id": job_id})
+        return rows[0] if rows else None
+
+    async def record_delivery(self, provider: str, delivery_id: str,
+                              job_id: uuid.UUID) -> bool:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "webhook_record_delivery", {
+                "provider": provider, "delivery_id": delivery_id, "job_id": job_id})
+        return bool(rows)
+
+    async def forget_delivery(self, provider: str, delivery_id: str) -> None:
+        async with connection(self.pool) as conn:
+            await _execute(conn, "webhook_forget_delivery",
+                           {"provider": provider, "delivery_id": delivery_id})
+
+    async def ping(self) -> None:
+        async with connection(self.pool, wait_s=1.0) as conn:
+            await _execute(conn, "service_ping", {})
+
+    # -- HostStore ----------------------------------------------------------------------
+
+    async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
+                         credits: Decimal | None = None, status: str = "pending",
+                         job_type: str = "image") -> None:
+        async with connection(self.pool) as conn:
+            await _execute(conn, "create_job", {
+                "job_id": job_id, "user_id": user_id, "job_type": job_type,
+                "status": status, "input_data": "{}", "workflow_execution_id": None,
+                "node_id": None, "credits": credits})
+
+    async def add_reservation(self, job_id: uuid.UUID, credits: Decimal) -> None:
+        async with connection(self.pool) as conn:
+            await _execute(conn, "host_add_reservation",
+                           {"job_id": job_id, "credits": credits})
