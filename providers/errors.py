@@ -38,6 +38,7 @@ __all__ = [
     "MediaRefused",
     "MediaTooLarge",
     "MediaTypeRejected",
+    "NotSent",
     "ProviderError",
     "ProviderTimeout",
     "RateLimited",
@@ -81,6 +82,11 @@ class ProviderError(Exception):
 
 class TransientError(ProviderError):
     """The request may succeed if sent again later."""
+
+
+class NotSent(TransientError):
+    """The connection could not be opened (refused, no route, DNS): the request certainly
+    never reached the provider, so a create made nothing upstream."""
 
 
 class RateLimited(TransientError):

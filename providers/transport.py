@@ -25,6 +25,7 @@ import aiohttp
 
 from providers.base import RetryPolicy
 from providers.errors import (
+    NotSent,
     ProviderError,
     ProviderTimeout,
     RateLimited,
@@ -66,7 +67,7 @@ def _retryable(err: ProviderError, idempotent: bool) -> bool:
     return isinstance(err, TransientError)
 
 
-class _ConnectFailed(TransientError):
+class _ConnectFailed(NotSent):
     """The TCP connection could not be opened: the request was certainly not processed."""
 
 

@@ -54,6 +54,7 @@ from projections.fold import EMPTY, CallProjection
 from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
 from providers.errors import (
     MediaExpired,
+    NotSent,
     ProviderError,
     RateLimited,
     StorageError,
@@ -192,10 +193,10 @@ class CallRunner:
         try:
             task_id = await client.create(request, callback_url=self._callback(
                 job_id, client.kind))
-        except RateLimited as exc:  # provably not created: fail now and refund
+        except (RateLimited, NotSent) as exc:  # provably not created: fail now and refund
+            code = "rate_limited" if isinstance(exc, RateLimited) else "not_sent"
             return await self._record(job_id, self._if_active(UpstreamFailed(
-                at=self.clock(), actor=self.owner, error=str(exc), code="rate_limited")),
-                p), None
+                at=self.clock(), actor=self.owner, error=str(exc), code=code)), p), None
         except TransientError as exc:  # ambiguous: the task may exist upstream
             return p, f"create failed ambiguously ({exc}): left for the reconciler"
         except ProviderError as exc:  # refused: nothing was created

@@ -14,7 +14,8 @@ The rules proven (DESIGN §6, the seed's duplicate-billing failure mode):
   never shows a second create; under ``ambiguous_create="recreate"`` the redelivery creates
   once more, and settles once;
 - a refused connection is retried (nothing was sent) and, when it stays refused, the call
-  is left for the reconciler like any transient failure, then swept and refunded.
+  fails at once and refunds (``code="not_sent"``: provably nothing upstream), never
+  waiting out a threshold for the reconciler.
 
 No real time is waited for but the client timeout (0.2 s) of the timeout cases, which
 races nothing (the simulator holds the request for 60 s), and Replicate's own
@@ -221,7 +222,7 @@ def refused_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-async def test_a_refused_connection_is_retried_then_left_and_swept_never_created(
+async def test_a_refused_connection_is_retried_then_failed_and_refunded_at_once(
         conn: Conn, pool: Pool, sim: RunningSimulator, tmp_path: Path, kind: str,
         refused_url: str, make_reconciler: MakeReconciler) -> None:
     attempts: list[str] = []
@@ -235,15 +236,14 @@ async def test_a_refused_connection_is_retried_then_left_and_swept_never_created
     async with aiohttp.ClientSession(trace_configs=[trace]) as http:
         out = await run(runner_for(pool, http, settings_for(refused_url), tmp_path), job,
                         kind)
-    assert out.result == "left_for_reconciler"
-    assert out.projection.state is CallState.CREATED
-    assert "cannot connect" in (out.detail or "")
+    assert out.result == "failed"
+    assert out.projection.state is CallState.FAILED
+    assert "cannot connect" in (out.projection.error_message or "")
     assert len(attempts) == ATTEMPTS  # nothing was sent: retried up to the budget
     assert all(a.startswith(refused_url) for a in attempts)
-    assert await reservation(conn, job) == ("reserved", 0.0)
-    counts = await make_reconciler().reconcile_once(utcnow() + PAST_EVERY_THRESHOLD)
-    assert counts.swept == 1
-    assert await event_types(conn, job) == ["CallStarted", "Swept"]
+    assert await event_types(conn, job) == ["CallStarted", "UpstreamFailed"]
     assert await reservation(conn, job) == ("refunded", 0.0)
+    counts = await make_reconciler().reconcile_once(utcnow() + PAST_EVERY_THRESHOLD)
+    assert counts.swept == 0  # nothing left for the reconciler
     assert sim.sim.journal.count() == 0  # the reconciler never creates either
     assert await verify_job(conn, job) == []
