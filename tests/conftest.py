@@ -27,15 +27,23 @@ from engine.store.db import Conn, EmbeddedServer, connect
 from engine.store.migrate import migrate
 from tests.pgbouncer import running_pgbouncer
 
+# Hypothesis profiles (docs/testing.md, "Hypothesis profiles"); HYPOTHESIS_PROFILE picks
+# one. ``ci``, the default, is derandomized: its examples are a function of each test's
+# source, so a failure in one run fails again in the next, here or in CI, and
+# ``print_blob`` prints the ``@reproduce_failure`` line that replays it (derandomize implies
+# no examples database). ``deep`` is for on-demand runs: 10,000 examples per property, long
+# stateful runs, a fresh random seed each time (so repeated deep runs explore new ground)
+# and the examples database on, so a failure found is replayed first next time. A test may
+# still override any of these with its own ``@settings(...)``.
+_QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 settings.register_profile(
-    "ci", max_examples=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    "ci", max_examples=40, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=_QUIET)
 settings.register_profile(
-    "deep", max_examples=2000, deadline=None, stateful_step_count=60,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    "deep", max_examples=10_000, deadline=None, stateful_step_count=60, print_blob=True,
+    suppress_health_check=_QUIET)
 settings.register_profile(
-    "dev", max_examples=10, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    "dev", max_examples=10, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -1,11 +1,14 @@
 """Every (state, event) pair of DESIGN §3, from an explicit table written independently of
-the implementation's declaration."""
+the implementation's declaration; and the ``transitions`` machine driven along histories
+walked from the table (``tests/histories.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transitions.core import MachineError
 
 from engine.machine import EMPTY, build_machine, state_diagram
@@ -17,7 +20,8 @@ from events.states import (
     TerminalStateError,
     next_state,
 )
-from events.types import EVENT_TYPES
+from events.types import EVENT_TYPES, Adopted, HostEnded
+from tests.histories import histories, label
 
 C, P, U, F = "created", "polling", "upstream_succeeded", "finalizing"
 OPEN = (C, P, U, F)
@@ -89,3 +93,43 @@ def test_docs_states_page_draws_the_declared_machine() -> None:
     assert block == state_diagram()
     for t in TRANSITIONS:
         assert f": {t.trigger}" in block or f"| {t.trigger}" in block
+
+
+@pytest.mark.parametrize("illegal_rate", [0, 1], ids=["legal", "one_illegal"])
+@given(data=st.data())
+def test_the_machine_follows_every_walk_and_refuses_its_illegal_event(
+        illegal_rate: float, data: st.DataObject) -> None:
+    """Invariant: along every walk of the table, the ``transitions`` machine (one model,
+    triggered event by event) and ``next_state`` move to the same state, which is the
+    state the fold enters except for its two payload refinements (Adopted with a task id
+    polls; HostEnded ends as the host's status says, from the table's "failed"); the
+    machine stays on the fold's state from there. The injected illegal event is refused
+    by both (MachineError; InvalidTransition, TerminalStateError after a terminal state),
+    except a takeover of a live lease, which only the fold's lease rule refuses. (Run
+    twice: walks without an illegal event, and walks with one.)"""
+    h = data.draw(histories(illegal_rate=illegal_rate))
+    label(h)
+    _, model = build_machine()
+    for e, state in zip(h.legal, h.states, strict=True):
+        before = _state(model.state)
+        name = type(e).__name__
+        model.trigger(name)
+        assert model.state == next_state(before, name).value
+        refined = ((isinstance(e, Adopted) and e.task_id is not None)
+                   or (isinstance(e, HostEnded) and e.status in ("completed", "cancelled")))
+        assert (model.state == state.value) != refined
+        _, model = build_machine(state)  # continue from the fold's state
+    if h.illegal_at is None:
+        return
+    name = type(h.events[h.illegal_at]).__name__
+    before = _state(model.state)
+    if h.illegal_kind == "live lease takeover":
+        assert next_state(before, name) is CallState.FINALIZING
+        return
+    with pytest.raises(MachineError):
+        model.trigger(name)
+    assert h.error is not None
+    with pytest.raises(h.error):
+        next_state(before, name)
+    if before in TERMINAL:
+        assert h.error is TerminalStateError
