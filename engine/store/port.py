@@ -134,12 +134,21 @@ class HostStore(Protocol):
     async def add_reservation(self, job_id: uuid.UUID, credits: Decimal) -> None: ...
 
 
-async def transition_via(store: Store, job_id: uuid.UUID, decide: Decide, *,
+class LoadAppend(Protocol):
+    """What the read-decide-append loop needs: a read and a fenced append."""
+
+    async def load(self, job_id: uuid.UUID) -> CallProjection: ...
+
+    async def append(self, job_id: uuid.UUID, current: CallProjection,
+                     event: Event) -> AppendResult: ...
+
+
+async def transition_via(store: LoadAppend, job_id: uuid.UUID, decide: Decide, *,
                          max_conflicts: int = 8,
                          current: CallProjection | None = None) -> AppendResult:
-    """:func:`engine.store.write.transition` over any :class:`Store`'s ``load``/``append``
-    (the same loop: read, decide, record the host's decision in its place, re-decide on a
-    lost race)."""
+    """The one read-decide-append loop (:func:`engine.store.write.transition` runs it on a
+    connection, every :class:`Store` on itself): read, decide, record the host's decision
+    in its place, re-decide on the winner's projection after a lost race."""
     projection = current if current is not None else await store.load(job_id)
     for _ in range(max_conflicts):
         event = decide(projection)

@@ -31,7 +31,6 @@ import psycopg
 from psycopg.rows import DictRow
 
 from engine.errors import (
-    ConflictExhausted,
     DatabaseError,
     JobNotFound,
     WriteConflict,
@@ -47,7 +46,7 @@ from engine.store.appending import (
 )
 from engine.store.boundary import is_lost_append_race, translate, translated
 from engine.store.db import Conn
-from engine.store.host import host_ended, job_ended_by_host
+from engine.store.port import transition_via
 from engine.store.queries import QUERIES
 from events.codec import EventDecodeError, decode
 from events.types import Cancelled, Event
@@ -217,23 +216,22 @@ async def transition(
     the result is ``ok=False`` with the projection as read). When the host has ended the
     job, :class:`HostEnded` is recorded instead (stamped like the actor's event; nothing
     when the job never had a call) and the result is ``ok=False, host_ended=True``."""
-    projection = current if current is not None else await load(conn, job_id)
-    for _ in range(max_conflicts):
-        event = decide(projection)
-        if event is None:
-            return AppendResult(ok=False, projection=projection)
-        if projection.state is None and job_ended_by_host(projection):
-            # The host ended a job callwarden never had a call for: nothing to record.
-            return AppendResult(ok=False, projection=projection, host_ended=True)
-        ended = host_ended(projection, at=event.at, actor=event.actor)
-        result = await append(conn, job_id, projection, ended or event)
-        if result.ok and ended is not None:
-            return AppendResult(ok=False, projection=result.projection, event=ended,
-                                settlement=result.settlement, host_ended=True)
-        if result.ok:
-            return result
-        projection = result.projection
-    raise ConflictExhausted(f"job {job_id}: lost {max_conflicts} races in a row")
+    return await transition_via(_OnConnection(conn), job_id, decide,
+                                max_conflicts=max_conflicts, current=current)
+
+
+class _OnConnection:
+    """The write path on one connection, as the loop of :func:`transition_via` reads it."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def load(self, job_id: uuid.UUID) -> CallProjection:
+        return await load(self.conn, job_id)
+
+    async def append(self, job_id: uuid.UUID, current: CallProjection,
+                     event: Event) -> AppendResult:
+        return await append(self.conn, job_id, current, event)
 
 
 async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: datetime) -> AppendResult:
