@@ -129,6 +129,8 @@ async def send(
     ``headers=``). Raises a :class:`ProviderError` subclass, never an aiohttp error.
     """
     rng = rng or random.Random()
+    if not idempotent:  # a redirect followed after the provider got the request would
+        kwargs.setdefault("allow_redirects", False)  # make a connect failure not NotSent
     deadline = time.monotonic() + policy.max_total_s
     attempt = 0
     while True:

@@ -6,7 +6,9 @@ code passes an armed point, the process kills itself with SIGKILL (no cleanup, n
 N-th pass only. Unarmed, a failpoint costs one set look-up.
 
 In-process property tests pass ``action=``: a function called with the point's name in
-place of the SIGKILL (it raises, so the actor stops right there, as a crash would).
+place of the SIGKILL (it raises, so the actor stops right there). Gentler than a kill:
+``finally`` blocks and context exits still run (a transaction rolls back, a reconciler
+releases its claim at once); the acceptance crash tests use the real SIGKILL.
 """
 
 from __future__ import annotations
@@ -46,15 +48,17 @@ def arm(spec: str | None, *, action: Callable[[str], None] | None = None) -> Non
     """Arm points from a spec like ``"after_create,mid_poll@3"`` (replaces the set);
     ``action``: what a fired point does (default: SIGKILL this process)."""
     global _action
-    _action = action if action is not None else _kill
-    _armed.clear()
-    _passes.clear()
+    armed: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
         name, _, nth = part.partition("@")
         if name not in POINTS + RECONCILER_POINTS:
             known = ", ".join(POINTS + RECONCILER_POINTS)
             raise ValueError(f"unknown failpoint {name!r}; known: {known}")
-        _armed[name] = int(nth) if nth else 1
+        armed[name] = int(nth) if nth else 1
+    _action = action if action is not None else _kill  # only once the spec parsed
+    _armed.clear()
+    _passes.clear()
+    _armed.update(armed)
 
 
 def failpoint(name: str) -> None:

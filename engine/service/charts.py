@@ -8,6 +8,7 @@ stylesheet) that the stylesheet may override by class (``s0``, ``s1``...) for da
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from html import escape
 
@@ -18,9 +19,17 @@ Series = tuple[str, Sequence[float]]
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 48, 8, 8, 22
 
 
+def _finite(values: Sequence[float]) -> list[float]:
+    """Values a chart can draw: a non-finite or negative one is drawn as 0 (its tooltip
+    still says what it was)."""
+    return [v if math.isfinite(v) and v > 0 else 0.0 for v in values]
+
+
 def nice_max(value: float) -> float:
-    """The smallest 1, 2 or 5 times a power of ten that is >= ``value`` (1 for 0)."""
-    if value <= 0:
+    """The smallest 1, 2 or 5 times a power of ten that is >= ``value`` (1 for 0, for a
+    value too small to scale, and for one that is not finite: a host may store
+    ``'Infinity'`` in a numeric column, and an axis must never loop on it)."""
+    if not math.isfinite(value) or value <= 1e-12:
         return 1.0
     step = 1.0
     while step * 10 <= value:
@@ -78,14 +87,15 @@ def stacked_bars(label: str, buckets: Sequence[str], series: Sequence[Series], *
                  fmt: Callable[[float], str] = _num) -> str:
     """One bar per bucket, each series stacked on the previous ones; ``series`` values are
     aligned with ``buckets``. A legend follows the SVG."""
-    totals = [sum(s[1][i] for s in series) for i in range(len(buckets))]
+    drawn = [(name, _finite(values)) for name, values in series]
+    totals = [sum(s[1][i] for s in drawn) for i in range(len(buckets))]
     top = nice_max(max(totals, default=0.0))
     plot_w, plot_h = width - _PAD_L - _PAD_R, height - _PAD_T - _PAD_B
     step = plot_w / max(1, len(buckets))
     bars = []
     for i, bucket in enumerate(buckets):
         base = 0.0
-        for k, (name, values) in enumerate(series):
+        for k, (name, values) in enumerate(drawn):
             v = values[i]
             if v <= 0:
                 continue
@@ -104,14 +114,14 @@ def stacked_bars(label: str, buckets: Sequence[str], series: Sequence[Series], *
 def lines(label: str, buckets: Sequence[str], series: Sequence[Series], *,
           width: int = 640, height: int = 180, fmt: Callable[[float], str] = _num) -> str:
     """One polyline per series over ``buckets``, a point (with its tooltip) per value."""
-    top = nice_max(max((v for _, vs in series for v in vs), default=0.0))
+    top = nice_max(max((v for _, vs in series for v in _finite(vs)), default=0.0))
     plot_w, plot_h = width - _PAD_L - _PAD_R, height - _PAD_T - _PAD_B
     step = plot_w / max(1, len(buckets))
     out = []
     for k, (name, values) in enumerate(series):
         colour = PALETTE[k % len(PALETTE)]
         pts = [(_PAD_L + (i + 0.5) * step, _PAD_T + plot_h - v / top * plot_h)
-               for i, v in enumerate(values)]
+               for i, v in enumerate(_finite(values))]
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
         out.append(f'<polyline class="line s{k % len(PALETTE)}" points="{path}" fill="none" '
                    f'stroke="{colour}" stroke-width="2"/>')
@@ -129,12 +139,12 @@ def hbars(label: str, items: Sequence[tuple[str, float]], *, width: int = 640,
     """One horizontal bar per ``(name, value)``, the name left of it, the value right."""
     row, name_w, value_w = 22, 120, 70
     height = max(1, len(items)) * row + 4
-    top = nice_max(max((v for _, v in items), default=0.0))
+    top = nice_max(max(_finite([v for _, v in items]), default=0.0))
     plot_w = width - name_w - value_w
     out = []
     for i, (name, v) in enumerate(items):
         y = 2 + i * row
-        w = max(0.0, v / top * plot_w)
+        w = _finite([v])[0] / top * plot_w
         tip = escape(f"{name}: {fmt(v)}")
         out.append(f'<text class="tick" x="{name_w - 6}" y="{y + 15}" text-anchor="end" '
                    f'font-size="12">{escape(name)}</text><rect class="s{i % len(PALETTE)}" '

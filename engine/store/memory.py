@@ -23,6 +23,7 @@ simulation's "moved twice / from a non-reserved status" invariant reads it).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -292,8 +293,11 @@ class MemoryStore:
                        provider_call_started_at=p["provider_call_started_at"],
                        reconcile_attempts=p["reconcile_attempts"],
                        reconcile_last_error=p["reconcile_last_error"])
-        if p["call_output"] is not None:
-            row["output_data"] = p["call_output"]
+        if p["call_output"] is not None:  # as the SQL: merged into a JSON object
+            out = json.loads(p["call_output"])
+            prior = row["output_data"]
+            row["output_data"] = {**prior, **out} if isinstance(prior, dict) and isinstance(
+                out, dict) else out
         if p["is_completion"]:
             row.update(completed_at=p["call_finished_at"], progress=100)
         self.events[job_id].append((p["type"], p["event_version"], p["payload"].encode(),

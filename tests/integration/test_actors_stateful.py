@@ -130,6 +130,15 @@ FROM jobs j WHERE j.id = ANY(%s)
 """
 
 
+# The host commits one of a job's reservations itself (its own flow charged it) while the
+# job stays open: callwarden's commit then counts that charge towards min(cost, reserved).
+COMMIT_ONE = (
+    "UPDATE usage_logs SET status = 'committed', credits_charged = credits_reserved, "
+    "settled_at = now() WHERE id = (SELECT min(u.id) FROM usage_logs u JOIN jobs j ON "
+    "j.id = u.job_id WHERE u.job_id = %(job)s AND u.status = 'reserved' "
+    "AND j.status IN ('pending', 'processing'))")
+
+
 class Crash(BaseException):
     """An actor stopped at a failpoint, or in its poll sleep (a kill, a recycle)."""
 
@@ -450,6 +459,16 @@ class ActorMachine(RuleBasedStateMachine):
         self.finalizer_runs(job, None)
         return job
 
+    @rule(target=jobs, script=SUCCEEDING)
+    def host_commits_one_of_two_then_a_worker_runs(self, script: dict[str, Any]) -> Job:
+        """The host settles the first of two reservations itself; the call's commit
+        charges the rest so that the job's total is min(cost, reserved)."""
+        job = self.fresh(script, 5)
+        self.host_writes(job, "second_reservation")
+        self.host_writes(job, "commit_one")
+        self.worker_runs(job, "none", 4, None, refused=False)
+        return job
+
     @rule(target=jobs, script=SCRIPTS, with_token=st.booleans())
     def admin_force_fails_a_running_call(self, script: dict[str, Any],
                                          with_token: bool) -> Job:
@@ -527,7 +546,7 @@ class ActorMachine(RuleBasedStateMachine):
         return int(row["call_version"])
 
     @rule(job=jobs, write=st.sampled_from([*sorted(HOST_WRITES), *sorted(HOST_TERMINAL),
-                                           "own_task"]))
+                                           "own_task", "commit_one"]))
     def host_writes(self, job: Job, write: str) -> None:
         if job.id in self.host_status and write in HOST_TERMINAL:
             return  # the host ends a job once
@@ -537,6 +556,9 @@ class ActorMachine(RuleBasedStateMachine):
         host = self.world.host
         if write == "own_task":
             await self._host_own_task(job)
+            return
+        if write == "commit_one":  # settles one reservation itself, the job still open
+            await host.execute(COMMIT_ONE, {"job": job.id})
             return
         async with host.transaction():
             first, *rest = HOST_WRITES[write]
@@ -612,13 +634,23 @@ class ActorMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _check_charges(row: dict[str, Any]) -> None:
+        """Only a ``Completed`` event commits; it charges ``min(cost, H + R) - H`` over
+        the R it settled, H being what rows the host committed itself already charged
+        (at least 0; R when it carries no cost); anything else refunds, charging 0."""
         ledger = row["ledger"] or []
-        for done in row["completions"] or []:
-            settled = [u for u in ledger if u["seq"] == done["seq"]]
+        completions = {done["seq"]: done["cost"] for done in row["completions"] or []}
+        host = sum(float(u["charged"] if u["charged"] is not None else u["reserved"])
+                   for u in ledger if u["status"] == "committed" and u["seq"] is None)
+        for u in ledger:
+            if u["status"] == "committed" and u["seq"] is not None:
+                assert u["seq"] in completions, f"committed by a non-Completed event: {row}"
+        for seq, cost in completions.items():
+            settled = [u for u in ledger if u["seq"] == seq]
             reserved = sum(float(u["reserved"]) for u in settled)
             charged = sum(float(u["charged"]) for u in settled)
-            cost = reserved if done["cost"] is None else min(float(done["cost"]), reserved)
-            assert abs(charged - cost) < 1e-6, f"charged {charged}, owed {cost}: {row}"
+            owed = reserved if cost is None else max(0.0, min(float(cost), host + reserved)
+                                                     - host)
+            assert abs(charged - owed) < 1e-6, f"charged {charged}, owed {owed}: {row}"
             assert all(u["status"] == "committed" for u in settled), row
         terminal_refunds = [u for u in ledger if u["status"] == "refunded"
                             and u["seq"] is not None]

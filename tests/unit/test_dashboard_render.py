@@ -207,3 +207,30 @@ def test_percentiles_interpolate_as_percentile_cont() -> None:
             {"kind": "b", "seconds": [1]}]
     assert latency_rows(rows) == [{"kind": "a", "calls": 1, "pcts": [1.0, 1.0]},
                                   {"kind": "b", "calls": 2, "pcts": [2.0, 2.9]}]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 5e-324, -3.0])
+def test_a_value_a_chart_cannot_scale_never_hangs_or_breaks_the_svg(value: float) -> None:
+    """A host may store 'Infinity' in a numeric column (and a tiny or negative value is
+    possible): the axis is 1, the value drawn as 0 (its label still says what it is), the
+    SVG still well-formed with finite coordinates (found by
+    review: ``nice_max(inf)`` looped forever and blocked the service's event loop)."""
+    assert charts.nice_max(value) == 1.0
+    for svg in (charts.stacked_bars("c", ["a", "b"], [("s", [value, 2.0])]),
+                charts.lines("c", ["a", "b"], [("s", [value, 2.0])]),
+                charts.hbars("c", [("w", value), ("x", 2.0)])):
+        ElementTree.fromstring(svg.split("<ul", 1)[0])
+        coordinates = re.findall(r'(?:x|y|width|height|points|cx|cy)="([^"]*)"', svg)
+        assert not [c for c in coordinates if "inf" in c.lower() or "nan" in c.lower()]
+
+
+@pytest.mark.parametrize("query", [
+    {"from": "0001-01-01T00:00+01:00"}, {"to": "9999-12-31T23:59:59-01:00"},
+    {"cursor": f"0001-01-01T00:00+01:00_{uuid.UUID(int=1)}"}, {"error": "a\x00b"},
+    {"kind": "\x00"},
+])
+def test_a_time_out_of_the_calendar_or_a_nul_is_a_bad_filter(query: dict[str, str]) -> None:
+    """What would raise OverflowError while rendering, or reach Postgres as a NUL (a
+    DataError), is refused as a bad filter (a 400), not a 500."""
+    with pytest.raises(BadFilter):
+        parse_filters(query)

@@ -60,10 +60,15 @@ def _time(name: str, text: str) -> datetime | None:
     if not text:
         return None
     try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
+        at = _utc(datetime.fromisoformat(text))
+    except (ValueError, OverflowError):  # OverflowError: a zone that leaves the calendar
         raise BadFilter(f"{name}: not a date and time: {text!r}") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+    return at
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` in UTC (a naive time is read as UTC)."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 def _choice(name: str, text: str, allowed: Sequence[str]) -> str | None:
@@ -83,8 +88,8 @@ def parse_cursor(text: str) -> tuple[datetime, uuid.UUID] | None:
         return None
     at, _, job = text.rpartition("_")
     try:
-        return datetime.fromisoformat(at), uuid.UUID(job)
-    except ValueError:
+        return _utc(datetime.fromisoformat(at)), uuid.UUID(job)
+    except (ValueError, OverflowError):
         raise BadFilter(f"not a page cursor: {text!r}") from None
 
 
@@ -92,7 +97,10 @@ def parse_filters(query: Mapping[str, str]) -> Filters:
     """The filters of a query string; :class:`BadFilter` names a value that is wrong.
     A kind this version does not know is accepted (old rows may carry one)."""
     def get(name: str) -> str:
-        return query.get(name, "").strip()
+        value = query.get(name, "").strip()
+        if "\x00" in value:  # Postgres refuses NUL in text: a 400, not a 500
+            raise BadFilter(f"{name}: contains a NUL character")
+        return value
     return Filters(kind=get("kind") or None, state=_choice("state", get("state"), STATES),
                    actor=_choice("ended by", get("actor"), ACTORS),
                    start=_time("from", get("from")), end=_time("to", get("to")),
