@@ -478,7 +478,7 @@ class ActorMachine(RuleBasedStateMachine):
         self.admin_force_fails(job, with_token)
         return job
 
-    @rule(target=jobs, script=SUCCEEDING, credits=st.sampled_from([None, 1, 10]))
+    @rule(target=jobs, script=SUCCEEDING, credits=st.sampled_from([1, 10]))
     def host_adds_a_reservation_then_a_worker_runs(self, script: dict[str, Any],
                                                    credits: int | None) -> Job:
         job = self.fresh(script, credits)
@@ -577,10 +577,11 @@ class ActorMachine(RuleBasedStateMachine):
         """The host's own code created the upstream task (no callwarden call on the row)
         and wrote the seed's columns by SQL: the reconciler adopts it."""
         row = await (await self.world.host.execute(
-            "SELECT call_state, provider_task_id FROM jobs WHERE id = %s",
+            "SELECT status, call_state, provider_task_id FROM jobs WHERE id = %s",
             (job.id,))).fetchone()
-        if row is None or row["call_state"] is not None or row["provider_task_id"]:
-            return
+        if (row is None or row["call_state"] is not None or row["provider_task_id"]
+                or row["status"] not in ("pending", "processing")):
+            return  # only a job in flight, that no call owns, gets the host's own task
         async with self.world.http.post(self.world.sim.url(PROVIDER, "/v1/predictions"),
                                         headers={"Authorization": "Bearer sim-key"},
                                         json=job.request()) as resp:
@@ -588,7 +589,8 @@ class ActorMachine(RuleBasedStateMachine):
             task_id = (await resp.json())["id"]
         await self.world.host.execute(
             "UPDATE jobs SET provider_kind = %s, provider_task_id = %s, status = 'processing',"
-            " provider_call_started_at = %s WHERE id = %s AND call_state IS NULL",
+            " provider_call_started_at = %s WHERE id = %s AND call_state IS NULL"
+            " AND status IN ('pending', 'processing')",
             (KIND, task_id, self.world.now, job.id))
 
 
