@@ -20,6 +20,17 @@ CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
 -- name: demo_states
 SELECT coalesce(call_state, 'none') AS state, count(*) AS n FROM jobs GROUP BY 1;
 
+-- name: demo_stuck
+-- Jobs not terminal (at most 10): what a failed demo names, to find in the workers' logs.
+SELECT id::text AS id, coalesce(call_state, 'none') AS state FROM jobs
+WHERE call_state IS NULL
+   OR call_state NOT IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
+ORDER BY id LIMIT 10;
+
+-- name: demo_unstarted
+-- Jobs with no call yet: still in the queue, or their message lost (engine/demo/lost.py).
+SELECT id::text AS id FROM jobs WHERE call_state IS NULL;
+
 -- name: demo_recovered
 -- Calls whose terminal event was recorded by a reconciler.
 SELECT count(*) AS n

@@ -31,12 +31,13 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine.calls.config import ENV_PREFIX, CallConfig
 from engine.demo.fleet import WORKER_FLAGS, WorkerFleet
+from engine.demo.lost import LostMessages
 from engine.demo.redis_server import redis_binary, running_redis
 from engine.errors import ConfigError
 from engine.queue.claims import JobSpec, parse_job
@@ -157,12 +158,20 @@ class QueueFleet(WorkerFleet):
 
     async def start(self) -> None:
         if self.queue == "celery":
-            await asyncio.to_thread(self._send_celery)
+            await asyncio.to_thread(self._send_celery, None)
         else:
             await self._enqueue_arq()
         await super().start()
 
-    def _send_celery(self) -> None:
+    def lost_messages(self, unstarted: Callable[[], Awaitable[set[str] | None]]
+                      ) -> LostMessages | None:
+        """Celery's watch for messages its Redis transport lost (:mod:`engine.demo.lost`);
+        None for arq, which loses none."""
+        if self.queue != "celery":
+            return None
+        return LostMessages(self.redis_url, self.queue_name, unstarted, self._send_celery)
+
+    def _send_celery(self, only: set[str] | None = None) -> None:
         from celery import Celery
 
         from engine.queue.celery import TASK_NAME
@@ -171,6 +180,8 @@ class QueueFleet(WorkerFleet):
         try:
             with app.producer_or_acquire() as producer:
                 for job_id, spec in self.jobs:
+                    if only is not None and str(job_id) not in only:
+                        continue
                     app.send_task(TASK_NAME, args=[str(job_id), spec.kind, spec.request,
                                                    spec.operation],
                                   queue=self.queue_name, task_id=str(job_id),

@@ -26,7 +26,8 @@ from engine.calls.config import CallConfig
 from engine.calls.finalize import Finalizer
 from engine.calls.identity import incarnation
 from engine.demo.fleet import Fleet, WorkerFleet
-from engine.demo.queues import call_env, job_specs, queue_fleet
+from engine.demo.lost import LostMessages
+from engine.demo.queues import QueueFleet, call_env, job_specs, queue_fleet
 from engine.demo.report import Sample
 from engine.demo.summary import DemoSummary, install_audit, summarize
 from engine.demo.workload import DEMO_PRICING, PlannedJob, plan_jobs
@@ -267,12 +268,30 @@ async def _setup(pool: Pool, opts: DemoOptions, outage: Outage) -> list[uuid.UUI
     return await until_up(enqueue, outage)
 
 
+def _lost_messages(pool: Pool, fleet: Fleet) -> LostMessages | None:
+    """Celery's watch for the messages its broker lost (:mod:`engine.demo.lost`)."""
+    if not isinstance(fleet, QueueFleet):
+        return None
+
+    async def unstarted() -> set[str] | None:
+        try:
+            async with connection(pool, wait_s=2.0) as conn:
+                return {r["id"] for r in await execute(conn, "demo_unstarted", {})}
+        except DatabaseUnavailable:
+            return None  # the next scan tries again
+
+    return fleet.lost_messages(unstarted)
+
+
 def _background(opts: DemoOptions, reconciler: Reconciler, fleet: Fleet, chaos: Chaos,
-                stop: asyncio.Event) -> list[asyncio.Task[None]]:
-    """The reconciler's loop, the worker killer and (``--chaos``) the database faults."""
+                lost: LostMessages | None, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """The reconciler's loop, the worker killer, (``--chaos``) the database faults and
+    (Celery) the watch for lost messages."""
     tasks = [asyncio.create_task(reconciler.run(stop)),
              asyncio.create_task(fleet.kill_randomly(opts.kill_rate,
                                                      random.Random(opts.seed), stop))]
+    if lost is not None:
+        tasks.append(asyncio.create_task(lost.run(stop)))
     if opts.chaos:
         tasks.append(asyncio.create_task(chaos.run(opts.chaos_every_s,
                                                    random.Random(opts.seed + 1), stop)))
@@ -295,7 +314,8 @@ async def _fleet(opts: DemoOptions, pool: Pool, env: dict[str, str], work_dir: P
 
 
 async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos, *,
-                   queue: str | None, kills: int) -> tuple[DemoSummary, list[DictRow]]:
+                   queue: str | None, kills: int, lost: int
+                   ) -> tuple[DemoSummary, list[DictRow]]:
     """The summary (with SQL, retried through an outage) and the latencies."""
     async def read() -> tuple[DemoSummary, list[DictRow]]:
         async with connection(pool) as conn:
@@ -303,7 +323,7 @@ async def _verdict(pool: Pool, creates: dict[str, int], late: int, chaos: Chaos,
                     await execute(conn, "demo_latencies", {}))
     summary, rows = await until_up(read, chaos.outage)
     return msgspec.structs.replace(
-        summary, queue=queue or "reference", workers_killed=kills,
+        summary, queue=queue or "reference", workers_killed=kills, messages_lost=lost,
         database_restarts=chaos.restarts, connections_cut=chaos.cuts,
         database_outages=chaos.outage.outages,
         database_down_s=round(chaos.outage.downtime_s, 1)), rows
@@ -331,8 +351,9 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                                     config=DEMO_RECONCILE, call_config=DEMO_CALLS,
                                     pricing=DEMO_PRICING)
             stop, samples = asyncio.Event(), list[Sample]()
+            lost = _lost_messages(pool, fleet)
             await fleet.start()
-            tasks = _background(opts, reconciler, fleet, chaos, stop)
+            tasks = _background(opts, reconciler, fleet, chaos, lost, stop)
             try:
                 await _watch(pool, fleet, started + opts.duration, on_tick, samples, chaos)
             finally:
@@ -343,7 +364,8 @@ async def run_demo(opts: DemoOptions, db_url: str, work_dir: Path,
                        if d.attempt > 1 and d.status is not None)
             creates = creates_per_job(rs.sim, job_ids)
         summary, rows = await _verdict(pool, creates, late, chaos, queue=opts.queue,
-                                       kills=fleet.kills)
+                                       kills=fleet.kills,
+                                       lost=0 if lost is None else lost.count)
     return DemoRun(summary=summary, samples=samples, kills=fleet.kills,
                    latencies=[(r["s"], bool(r["by_reconciler"])) for r in rows],
                    seconds=time.monotonic() - started)

@@ -32,6 +32,8 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     jobs: int
     terminal: dict[str, int]
     non_terminal: int
+    # The non-terminal jobs (at most 10) and their call states ('none': no call yet).
+    stuck: dict[str, str] = msgspec.field(default_factory=dict)
     recovered_by_reconciler: int
     settled_by_webhook: int
     upstream_creates_max_per_job: int
@@ -44,6 +46,9 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     violations: list[str] = msgspec.field(default_factory=list)
     queue: str = "reference"  # what ran the jobs: the reference queue, celery or arq
     workers_killed: int = 0  # worker processes SIGKILLed while the jobs ran
+    # Celery messages its Redis transport lost (a worker killed between BRPOP and the
+    # unacked write), published again: engine/demo/lost.py.
+    messages_lost: int = 0
     # Faults the demo rode through (``--chaos``, or a restart from outside).
     database_restarts: int = 0
     connections_cut: int = 0
@@ -94,6 +99,7 @@ async def summarize(conn: Conn, creates_per_job: Mapping[str, int],
         jobs=sum(states.values()),
         terminal={k: v for k, v in sorted(states.items()) if k in _TERMINAL},
         non_terminal=sum(v for k, v in states.items() if k not in _TERMINAL),
+        stuck={r["id"]: r["state"] for r in await execute(conn, "demo_stuck", {})},
         recovered_by_reconciler=recovered, settled_by_webhook=by_webhook,
         upstream_creates_max_per_job=max(creates_per_job.values(), default=0),
         late_callbacks=late_callbacks,
@@ -104,9 +110,16 @@ async def summarize(conn: Conn, creates_per_job: Mapping[str, int],
     return s
 
 
+def _listed(stuck: Mapping[str, str]) -> str:
+    named = ", ".join(f"{job} {'with no call yet' if state == 'none' else state}"
+                      for job, state in stuck.items())
+    return f"{named}, ..." if len(stuck) == 10 else named
+
+
 def _violations(s: DemoSummary, unsettled: int) -> list[str]:
     checks = [
-        (s.non_terminal == 0, f"{s.non_terminal} jobs not terminal at the deadline"),
+        (s.non_terminal == 0, f"{s.non_terminal} jobs not terminal at the deadline "
+                              f"({_listed(s.stuck)})"),
         (s.upstream_creates_max_per_job <= 1,
          f"a job created {s.upstream_creates_max_per_job} upstream tasks"),
         (s.duplicate_settlements == 0, f"{s.duplicate_settlements} reservations settled twice"),

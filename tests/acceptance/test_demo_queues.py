@@ -59,6 +59,7 @@ def _passed(proc: subprocess.CompletedProcess[str], data_dir: Path, queue: str
     assert summary["queue"] == queue
     assert isinstance(summary["workers_killed"], int)
     assert summary["workers_killed"] >= 1
+    assert isinstance(summary["messages_lost"], int)  # Celery's, published again: lost.py
     return summary
 
 
