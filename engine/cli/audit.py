@@ -37,8 +37,13 @@ __all__ = ["parse_since", "register"]
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
-out = Console()
-err = Console(stderr=True)
+def _out() -> Console:
+    """A console made per use, so COLUMNS and the terminal are read when it prints."""
+    return Console()
+
+
+def _err() -> Console:
+    return Console(stderr=True)
 
 
 def _emit_json(value: Any) -> None:
@@ -65,19 +70,19 @@ async def _audit(args: argparse.Namespace, url: str) -> int:
         try:
             report = await audit_job(conn, args.job_id)
         except JobNotFound:
-            err.print(f"no job {args.job_id}")
+            _err().print(f"no job {args.job_id}")
             return 1
         except EventDecodeError as exc:
-            err.print(f"[red]cannot replay:[/red] {exc}")
+            _err().print(f"[red]cannot replay:[/red] {exc}")
             return 2
     if args.json:
         _emit_json(report)
     elif not report.timeline:
-        out.print(f"job {report.job_id} has no call events (status {report.status})")
+        _out().print(f"job {report.job_id} has no call events (status {report.status})")
     else:
-        out.print(render.audit_table(report))
+        _out().print(render.audit_table(report))
         for line in render.reservation_lines(report):
-            out.print(line)
+            _out().print(line)
     return 0
 
 
@@ -85,7 +90,7 @@ def _progress(args: argparse.Namespace) -> Progress | None:
     if args.json or not sys.stdout.isatty():
         return None
     return Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeRemainingColumn(), console=out)
+                    MofNCompleteColumn(), TimeRemainingColumn(), console=_out())
 
 
 def _report_batch(as_json: bool, console: Console, batch: BatchResult) -> None:
@@ -107,7 +112,7 @@ async def _stream_verify(conn: Conn, args: argparse.Namespace,
     task = None
     if progress is not None:
         task = progress.add_task("verifying", total=await count_jobs(conn, args.since))
-    console = progress.console if progress is not None else out
+    console = progress.console if progress is not None else _out()
     async for batch in verify_batches(conn, batch=args.batch, since=args.since):
         summary.add(batch)
         _report_batch(args.json, console, batch)
@@ -129,7 +134,7 @@ async def _verify(args: argparse.Namespace, url: str) -> int:
     if args.json:
         _emit_json({"summary": summary, "ok": summary.ok})
     else:
-        out.print(render.verify_table(summary))
+        _out().print(render.verify_table(summary))
     return 0 if summary.ok else 1
 
 
@@ -138,14 +143,14 @@ async def _rebuild(args: argparse.Namespace, url: str) -> int:
         try:
             report = await rebuild(conn, job_id=args.job, batch=args.batch, force=args.force)
         except JobNotFound:
-            err.print(f"no job {args.job}")
+            _err().print(f"no job {args.job}")
             return 1
     if args.json:
         _emit_json(report)
     else:
-        out.print(render.rebuild_table(report))
+        _out().print(render.rebuild_table(report))
         for f in report.failures:
-            render.show_error(out, f)
+            render.show_error(_out(), f)
     return 0 if report.failed == 0 else 1
 
 
@@ -161,7 +166,7 @@ async def _stats(args: argparse.Namespace, url: str) -> int:
         _emit_json(report)
     else:
         for table in render.stats_tables(report):
-            out.print(table)
+            _out().print(table)
     return 0
 
 

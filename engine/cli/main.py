@@ -28,8 +28,9 @@ from providers.simulator.core import add_arguments as add_simulator_arguments
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
-console = Console()
-errors = Console(stderr=True)  # a message is shown as it is: no markup, one line
+def _console() -> Console:
+    """A console made per use, so COLUMNS and the terminal are read when it prints."""
+    return Console()
 
 # Modules adding subcommands; a missing one (not yet written) is skipped.
 COMMAND_MODULES = ["engine.cli.audit", "engine.cli.worker", "engine.cli.reconcile",
@@ -41,15 +42,15 @@ async def _migrate(args: argparse.Namespace, url: str) -> int:
     async with conn:
         applied = await migrate(conn)
         names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none"
-        console.print(f"applied migrations: {names}")
-        await print_status(conn, console)
+        _console().print(f"applied migrations: {names}")
+        await print_status(conn, _console())
     return 0
 
 
 async def _status(args: argparse.Namespace, url: str) -> int:
     conn = await connect(url)
     async with conn:
-        await print_status(conn, console)
+        await print_status(conn, _console())
     return 0
 
 
@@ -115,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = resolve_database_url(args.data_dir)
         return int(asyncio.run(args.handler(args, url)))
     except CallwardenError as exc:
-        errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        # A message is shown as it is: no markup, one line.
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -30,6 +30,10 @@ import pytest
 from engine.store.db import EmbeddedServer
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy
 
+# One process runs every fleet test (README: the tests run in two), so two fleets of
+# worker processes never compete for the cores against their deadlines.
+pytestmark = pytest.mark.xdist_group("fleets")
+
 # `demo --chaos` runs are bimodal on this 2-core machine: about 25 s, or 80–165 s when the
 # stuck-forever jobs wait out their horizon through repeated faults (measured 2026-12-01;
 # every run PASS). The deadline leaves room for the slow mode.

@@ -14,6 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# One process runs every fleet test (README: the tests run in two), so two fleets of
+# worker processes never compete for the cores against their deadlines.
+pytestmark = pytest.mark.xdist_group("fleets")
+
 
 def test_small_demo_with_killed_workers_keeps_every_invariant(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}

@@ -31,6 +31,10 @@ from tests.acceptance.test_chaos import assert_invariants
 from tests.debian import binary
 from tests.redis import MISSING, running_redis
 
+# One process runs every fleet test (README: the tests run in two), so two fleets of
+# worker processes never compete for the cores against their deadlines.
+pytestmark = pytest.mark.xdist_group("fleets")
+
 JOBS = 40
 DEADLINE_S = 180
 NEEDS_REDIS = "demo --queue celery needs Redis: set CALLWARDEN_REDIS_URL or install redis-server"

@@ -47,6 +47,10 @@ from providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import ROOT, Workers
 from tests.redis import running_redis
 
+# One process runs every fleet test (README: the tests run in two), so two fleets of
+# worker processes never compete for the cores against their deadlines.
+pytestmark = pytest.mark.xdist_group("fleets")
+
 VISIBILITY_S = 3.0  # Celery: an unacked message older than this is restored on Redis
 JOB_TIMEOUT_S = 5.0  # arq: a dead worker's job is taken again 10 s after this
 DEADLINE_S = 40.0

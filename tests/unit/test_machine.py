@@ -42,7 +42,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     F: {"FinalizeClaimed": F, "FinalizeFailed": U, "Completed": "completed",
         "UpstreamFailed": "failed", "Exhausted": "exhausted", "Cancelled": "cancelled",
         "HostEnded": "failed", "ReconcileAttempted": F},
-    **{t.value: {} for t in TERMINAL},
+    **{t.value: {} for t in sorted(TERMINAL, key=lambda t: t.value)},
 }
 
 PAIRS = [(s, e) for s in EXPECTED for e in sorted(EVENT_TYPES)]
