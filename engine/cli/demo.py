@@ -112,7 +112,7 @@ def _summary_table(run: DemoRun) -> Table:
     table.add_column("value", justify="right")
     rows = [("jobs", s.jobs), *((f"  {k}", v) for k, v in s.terminal.items()),
             ("not terminal", s.non_terminal), ("workers killed", run.kills),
-            *((("messages the broker lost, published again", s.messages_lost),)
+            *((("jobs published again (no call, no message)", s.messages_lost),)
               if s.queue == "celery" else ()),
             ("recovered by the reconciler", s.recovered_by_reconciler),
             ("settled by a webhook", s.settled_by_webhook),

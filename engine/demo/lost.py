@@ -5,8 +5,14 @@ it in the ``unacked`` hash (``QoS.append``). A worker SIGKILLed between the two 
 message for good (kombu#305, celery#7950): its job never gets a call, so no redelivery and
 no reconciler will ever run it (the reconciler does not own the host's queue). A host on
 Celery over Redis needs what this module does: publish again a job that has no call and
-whose message is neither queued nor unacked, in two scans in a row. A second delivery is
-harmless, because the runner resumes a call and never creates it again.
+whose message is neither queued nor unacked, in two scans in a row. A second delivery of a
+job that was not lost after all is harmless under the default ``ambiguous_create="sweep"``:
+``CallStarted`` is fenced on version 0, and a delivery that finds the call ``created`` by
+another leaves it to the reconciler (under ``"recreate"`` it would create again).
+
+It reads kombu's defaults: the ``unacked`` key, the queue's priority-0 list (no
+``global_keyprefix``, no priorities) and protocol 2's ``headers.id``; with other settings
+every job looks missing and is published again up to :data:`MAX_REPUBLISH` times.
 
 The decision (:func:`lost`) is pure; :class:`LostMessages` reads Redis and publishes.
 arq needs none of this: a job stays in its queue until a worker finishes it.
@@ -82,34 +88,39 @@ class LostMessages:
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2,
                                       socket_timeout=2)
         try:
-            queued = client.lrange(self.queue_name, 0, -1)
-            unacked = client.hvals("unacked")
+            # One MULTI: a restore (unacked -> list, itself a transaction) cannot fall
+            # between the two reads and hide its message from both.
+            pipe = client.pipeline(transaction=True)
+            pipe.lrange(self.queue_name, 0, -1)
+            pipe.hvals("unacked")
+            queued, unacked = pipe.execute()
         finally:
             client.close()
-        return task_ids(queued, unacked)  # type: ignore[arg-type]
+        return task_ids(queued, unacked)
 
     async def scan(self, suspects: set[str]) -> set[str]:
-        """One scan: publish again what :func:`lost` names; returns the new suspects."""
-        import redis
-
-        unstarted = await self.unstarted()
-        if unstarted is None:
-            return suspects
+        """One scan: publish again what :func:`lost` names; returns the new suspects.
+        It never raises: a failure is logged and the next scan tries again (a watch that
+        died in the background would leave every later loss unseen)."""
         try:
+            unstarted = await self.unstarted()
+            if unstarted is None:
+                return suspects
             present = await asyncio.to_thread(self._present)
-        except (redis.RedisError, OSError) as exc:
-            log.warning("lost messages: Redis unreachable (%s)", exc)
-            return suspects
-        again, suspects = lost(unstarted, present, suspects)
-        again = {j for j in again if self.republished.get(j, 0) < MAX_REPUBLISH}
-        if again:
-            log.warning("lost messages: %d job(s) with no call and no message (a worker "
-                        "killed between BRPOP and unacked): published again: %s",
-                        len(again), ", ".join(sorted(again)))
-            await asyncio.to_thread(self.publish, again)
-            for j in again:
-                self.republished[j] = self.republished.get(j, 0) + 1
-        return suspects
+            again, following = lost(unstarted, present, suspects)
+            again = {j for j in again if self.republished.get(j, 0) < MAX_REPUBLISH}
+            if again:
+                log.warning("lost messages: %d job(s) with no call and no message (a "
+                            "worker killed between BRPOP and unacked): publishing again: "
+                            "%s", len(again), ", ".join(sorted(again)))
+                await asyncio.to_thread(self.publish, again)
+                for j in again:
+                    self.republished[j] = self.republished.get(j, 0) + 1
+        except Exception as exc:  # Redis, kombu's publish, the database: log, go on
+            log.warning("lost messages: scan failed, the next one tries again: %s: %s",
+                        type(exc).__name__, exc)
+            return suspects  # a job it failed to publish is still a suspect
+        return following
 
     async def run(self, stop: asyncio.Event, every_s: float = 2.0) -> None:
         suspects: set[str] = set()

@@ -46,8 +46,9 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     violations: list[str] = msgspec.field(default_factory=list)
     queue: str = "reference"  # what ran the jobs: the reference queue, celery or arq
     workers_killed: int = 0  # worker processes SIGKILLed while the jobs ran
-    # Celery messages its Redis transport lost (a worker killed between BRPOP and the
-    # unacked write), published again: engine/demo/lost.py.
+    # Celery: publications of jobs with no call whose message was neither queued nor
+    # unacked in two scans (lost by the broker, or consumed by a task that failed before
+    # its call started), engine/demo/lost.py.
     messages_lost: int = 0
     # Faults the demo rode through (``--chaos``, or a restart from outside).
     database_restarts: int = 0
@@ -110,16 +111,16 @@ async def summarize(conn: Conn, creates_per_job: Mapping[str, int],
     return s
 
 
-def _listed(stuck: Mapping[str, str]) -> str:
+def _listed(stuck: Mapping[str, str], total: int) -> str:
     named = ", ".join(f"{job} {'with no call yet' if state == 'none' else state}"
                       for job, state in stuck.items())
-    return f"{named}, ..." if len(stuck) == 10 else named
+    return f"{named}, ..." if total > len(stuck) else named
 
 
 def _violations(s: DemoSummary, unsettled: int) -> list[str]:
     checks = [
         (s.non_terminal == 0, f"{s.non_terminal} jobs not terminal at the deadline "
-                              f"({_listed(s.stuck)})"),
+                              f"({_listed(s.stuck, s.non_terminal)})"),
         (s.upstream_creates_max_per_job <= 1,
          f"a job created {s.upstream_creates_max_per_job} upstream tasks"),
         (s.duplicate_settlements == 0, f"{s.duplicate_settlements} reservations settled twice"),

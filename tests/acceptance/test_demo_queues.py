@@ -63,7 +63,6 @@ def _passed(proc: subprocess.CompletedProcess[str], data_dir: Path, queue: str
     assert summary["queue"] == queue
     assert isinstance(summary["workers_killed"], int)
     assert summary["workers_killed"] >= 1
-    assert isinstance(summary["messages_lost"], int)  # Celery's, published again: lost.py
     return summary
 
 
@@ -97,7 +96,8 @@ def test_demo_on_celery_passes_with_workers_killed(data_dir: Path, shared_redis:
 
 def test_demo_on_arq_passes_with_workers_killed(data_dir: Path) -> None:
     assert binary(("redis-server",), "redis-server", paths=("/usr/bin/redis-server",)), MISSING
-    _passed(_demo(data_dir, "arq", None), data_dir, "arq")
+    summary = _passed(_demo(data_dir, "arq", None), data_dir, "arq")
+    assert summary["messages_lost"] == 0  # arq loses none: no watch runs (lost.py)
     assert (data_dir / "demo-files" / "redis" / "redis.log").exists()  # its own server
 
 

@@ -62,7 +62,12 @@ async def test_a_popped_message_is_published_again_once(redis_url: str, tmp_path
     fleet._send_celery(None)
     client = redis.Redis.from_url(redis_url)
     popped = json.loads(client.rpop(fleet.queue_name))["headers"]["id"]  # type: ignore[arg-type]
-    started = str(JOBS[3][0])  # this one has a call: never published again
+    # This one's task ran and acked its message: it has a call, so its missing message
+    # is no loss and it is never published again.
+    started = str(JOBS[3][0])
+    (raw,) = [m for m in cast(list[bytes], client.lrange(fleet.queue_name, 0, -1))
+              if json.loads(m)["headers"]["id"] == started]
+    assert client.lrem(fleet.queue_name, 1, raw.decode()) == 1
     unstarted = {str(j) for j, _ in JOBS} - {started}
 
     async def no_call() -> set[str]:
@@ -84,6 +89,7 @@ async def test_a_popped_message_is_published_again_once(redis_url: str, tmp_path
         assert watch.republished == {popped: 1}
         assert sorted(after) == sorted([*before, popped])  # only the lost one, once
         assert held.headers["id"] not in after  # unacked: a live worker has it
+        assert started not in after
         # Published again, it is present: later scans leave it alone.
         assert await watch.scan(suspects) == set()
         assert watch.count == 1
@@ -114,3 +120,45 @@ def test_arq_has_no_watch(redis_url: str, tmp_path: Path) -> None:
         return set()
 
     assert QueueFleet("arq", 1, {}, tmp_path, redis_url, JOBS).lost_messages(none) is None
+
+
+async def test_a_failed_publish_is_logged_and_the_next_scan_publishes(
+        redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A scan never raises (a watch dead in the background would miss every later loss):
+    the publish fails once, is not counted, and the next scan publishes."""
+    job = str(JOBS[0][0])
+    calls: list[set[str]] = []
+
+    def publish(jobs: set[str]) -> None:
+        calls.append(set(jobs))
+        if len(calls) == 1:
+            raise ConnectionError("broker went away")
+
+    async def no_call() -> set[str]:
+        return {job}
+
+    watch = LostMessages(redis_url, "callwarden-demo-none", no_call, publish)
+    suspects = await watch.scan(await watch.scan(set()))
+    assert calls == [{job}]
+    assert watch.count == 0
+    assert "scan failed" in caplog.text
+    assert "broker went away" in caplog.text
+    await watch.scan(suspects)
+    assert calls == [{job}, {job}]
+    assert watch.republished == {job: 1}
+
+
+async def test_an_unreachable_redis_or_database_skips_the_scan(tmp_path: Path) -> None:
+    published: list[set[str]] = []
+
+    async def down() -> set[str] | None:
+        return None  # the database is unreachable
+
+    async def no_call() -> set[str]:
+        return {"j"}
+
+    dead = LostMessages("redis://127.0.0.1:1/0", "q", no_call, published.append)
+    assert await dead.scan({"j"}) == {"j"}  # Redis refused: suspects kept, nothing sent
+    no_db = LostMessages("redis://127.0.0.1:1/0", "q", down, published.append)
+    assert await no_db.scan({"j"}) == {"j"}
+    assert published == []
