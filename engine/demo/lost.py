@@ -25,10 +25,13 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from typing import cast
 
 __all__ = ["MAX_REPUBLISH", "LostMessages", "lost", "task_ids"]
 
 log = logging.getLogger("callwarden.demo")
+_READ_BOTH = ("return {redis.call('LRANGE', KEYS[1], 0, -1), "
+              "redis.call('HVALS', KEYS[2])}")
 MAX_REPUBLISH = 3  # per job: a task that fails before its call starts is not retried forever
 
 
@@ -88,12 +91,10 @@ class LostMessages:
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2,
                                       socket_timeout=2)
         try:
-            # One MULTI: a restore (unacked -> list, itself a transaction) cannot fall
-            # between the two reads and hide its message from both.
-            pipe = client.pipeline(transaction=True)
-            pipe.lrange(self.queue_name, 0, -1)
-            pipe.hvals("unacked")
-            queued, unacked = pipe.execute()
+            # One script, so both reads are atomic: a restore (unacked -> list, itself a
+            # transaction) cannot fall between them and hide its message from both.
+            queued, unacked = cast(tuple[list[bytes], list[bytes]], client.eval(
+                _READ_BOTH, 2, self.queue_name, "unacked"))
         finally:
             client.close()
         return task_ids(queued, unacked)
