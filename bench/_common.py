@@ -13,10 +13,10 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-from engine.store.databases import create_database, drop_database
-from engine.store.db import EmbeddedServer, connect
-from engine.store.migrate import migrate
-from engine.store.queries import load_queries
+from callwarden.store.databases import create_database, drop_database
+from callwarden.store.db import EmbeddedServer, connect
+from callwarden.store.migrate import migrate
+from callwarden.store.queries import load_queries
 
 #: The benchmarks' own statements (bench/bench.sql).
 SQL = load_queries((Path(__file__).parent / "bench.sql").read_text(encoding="utf-8"))

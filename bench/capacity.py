@@ -31,7 +31,7 @@ change to each page in a window writes the whole page to the WAL (a full-page im
 on tables much larger than what one checkpoint interval touches. The default (small, fresh
 tables, no checkpoint in the window) is the cheap end.
 
-Then the commit rate: ``engine.store.write.append`` (the transition statement, one
+Then the commit rate: ``callwarden.store.write.append`` (the transition statement, one
 transaction each), 1 and 8 connections, as bench/append.py measures it. Below the table,
 the capacity that follows: calls/s = commit rate at c=8 / transactions per call, per day,
 the WAL and table growth at that rate, the connections it keeps busy, and the same for a
@@ -60,13 +60,13 @@ from replay import load as load_histories
 from rich.console import Console
 from rich.table import Table
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.store.db import Pool, connect, open_pool
-from engine.store.jobs import create_job
-from providers.base import ProviderSettings
-from providers.simulator.core import running_simulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.simulator.core import running_simulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.store.db import Pool, connect, open_pool
+from callwarden.store.jobs import create_job
 
 KIND = "kie-standard"
 POOL_SIZE = 8

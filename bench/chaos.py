@@ -2,7 +2,7 @@
 
 Run: ``python bench/chaos.py [--jobs 300] [--workers 3] [--every 30] [--rounds 1]``
 
-Each round runs ``callwarden demo``'s workload (``engine.demo.run.run_demo``: real worker
+Each round runs ``callwarden demo``'s workload (``callwarden.demo.run.run_demo``: real worker
 processes, the reconciler, the webhook receiver, the simulator with its faults armed) on a
 fresh embedded Postgres twice: once undisturbed, once with the database restarted in
 immediate mode (down ``--down`` seconds) and every connection cut, alternately, every
@@ -28,9 +28,9 @@ from psycopg.conninfo import conninfo_to_dict
 from rich.console import Console
 from rich.table import Table
 
-from engine.cli.process import setup_logging
-from engine.demo.run import DemoOptions, DemoRun, Tick, run_demo
-from engine.store.db import EmbeddedServer
+from callwarden.cli.process import setup_logging
+from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
+from callwarden.store.db import EmbeddedServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fault harness in tests/
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy

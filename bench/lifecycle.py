@@ -57,19 +57,19 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import URL
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.store.databases import drop_database
-from engine.store.db import Pool, connect, open_pool
-from engine.store.jobs import create_job
-from engine.store.queries import QUERIES
-from engine.store.write import execute, load
-from providers.base import AsyncKindClient, ProviderSettings
-from providers.media import download
-from providers.outcomes import Running, Succeeded
-from providers.registry import client_for, media_fetch_for
-from providers.simulator.core import running_simulator
-from providers.storage import LocalFolderStore, media_key
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.base import AsyncKindClient, ProviderSettings
+from callwarden.providers.media import download
+from callwarden.providers.outcomes import Running, Succeeded
+from callwarden.providers.registry import client_for, media_fetch_for
+from callwarden.providers.simulator.core import running_simulator
+from callwarden.providers.storage import LocalFolderStore, media_key
+from callwarden.store.databases import drop_database
+from callwarden.store.db import Pool, connect, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.queries import QUERIES
+from callwarden.store.write import execute, load
 
 KIND = "kie-standard"
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}

@@ -39,19 +39,19 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from rich.console import Console
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Counts, Reconciler
-from engine.store.clock import utcnow
-from engine.store.db import connect, open_pool
-from engine.store.queries import QUERIES
-from engine.store.write import append, load
-from events.types import CallStarted, TaskCreated
-from providers.base import AsyncKindClient, ProviderSettings
-from providers.registry import client_for
-from providers.simulator.core import running_simulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.base import AsyncKindClient, ProviderSettings
+from callwarden.providers.registry import client_for
+from callwarden.providers.simulator.core import running_simulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Counts, Reconciler
+from callwarden.store.clock import utcnow
+from callwarden.store.db import connect, open_pool
+from callwarden.store.queries import QUERIES
+from callwarden.store.write import append, load
 
 console = Console()
 SUCCEED: dict[str, Any] = {"steps": [], "end": "succeeded"}

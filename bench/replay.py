@@ -33,12 +33,8 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.replay.history import decode_fast, signatures
-from engine.replay.verify import verify
-from engine.store.db import connect
-from engine.store.queries import load_queries
-from events.codec import encode
-from events.types import (
+from callwarden.events.codec import encode
+from callwarden.events.types import (
     CallStarted,
     Completed,
     Event,
@@ -51,9 +47,13 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.columns import to_columns
-from projections.fold import fold
-from projections.stats import percentile
+from callwarden.projections.columns import to_columns
+from callwarden.projections.fold import fold
+from callwarden.projections.stats import percentile
+from callwarden.replay.history import decode_fast, signatures
+from callwarden.replay.verify import verify
+from callwarden.store.db import connect
+from callwarden.store.queries import load_queries
 
 SQL = load_queries((Path(__file__).parent / "replay.sql").read_text(encoding="utf-8"))
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -202,7 +202,7 @@ async def bench_verify(url: str, batch: int) -> tuple[list[str], list[float]]:
 def bench_cli(url: str, batch: int, events: int) -> list[str]:
     env = {**os.environ, "DATABASE_URL": url}
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "engine.cli", "verify", "--batch",
+    done = subprocess.run([sys.executable, "-m", "callwarden.cli", "verify", "--batch",
                            str(batch)], env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t0
     if done.returncode != 0:

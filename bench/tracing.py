@@ -46,7 +46,7 @@ class _Hide:
 def _setup(mode: str) -> None:
     if mode == "absent":
         sys.meta_path.insert(0, _Hide())
-    from engine.service import tracing  # installs the hooks unless absent
+    from callwarden.service import tracing  # installs the hooks unless absent
 
     assert tracing.ENABLED is (mode != "absent")
     if mode == "SDK":
@@ -71,8 +71,8 @@ def _span_cost_us(n: int) -> float:
     """Microseconds per append spent in the tracing hook (none: the ``None`` check)."""
     from append import lifecycle
 
-    from engine.store import write
-    from projections.fold import EMPTY, apply
+    from callwarden.projections.fold import EMPTY, apply
+    from callwarden.store import write
 
     job = uuid.uuid4()
     event = lifecycle(job)[0]

@@ -29,11 +29,11 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
-from engine.store.db import connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.types import CallStarted, TaskCreated
-from providers.replicate.webhook import replicate_sign
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.store.db import connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 Delivery = tuple[bytes, dict[str, str]]
@@ -91,7 +91,7 @@ async def start_service(db_url: str) -> tuple[asyncio.subprocess.Process, str]:
     env = {**os.environ, "DATABASE_URL": db_url,
            "CALLWARDEN_REPLICATE_WEBHOOK_SECRET": SECRET}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", "serve", "--port", "0", env=env,
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()

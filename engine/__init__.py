@@ -2,7 +2,7 @@
 
 The embedding API, in one import::
 
-    from engine import CallConfig, CallRunner, ProviderSettings, open_pool, store_from_env
+    from callwarden import CallConfig, CallRunner, ProviderSettings, open_pool, store_from_env
 
     async with open_pool(url) as pool, aiohttp.ClientSession() as session:
         runner = CallRunner(pool, session, ProviderSettings.from_env(),
@@ -13,8 +13,8 @@ Host code that makes the provider request itself records it with ``OwnCalls`` (a
 kinds: ``start`` / ``task_created`` / ``succeeded``; sync kinds and streams: ``async with
 calls.sync_call(...)``), or ``BlockingCalls`` without an event loop (docs/embedding.md).
 
-The names below are loaded on first use (``import engine`` alone loads nothing), so a pure
-module such as ``engine.reconciler.decide`` imports without the I/O libraries. The layout:
+The names below are loaded on first use (``import callwarden`` alone loads nothing), so a pure
+module such as ``callwarden.reconciler.decide`` imports without the I/O libraries. The layout:
 ``store`` (the write path, the database, migrations, the clock), ``calls`` (the worker API,
 finalization, pricing), ``reconciler``, ``service`` (webhooks, metrics, dashboard),
 ``replay`` (history, verify, rebuild, audit), ``queue`` (the reference queue and worker),
@@ -27,9 +27,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.calls.config import CallConfig
-    from engine.calls.finalize import Finalizer
-    from engine.calls.own import (
+    from callwarden.calls.config import CallConfig
+    from callwarden.calls.finalize import Finalizer
+    from callwarden.calls.own import (
         CallAlreadyStarted,
         CallNotStarted,
         OwnCall,
@@ -39,67 +39,67 @@ if TYPE_CHECKING:
         TaskIdConflict,
         WrongKind,
     )
-    from engine.calls.own_sync import BlockingCall, BlockingCalls, SyncCall
-    from engine.calls.pricing import ChargeReservation, Pricing, Rate, RateTable, load_pricing
-    from engine.calls.runner import CallOutcome, CallRunner
-    from engine.errors import CallwardenError
-    from engine.reconciler.config import ReconcileConfig
-    from engine.reconciler.config import load_config as load_reconcile_config
-    from engine.reconciler.loop import Reconciler
-    from engine.replay.verify import verify, verify_job
-    from engine.service.app import ServiceConfig, build_app
-    from engine.service.webhooks import CallbackUrls, WebhookConfig
-    from engine.store.db import Conn, Pool, connect, open_pool
-    from engine.store.jobs import create_job
-    from engine.store.migrate import migrate
-    from engine.store.write import cancel
-    from providers.base import ProviderSettings
-    from providers.storage import LocalFolderStore, MediaStore, S3Store, store_from_env
+    from callwarden.calls.own_sync import BlockingCall, BlockingCalls, SyncCall
+    from callwarden.calls.pricing import ChargeReservation, Pricing, Rate, RateTable, load_pricing
+    from callwarden.calls.runner import CallOutcome, CallRunner
+    from callwarden.errors import CallwardenError
+    from callwarden.providers.base import ProviderSettings
+    from callwarden.providers.storage import LocalFolderStore, MediaStore, S3Store, store_from_env
+    from callwarden.reconciler.config import ReconcileConfig
+    from callwarden.reconciler.config import load_config as load_reconcile_config
+    from callwarden.reconciler.loop import Reconciler
+    from callwarden.replay.verify import verify, verify_job
+    from callwarden.service.app import ServiceConfig, build_app
+    from callwarden.service.webhooks import CallbackUrls, WebhookConfig
+    from callwarden.store.db import Conn, Pool, connect, open_pool
+    from callwarden.store.jobs import create_job
+    from callwarden.store.migrate import migrate
+    from callwarden.store.write import cancel
 
 #: name -> (module, attribute): what ``from engine import <name>`` gives.
 EXPORTS: dict[str, tuple[str, str]] = {
-    "BlockingCall": ("engine.calls.own_sync", "BlockingCall"),
-    "BlockingCalls": ("engine.calls.own_sync", "BlockingCalls"),
-    "CallAlreadyStarted": ("engine.calls.own", "CallAlreadyStarted"),
-    "CallNotStarted": ("engine.calls.own", "CallNotStarted"),
-    "CallConfig": ("engine.calls.config", "CallConfig"),
-    "CallOutcome": ("engine.calls.runner", "CallOutcome"),
-    "CallRunner": ("engine.calls.runner", "CallRunner"),
-    "CallbackUrls": ("engine.service.webhooks", "CallbackUrls"),
-    "CallwardenError": ("engine.errors", "CallwardenError"),
-    "ChargeReservation": ("engine.calls.pricing", "ChargeReservation"),
-    "Conn": ("engine.store.db", "Conn"),
-    "Finalizer": ("engine.calls.finalize", "Finalizer"),
-    "LocalFolderStore": ("providers.storage", "LocalFolderStore"),
-    "MediaStore": ("providers.storage", "MediaStore"),
-    "OwnCall": ("engine.calls.own", "OwnCall"),
-    "OwnCallError": ("engine.calls.own", "OwnCallError"),
-    "OwnCalls": ("engine.calls.own", "OwnCalls"),
-    "Pool": ("engine.store.db", "Pool"),
-    "Pricing": ("engine.calls.pricing", "Pricing"),
-    "ProviderSettings": ("providers.base", "ProviderSettings"),
-    "Rate": ("engine.calls.pricing", "Rate"),
-    "RateTable": ("engine.calls.pricing", "RateTable"),
-    "ReconcileConfig": ("engine.reconciler.config", "ReconcileConfig"),
-    "Reconciler": ("engine.reconciler.loop", "Reconciler"),
-    "Reported": ("engine.calls.own", "Reported"),
-    "S3Store": ("providers.storage", "S3Store"),
-    "ServiceConfig": ("engine.service.app", "ServiceConfig"),
-    "SyncCall": ("engine.calls.own_sync", "SyncCall"),
-    "TaskIdConflict": ("engine.calls.own", "TaskIdConflict"),
-    "WebhookConfig": ("engine.service.webhooks", "WebhookConfig"),
-    "WrongKind": ("engine.calls.own", "WrongKind"),
-    "build_app": ("engine.service.app", "build_app"),
-    "cancel": ("engine.store.write", "cancel"),
-    "connect": ("engine.store.db", "connect"),
-    "create_job": ("engine.store.jobs", "create_job"),
-    "load_pricing": ("engine.calls.pricing", "load_pricing"),
-    "load_reconcile_config": ("engine.reconciler.config", "load_config"),
-    "migrate": ("engine.store.migrate", "migrate"),
-    "open_pool": ("engine.store.db", "open_pool"),
-    "store_from_env": ("providers.storage", "store_from_env"),
-    "verify": ("engine.replay.verify", "verify"),
-    "verify_job": ("engine.replay.verify", "verify_job"),
+    "BlockingCall": ("callwarden.calls.own_sync", "BlockingCall"),
+    "BlockingCalls": ("callwarden.calls.own_sync", "BlockingCalls"),
+    "CallAlreadyStarted": ("callwarden.calls.own", "CallAlreadyStarted"),
+    "CallNotStarted": ("callwarden.calls.own", "CallNotStarted"),
+    "CallConfig": ("callwarden.calls.config", "CallConfig"),
+    "CallOutcome": ("callwarden.calls.runner", "CallOutcome"),
+    "CallRunner": ("callwarden.calls.runner", "CallRunner"),
+    "CallbackUrls": ("callwarden.service.webhooks", "CallbackUrls"),
+    "CallwardenError": ("callwarden.errors", "CallwardenError"),
+    "ChargeReservation": ("callwarden.calls.pricing", "ChargeReservation"),
+    "Conn": ("callwarden.store.db", "Conn"),
+    "Finalizer": ("callwarden.calls.finalize", "Finalizer"),
+    "LocalFolderStore": ("callwarden.providers.storage", "LocalFolderStore"),
+    "MediaStore": ("callwarden.providers.storage", "MediaStore"),
+    "OwnCall": ("callwarden.calls.own", "OwnCall"),
+    "OwnCallError": ("callwarden.calls.own", "OwnCallError"),
+    "OwnCalls": ("callwarden.calls.own", "OwnCalls"),
+    "Pool": ("callwarden.store.db", "Pool"),
+    "Pricing": ("callwarden.calls.pricing", "Pricing"),
+    "ProviderSettings": ("callwarden.providers.base", "ProviderSettings"),
+    "Rate": ("callwarden.calls.pricing", "Rate"),
+    "RateTable": ("callwarden.calls.pricing", "RateTable"),
+    "ReconcileConfig": ("callwarden.reconciler.config", "ReconcileConfig"),
+    "Reconciler": ("callwarden.reconciler.loop", "Reconciler"),
+    "Reported": ("callwarden.calls.own", "Reported"),
+    "S3Store": ("callwarden.providers.storage", "S3Store"),
+    "ServiceConfig": ("callwarden.service.app", "ServiceConfig"),
+    "SyncCall": ("callwarden.calls.own_sync", "SyncCall"),
+    "TaskIdConflict": ("callwarden.calls.own", "TaskIdConflict"),
+    "WebhookConfig": ("callwarden.service.webhooks", "WebhookConfig"),
+    "WrongKind": ("callwarden.calls.own", "WrongKind"),
+    "build_app": ("callwarden.service.app", "build_app"),
+    "cancel": ("callwarden.store.write", "cancel"),
+    "connect": ("callwarden.store.db", "connect"),
+    "create_job": ("callwarden.store.jobs", "create_job"),
+    "load_pricing": ("callwarden.calls.pricing", "load_pricing"),
+    "load_reconcile_config": ("callwarden.reconciler.config", "load_config"),
+    "migrate": ("callwarden.store.migrate", "migrate"),
+    "open_pool": ("callwarden.store.db", "open_pool"),
+    "store_from_env": ("callwarden.providers.storage", "store_from_env"),
+    "verify": ("callwarden.replay.verify", "verify"),
+    "verify_job": ("callwarden.replay.verify", "verify_job"),
 }
 
 __all__ = ["BlockingCall", "BlockingCalls", "CallAlreadyStarted", "CallConfig", "CallNotStarted",
@@ -116,7 +116,7 @@ def __getattr__(name: str) -> Any:
     try:
         module, attribute = EXPORTS[name]
     except KeyError:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}") from None
+        raise AttributeError(f"module 'callwarden' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value
     return value

@@ -10,7 +10,7 @@ fields and defaults and validates itself in ``__post_init__``; :func:`load` fill
   and for a per-kind map ``<PREFIX><MAP>_<KIND>`` with the kind's ``-`` spelled ``_``
   (``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``); a list field is comma-separated.
 
-Every problem is a :class:`~engine.errors.ConfigError` naming the setting and its source.
+Every problem is a :class:`~callwarden.errors.ConfigError` naming the setting and its source.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, TypeVar, get_args, get_origin
 
 import msgspec
 
-from engine.errors import ConfigError
-from providers.kinds import KINDS
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
 
 __all__ = ["SECTIONS", "load", "read_section"]
 

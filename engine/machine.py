@@ -1,12 +1,12 @@
 """The call state machine as a ``transitions`` machine, and the pure ``next_state``.
 
-The states and transitions are declared once in :mod:`events.states`; this module builds
+The states and transitions are declared once in :mod:`callwarden.events.states`; this module builds
 the ``transitions`` machine from that declaration (``auto_transitions=False``, no
 callbacks, so nothing here can cause a side effect). The hot path uses the lookup table
 derived from the same declaration (:func:`next_state`); a unit test proves the two agree
 on every (state, event) pair. :func:`state_diagram` draws the same machine (``transitions``'
 mermaid engine) into ``docs/states.md``; a test checks the page shows the machine as
-declared (``python -m engine.machine`` prints it).
+declared (``python -m callwarden.machine`` prints it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from transitions import Machine
 from transitions.extensions import GraphMachine
 
-from events.states import (
+from callwarden.events.states import (
     TRANSITIONS,
     CallState,
     InvalidTransition,

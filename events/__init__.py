@@ -1,7 +1,13 @@
 """What happened: the event types of a job's external call and their codec."""
 
-from events.codec import EventDecodeError, UnknownEventType, decode, encode, register_upcaster
-from events.types import (
+from callwarden.events.codec import (
+    EventDecodeError,
+    UnknownEventType,
+    decode,
+    encode,
+    register_upcaster,
+)
+from callwarden.events.types import (
     EVENT_TYPES,
     VERSIONS,
     Adopted,

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from events.types import EVENT_TYPES, VERSIONS, Event
+from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
 
 __all__ = [
     "EventDecodeError",

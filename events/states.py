@@ -1,6 +1,6 @@
 """The call's states and which event moves which state where: declared once, as data.
 
-This is the single declaration of the state machine (DESIGN §3). ``engine.machine`` builds
+This is the single declaration of the state machine (DESIGN §3). ``callwarden.machine`` builds
 a ``transitions`` machine from it (for diagrams and the engine's API); the fold in
 ``projections`` uses the derived lookup table ``LEGAL`` on its hot path. It lives in
 ``events`` because both ``projections`` and ``engine`` need it and ``projections`` may not

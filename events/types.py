@@ -44,7 +44,7 @@ class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class UpstreamResult(msgspec.Struct, frozen=True, kw_only=True):
     """What upstream produced: URLs to download at once, text, the cost it reported (in
     the provider's own units), the usage it reported (normalised keys, see
-    ``providers.outcomes.Usage``) and, for a language model, why it stopped.
+    ``callwarden.providers.outcomes.Usage``) and, for a language model, why it stopped.
 
     ``stored_keys``: media a sync call returned inline (TTS audio), already stored by the
     worker under the job's own keys before the outcome was recorded. It is callwarden's

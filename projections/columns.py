@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
-from events.states import CallState
-from events.types import StoredMedia, UpstreamResult
-from projections.fold import CallProjection
+from callwarden.events.states import CallState
+from callwarden.events.types import StoredMedia, UpstreamResult
+from callwarden.projections.fold import CallProjection
 
 __all__ = ["READ_COLUMNS", "ProjectionUnreadable", "as_float", "call_output", "from_row",
            "to_columns"]

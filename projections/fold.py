@@ -3,7 +3,7 @@
 One pure function used three ways: inside the append transaction (to compute the new
 columns from the old ones plus one event), in replay/verify, and in audit timelines. It
 never reads a clock or touches I/O. Illegal sequences raise
-:class:`events.states.InvalidTransition` (terminal states are absorbing).
+:class:`callwarden.events.states.InvalidTransition` (terminal states are absorbing).
 
 The hot loop works on a mutable, slotted accumulator; :class:`CallProjection` is the frozen
 value handed to callers.
@@ -17,7 +17,7 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import astuple
 
-from events.states import (
+from callwarden.events.states import (
     HOST_SETTLES,
     LEGACY_KIND,
     LEGAL,
@@ -27,7 +27,7 @@ from events.states import (
     InvalidTransition,
     next_state,
 )
-from events.types import (
+from callwarden.events.types import (
     Adopted,
     CallStarted,
     Cancelled,

@@ -1,6 +1,6 @@
 """Operator statistics as values, and the pure arithmetic behind them.
 
-The database does the counting (``engine.replay.audit``); this module holds the report's shape,
+The database does the counting (``callwarden.replay.audit``); this module holds the report's shape,
 the window parsing, the percentile definition (the same as Postgres ``percentile_cont``:
 linear interpolation between closest ranks) and the folding of terminal-event counts into
 recoveries and sweeps. Nothing here reads a clock: ``now`` is passed in.

@@ -14,8 +14,8 @@ from datetime import datetime
 
 import msgspec
 
-from events.states import InvalidTransition
-from events.types import (
+from callwarden.events.states import InvalidTransition
+from callwarden.events.types import (
     Adopted,
     CallStarted,
     Cancelled,
@@ -29,7 +29,7 @@ from events.types import (
     UpstreamFailed,
     UpstreamSucceeded,
 )
-from projections.fold import EMPTY, CallProjection, apply
+from callwarden.projections.fold import EMPTY, CallProjection, apply
 
 __all__ = ["IllegalHistory", "TimelineRow", "detail", "error_of", "steps", "timeline"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from events.states import HOST_SETTLES, OPEN_STATUSES
-from projections.fold import OBSERVED_FIELDS, CallProjection
+from callwarden.events.states import HOST_SETTLES, OPEN_STATUSES
+from callwarden.projections.fold import OBSERVED_FIELDS, CallProjection
 
 __all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_settlement"]
 

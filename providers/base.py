@@ -1,7 +1,8 @@
 """The interfaces the engine depends on: one async client per async kind, one sync client
 per sync kind, and where each provider lives.
 
-The engine imports these protocols, never a concrete client; ``providers.registry`` builds
+The engine imports these protocols, never a concrete client; ``callwarden.providers.registry``
+builds
 the concrete client for a ``provider_kind``.
 """
 
@@ -13,14 +14,15 @@ from typing import Any, Protocol
 
 import msgspec
 
-from providers.llm_stop import StopPolicy
-from providers.outcomes import PollOutcome, SyncOutcome
+from callwarden.providers.llm_stop import StopPolicy
+from callwarden.providers.outcomes import PollOutcome, SyncOutcome
 
 __all__ = ["AsyncKindClient", "Endpoint", "ProviderSettings", "RetryPolicy", "SyncKindClient"]
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """How the transport retries one request (bounded, jittered; see providers.transport)."""
+    """How the transport retries one request (bounded, jittered; see
+    callwarden.providers.transport)."""
 
     max_attempts: int = 4
     base_delay_s: float = 0.25
@@ -67,7 +69,7 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where each provider lives and how to authenticate. Defaults are the real APIs.
     ``stop_policy``: per language-model kind (``anthropic-sync``, ``kie-llm``), which stop
     reasons are results (``{"max_tokens": "succeed"}`` accepts truncated answers); the
-    defaults and why: :mod:`providers.llm_stop`."""
+    defaults and why: :mod:`callwarden.providers.llm_stop`."""
 
     kie: Endpoint = Endpoint(base_url="https://api.kie.ai", api_key="")
     replicate: Endpoint = Endpoint(base_url="https://api.replicate.com", api_key="")

@@ -4,7 +4,7 @@ Pure data: which provider serves a kind, whether it is polled (async) or answers
 round trip (sync), the seed's stale threshold, the provider's result-URL lifetime, the
 poll cadence/budget a worker uses, and the hosts its result media are served from (the
 only hosts, with the provider's configured endpoint, media is downloaded from:
-:mod:`providers.media_guard`). Thresholds here are *defaults*: the reconciler's
+:mod:`callwarden.providers.media_guard`). Thresholds here are *defaults*: the reconciler's
 configuration may override them and validates them against ``result_url_lifetime_s``.
 """
 
@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from providers.errors import UnknownProviderKind
+from callwarden.providers.errors import UnknownProviderKind
 
 __all__ = [
     "ELEVENLABS_SYNC_OPERATIONS",

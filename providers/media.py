@@ -4,8 +4,8 @@
 passes ``max_bytes``; a ``Content-Length`` above the limit is refused before any body is read.
 ``data:`` URIs (Replicate's sync mode returns them) are decoded under the same checks.
 Every http(s) URL, and every redirect hop (followed by hand, up to the policy's limit),
-must pass the :class:`~providers.media_guard.MediaPolicy` the caller gives; use a session
-from :func:`~providers.media_guard.media_session` so resolved addresses are checked too.
+must pass the :class:`~callwarden.providers.media_guard.MediaPolicy` the caller gives; use a session
+from :func:`~callwarden.providers.media_guard.media_session` so resolved addresses are checked too.
 
 Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
 (``image/*``); ``*`` (:data:`ANY_FILE`) any type but a web page; ``None`` accepts anything.
@@ -16,7 +16,7 @@ first bytes (PNG, JPEG, GIF, WebP, AVIF/HEIC, MP4/MOV, WebM, MP3, AAC, WAV, OGG,
 that sniffs as an allowed type is accepted *with the sniffed type*, anything else is refused.
 So an HTML error page or an unknown blob served with status 200 is never stored as a result.
 
-Errors (all from :mod:`providers.errors`; no aiohttp exception escapes)::
+Errors (all from :mod:`callwarden.providers.errors`; no aiohttp exception escapes)::
 
     HTTP 403 / 404 / 410                    MediaExpired
     HTTP 429                                RateLimited (retry_after from Retry-After)
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 import aiohttp
 import msgspec
 
-from providers.errors import (
+from callwarden.providers.errors import (
     MediaError,
     MediaExpired,
     MediaRefused,
@@ -53,8 +53,8 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.media_guard import MediaPolicy, check_url, shown_url
-from providers.raw import parse_retry_after
+from callwarden.providers.media_guard import MediaPolicy, check_url, shown_url
+from callwarden.providers.raw import parse_retry_after
 
 __all__ = [
     "ANY_FILE",
@@ -291,7 +291,8 @@ async def download(
     timeout_s: float = 120,
 ) -> Downloaded:
     """Fetch ``url`` (``http``, ``https`` or ``data:``) within ``timeout_s`` in total, body
-    included, from where ``policy`` allows. Raises only :mod:`providers.errors` types (see
+    included, from where ``policy`` allows. Raises only :mod:`callwarden.providers.errors` types
+    (see
     the module docstring)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "data":

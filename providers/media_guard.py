@@ -16,7 +16,7 @@ and handed to the user. So every media URL — and every redirect hop — must p
   in the connection's own resolver (:class:`GuardedResolver`), so a DNS answer cannot change
   between the check and the connection; a literal IP in the URL is checked up front.
 
-A refusal is :class:`~providers.errors.MediaRefused`: nothing was fetched; the finalizer
+A refusal is :class:`~callwarden.providers.errors.MediaRefused`: nothing was fetched; the finalizer
 fails the call and refunds.
 """
 
@@ -33,7 +33,7 @@ import msgspec
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from providers.errors import MediaRefused
+from callwarden.providers.errors import MediaRefused
 
 __all__ = ["GuardedResolver", "MediaPolicy", "check_url", "is_public_address",
            "media_session", "shown_url"]

@@ -34,7 +34,7 @@ Usage = dict[str, float | str]
 ``input_tokens``, ``output_tokens`` (Anthropic, KIE's LLM proxy), ``predict_time_s``
 (Replicate), ``characters`` (ElevenLabs' ``character-cost``), ``provider_credits``
 (KIE's ``credits_consumed``). Only keys the answer carried are present; the pricing hook
-(:mod:`engine.calls.pricing`) turns them into credits."""
+(:mod:`callwarden.calls.pricing`) turns them into credits."""
 
 
 class Succeeded(msgspec.Struct, frozen=True, kw_only=True, tag="succeeded"):

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from providers.errors import MalformedResponse
+from callwarden.providers.errors import MalformedResponse
 
 __all__ = ["MAX_DEPTH", "JSONTooDeep", "RawResponse", "decode_json", "parse_retry_after"]
 

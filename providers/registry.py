@@ -1,8 +1,9 @@
 """``provider_kind`` -> the client that serves it. The one dispatch point by kind.
 
-The engine asks here for a client and gets an :class:`~providers.base.AsyncKindClient` or a
-:class:`~providers.base.SyncKindClient`; an unknown kind is
-:class:`~providers.errors.UnknownProviderKind` (the reconciler sweeps such calls).
+The engine asks here for a client and gets an :class:`~callwarden.providers.base.AsyncKindClient`
+or a
+:class:`~callwarden.providers.base.SyncKindClient`; an unknown kind is
+:class:`~callwarden.providers.errors.UnknownProviderKind` (the reconciler sweeps such calls).
 """
 
 from __future__ import annotations
@@ -13,27 +14,27 @@ from typing import cast
 import aiohttp
 import msgspec
 
-from providers.anthropic.client import anthropic_client_for
-from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
-from providers.elevenlabs import webhook as elevenlabs_webhook
-from providers.elevenlabs.client import elevenlabs_client_for
-from providers.elevenlabs.operations import media_auth_headers
-from providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
-from providers.kie import webhook as kie_webhook
-from providers.kie.client import kie_client_for
-from providers.kinds import get_kind
-from providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
-from providers.media_guard import MediaPolicy
-from providers.outcomes import Failed, NotFound, PollOutcome
-from providers.replicate import webhook as replicate_webhook
-from providers.replicate.client import replicate_client_for
-from providers.transport import Sleep
-from providers.webhooks import WebhookScheme
+from callwarden.providers.anthropic.client import anthropic_client_for
+from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from callwarden.providers.elevenlabs import webhook as elevenlabs_webhook
+from callwarden.providers.elevenlabs.client import elevenlabs_client_for
+from callwarden.providers.elevenlabs.operations import media_auth_headers
+from callwarden.providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
+from callwarden.providers.kie import webhook as kie_webhook
+from callwarden.providers.kie.client import kie_client_for
+from callwarden.providers.kinds import get_kind
+from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
+from callwarden.providers.media_guard import MediaPolicy
+from callwarden.providers.outcomes import Failed, NotFound, PollOutcome
+from callwarden.providers.replicate import webhook as replicate_webhook
+from callwarden.providers.replicate.client import replicate_client_for
+from callwarden.providers.transport import Sleep
+from callwarden.providers.webhooks import WebhookScheme
 
 __all__ = ["WEBHOOKS", "MediaFetch", "client_for", "media_fetch_for", "poll_task"]
 
 #: The providers that call back, by name: how their deliveries are authenticated and read
-#: (:mod:`providers.webhooks`). The webhook receiver mounts one route per entry.
+#: (:mod:`callwarden.providers.webhooks`). The webhook receiver mounts one route per entry.
 WEBHOOKS: dict[str, WebhookScheme] = {
     s.provider: s for s in (replicate_webhook.SCHEME, kie_webhook.SCHEME,
                             elevenlabs_webhook.SCHEME)}
@@ -72,7 +73,7 @@ async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
     """ONE status check of ``task_id`` of ``kind`` (no loop): the outcome, with a result
     that is gone (``MediaExpired``: Replicate's ``data_removed``) as ``Failed`` and an
     unknown task (``TaskNotFound``) as ``NotFound``; any other failure raises a
-    :class:`~providers.errors.ProviderError`. ``created_at``: when the task was created
+    :class:`~callwarden.providers.errors.ProviderError`. ``created_at``: when the task was created
     (unix seconds), for providers that briefly deny new tasks."""
     if not get_kind(kind).is_async:
         raise UnknownProviderKind(f"{kind} is not a polled kind")

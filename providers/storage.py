@@ -42,7 +42,7 @@ import msgspec
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from providers.errors import StorageError
+from callwarden.providers.errors import StorageError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

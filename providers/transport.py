@@ -2,7 +2,8 @@
 
 Clients build requests and parse responses with pure functions; this module only moves
 bytes. Each client passes a ``classify`` function that turns a response into a
-:class:`~providers.errors.ProviderError` (or ``None`` when it is usable). Transient errors
+:class:`~callwarden.providers.errors.ProviderError` (or ``None`` when it is usable). Transient
+errors
 are retried with full-jitter exponential backoff, bounded in attempts *and* total time,
 honouring ``Retry-After``.
 
@@ -23,15 +24,15 @@ from typing import Any
 
 import aiohttp
 
-from providers.base import RetryPolicy
-from providers.errors import (
+from callwarden.providers.base import RetryPolicy
+from callwarden.providers.errors import (
     NotSent,
     ProviderError,
     ProviderTimeout,
     RateLimited,
     TransientError,
 )
-from providers.raw import RawResponse
+from callwarden.providers.raw import RawResponse
 
 __all__ = ["Classify", "RetryPolicy", "Sleep", "TraceRequest", "send", "trace_requests"]
 
@@ -42,7 +43,7 @@ DEFAULT_POLICY = RetryPolicy()
 Classify = Callable[[RawResponse], ProviderError | None]
 Sleep = Callable[[float], Awaitable[None]]
 #: ``(provider, method, url, attempt)`` -> a context around one HTTP attempt, yielding the
-#: function called with the response when one came (``engine.service.tracing``: a span).
+#: function called with the response when one came (``callwarden.service.tracing``: a span).
 TraceRequest = Callable[[str, str, str, int],
                         AbstractContextManager[Callable[[RawResponse], None]]]
 _trace: TraceRequest | None = None

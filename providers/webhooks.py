@@ -2,8 +2,8 @@
 
 A provider that calls back has a ``providers/<provider>/webhook.py`` exposing ``SCHEME``, a
 :class:`WebhookScheme`: how a delivery is authenticated, what it is trusted for, and where
-it is sent. The engine's receiver (:mod:`engine.service.webhooks`) mounts one route per
-scheme listed in :data:`providers.registry.WEBHOOKS` and knows nothing else about a
+it is sent. The engine's receiver (:mod:`callwarden.service.webhooks`) mounts one route per
+scheme listed in :data:`callwarden.providers.registry.WEBHOOKS` and knows nothing else about a
 provider — adding one touches ``providers/`` and the kind registry only.
 
 Two kinds of delivery:
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from providers.errors import SignatureError, StaleSignature
-from providers.outcomes import PollOutcome, Running
-from providers.raw import JSONTooDeep, decode_json
+from callwarden.providers.errors import SignatureError, StaleSignature
+from callwarden.providers.outcomes import PollOutcome, Running
+from callwarden.providers.raw import JSONTooDeep, decode_json
 
 __all__ = ["MalformedDelivery", "Parsed", "WebhookScheme", "check_timestamp", "hmac_sha256",
            "json_object", "lower", "text_field"]

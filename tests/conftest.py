@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from psycopg.conninfo import make_conninfo
 
-from engine.store.databases import create_database, drop_database
-from engine.store.db import Conn, EmbeddedServer, connect
-from engine.store.migrate import migrate
+from callwarden.store.databases import create_database, drop_database
+from callwarden.store.db import Conn, EmbeddedServer, connect
+from callwarden.store.migrate import migrate
 from tests.pgbouncer import running_pgbouncer
 
 # Hypothesis profiles (docs/testing.md, "Hypothesis profiles"); HYPOTHESIS_PROFILE picks

@@ -1,7 +1,8 @@
 """Legal call histories by construction (issue 14 item 3): a hypothesis strategy that walks
 the real transition table.
 
-:func:`histories` walks :data:`events.states.LEGAL` (the table ``events/states.py`` declares
+:func:`histories` walks :data:`callwarden.events.states.LEGAL` (the table ``events/states.py``
+declares
 once, which the fold and the ``transitions`` machine are both built from) from the empty
 call, drawing at each step one of the events the current state accepts, with realistic
 payloads and non-decreasing timestamps. It follows the fold's refinements of the table
@@ -34,7 +35,7 @@ import msgspec
 from hypothesis import event, target
 from hypothesis import strategies as st
 
-from events.states import (
+from callwarden.events.states import (
     LEGACY_KIND,
     LEGAL,
     TERMINAL,
@@ -42,7 +43,7 @@ from events.states import (
     InvalidTransition,
     TerminalStateError,
 )
-from events.types import (
+from callwarden.events.types import (
     EVENT_TYPES,
     Adopted,
     CallStarted,

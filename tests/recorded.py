@@ -5,7 +5,7 @@ from an official SDK file, an official doc page or a public recording, with a he
 naming that source (``source``), its evidence (``C`` official doc/SDK, ``O`` recorded live,
 ``3P`` third party) and notes. ``signature_vectors.json`` holds each provider's webhook
 signature vectors. :func:`load` reads one fixture; :func:`raw` turns it into the
-:class:`~providers.raw.RawResponse` a parser takes.
+:class:`~callwarden.providers.raw.RawResponse` a parser takes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from providers.raw import RawResponse
+from callwarden.providers.raw import RawResponse
 
 __all__ = ["FIXTURES", "Recorded", "all_fixtures", "load", "vectors"]
 

@@ -1,7 +1,7 @@
 """A real Redis for the queue tests (Celery's broker, arq's queue), started like PgBouncer
 (``tests/pgbouncer.py``): Debian's ``redis-server`` binary (``.ci/run`` installs it), on
 127.0.0.1 at a free port, its folder a temp dir, no persistence (no RDB, no AOF), stopped
-at the end — the demo's own starter (:mod:`engine.demo.redis_server`). A missing binary
+at the end — the demo's own starter (:mod:`callwarden.demo.redis_server`). A missing binary
 is an error that names the package, never a skip."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.demo import redis_server
+from callwarden.demo import redis_server
 from tests.debian import binary
 
 __all__ = ["running_redis"]

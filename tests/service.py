@@ -11,11 +11,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine.calls.finalize import Finalizer
-from engine.service.app import ServiceConfig, build_app
-from engine.store.db import Pool
-from providers.base import ProviderSettings
-from providers.storage import LocalFolderStore
+from callwarden.calls.finalize import Finalizer
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.service.app import ServiceConfig, build_app
+from callwarden.store.db import Pool
 
 __all__ = ["running_service"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from providers.errors import TransientError
-from providers.outcomes import PollOutcome, Running
+from callwarden.providers.errors import TransientError
+from callwarden.providers.outcomes import PollOutcome, Running
 
 __all__ = ["no_sleep", "poll_until_done"]
 

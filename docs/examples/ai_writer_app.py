@@ -31,7 +31,7 @@ import aiohttp
 from aiohttp import web
 from psycopg.types.json import Jsonb
 
-from engine import OwnCalls, Pool, ProviderSettings, Rate, RateTable, open_pool
+from callwarden import OwnCalls, Pool, ProviderSettings, Rate, RateTable, open_pool
 
 MODEL = "claude-sonnet-4-6"
 RESERVE = 10.0  # credits held per call until callwarden commits (by usage) or refunds them

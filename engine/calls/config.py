@@ -1,6 +1,6 @@
 """Settings for the actors that run calls (workers, finalizer), validated on creation.
 
-Loaded like every actor's (:mod:`engine.config`): defaults < the config file's ``[calls]``
+Loaded like every actor's (:mod:`callwarden.config`): defaults < the config file's ``[calls]``
 table < ``CALLWARDEN_CALL_<FIELD>`` (per kind: ``CALLWARDEN_CALL_POLL_INTERVAL_<KIND>``,
 ``..._POLL_BUDGET_<KIND>``, ``..._AMBIGUOUS_CREATE_<KIND>``; ``CALLWARDEN_MEDIA_ALLOW_HOSTS``
 is read too) < a command's flags."""
@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from engine.config import load
-from engine.errors import ConfigError
-from providers.kinds import KINDS
+from callwarden.config import load
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
 
 __all__ = ["ENV_PREFIX", "AmbiguousCreate", "CallConfig", "load_call_config"]
 

@@ -3,13 +3,13 @@
 
 1. Claim with an owner id of *this claim* (the process incarnation plus a fresh suffix, so
    two finalizations in one process never both believe they hold it) and a lease sized to
-   the work (:meth:`~engine.calls.config.CallConfig.lease_for`); an expired lease is taken over.
+   the work (:meth:`~callwarden.calls.config.CallConfig.lease_for`); an expired lease is taken over.
 2. Download each result URL (size-limited, only from the kind's media hosts: see
-   :mod:`providers.media_guard`) and store it under a deterministic per-job key, so a
+   :mod:`callwarden.providers.media_guard`) and store it under a deterministic per-job key, so a
    repeat after a crash overwrites the same object — all within a deadline inside the
    lease, so nobody takes over a finalization that is still working.
 3. In one transaction: ``Completed`` (with the text result and stop reason, if any;
-   commit at the pricing hook's charge — :mod:`engine.calls.pricing`, default the reservation
+   commit at the pricing hook's charge — :mod:`callwarden.calls.pricing`, default the reservation
    — never above the reservation), the ``assets`` rows, progress 100, and the sole-cause
    reopen of the parent ``workflow_executions`` row (compare-and-set on ``failed``).
 
@@ -35,18 +35,12 @@ from typing import Literal
 
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.failpoints import failpoint
-from engine.calls.pricing import ChargeReservation, Pricing, checked_charge
-from engine.errors import WriteConflict
-from engine.store.clock import Clock, DatabaseClock
-from engine.store.db import Pool
-from engine.store.host import host_ended
-from engine.store.port import Store
-from engine.store.postgres import PostgresStore
-from engine.store.write import AppendResult, Decide
-from events.states import CallState
-from events.types import (
+from callwarden.calls.config import CallConfig
+from callwarden.calls.failpoints import failpoint
+from callwarden.calls.pricing import ChargeReservation, Pricing, checked_charge
+from callwarden.errors import WriteConflict
+from callwarden.events.states import CallState
+from callwarden.events.types import (
     Completed,
     Event,
     FinalizeClaimed,
@@ -55,13 +49,25 @@ from events.types import (
     UpstreamFailed,
     UpstreamResult,
 )
-from projections.fold import CallProjection
-from providers.base import ProviderSettings
-from providers.errors import MediaExpired, MediaRefused, ProviderError, StorageError, is_transient
-from providers.media import download
-from providers.media_guard import media_session
-from providers.registry import media_fetch_for
-from providers.storage import MediaStore, ObjectNotFound, media_key
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.errors import (
+    MediaExpired,
+    MediaRefused,
+    ProviderError,
+    StorageError,
+    is_transient,
+)
+from callwarden.providers.media import download
+from callwarden.providers.media_guard import media_session
+from callwarden.providers.registry import media_fetch_for
+from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
+from callwarden.store.clock import Clock, DatabaseClock
+from callwarden.store.db import Pool
+from callwarden.store.host import host_ended
+from callwarden.store.port import Store
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import AppendResult, Decide
 
 __all__ = ["Clock", "FinalizeResult", "Finalizer"]
 
@@ -90,7 +96,7 @@ class Finalizer:
                  config: CallConfig | None = None, pricing: Pricing | None = None,
                  db: Store | None = None) -> None:
         """``pricing``: what a completed call is charged (default: its reservation;
-        :mod:`engine.calls.pricing`). ``db``: the store (:mod:`engine.store.port`;
+        :mod:`callwarden.calls.pricing`). ``db``: the store (:mod:`callwarden.store.port`;
         default: :class:`PostgresStore` on ``pool``)."""
         self.pool, self.store, self.settings = pool, store, settings
         if db is None:

@@ -11,7 +11,8 @@ retry overwrites the same object), and the outcome it returns carries only URLs;
 into the event (``UpstreamResult.stored_keys``), which the finalizer then only checks.
 
 A result that can never be stored (too large, a refused type, a malformed ``data:`` URI) is
-a :class:`~providers.outcomes.Failed` with ``code="media_unusable"`` (refunded); a storage
+a :class:`~callwarden.providers.outcomes.Failed` with ``code="media_unusable"`` (refunded); a
+storage
 failure is raised as it is (nothing recorded: the answer is polled or delivered again).
 """
 
@@ -21,13 +22,13 @@ import uuid
 
 import msgspec
 
-from engine.calls.config import CallConfig
-from providers.base import ProviderSettings
-from providers.errors import MediaError
-from providers.media import decode_data_uri
-from providers.outcomes import Blob, Failed, PollOutcome, Succeeded
-from providers.registry import media_fetch_for
-from providers.storage import MediaStore, media_key
+from callwarden.calls.config import CallConfig
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.errors import MediaError
+from callwarden.providers.media import decode_data_uri
+from callwarden.providers.outcomes import Blob, Failed, PollOutcome, Succeeded
+from callwarden.providers.registry import media_fetch_for
+from callwarden.providers.storage import MediaStore, media_key
 
 __all__ = ["store_inline"]
 

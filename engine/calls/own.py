@@ -1,7 +1,7 @@
 """Bring your own call: host code that makes the provider request itself (its own HTTP
 client) still records every transition through the fenced write path, as ``CallRunner``
 does. Async kinds here; sync and streaming calls, and the blocking face for code without
-an event loop, in :mod:`engine.calls.own_sync`. docs/embedding.md has worked examples.
+an event loop, in :mod:`callwarden.calls.own_sync`. docs/embedding.md has worked examples.
 
 Async kinds (the seed's image handler with ``onTaskCreated``)::
 
@@ -30,7 +30,7 @@ Async kinds (the seed's image handler with ``onTaskCreated``)::
 A create the provider refused (a 4xx, a rate limit: nothing exists upstream) is
 ``await call.failed(...)`` (refunded); one whose answer was lost (a timeout, a 5xx) is left
 alone: the reconciler sweeps it. Outcomes are finalized by the runner's
-:class:`~engine.calls.finalize.Finalizer` (media downloaded and stored, committed at the
+:class:`~callwarden.calls.finalize.Finalizer` (media downloaded and stored, committed at the
 pricing hook's charge, default the reservation).
 
 Bad input raises before anything is written: another task id than the job holds is
@@ -48,28 +48,36 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from engine.calls.config import CallConfig
-from engine.calls.finalize import Finalizer
-from engine.calls.identity import incarnation
-from engine.calls.inline import store_inline
-from engine.calls.pricing import Pricing
-from engine.calls.runner import ACTIVE, CallOutcome, Result, call_outcome, upstream_event
-from engine.errors import CallwardenError, ConfigError, DatabaseError
-from engine.store.clock import Clock, DatabaseClock
-from engine.store.db import Pool
-from engine.store.port import Store
-from engine.store.postgres import PostgresStore
-from engine.store.write import AppendResult, Decide
-from events.states import CallState
-from events.types import CallStarted, Event, TaskCreated
-from projections.fold import EMPTY, CallProjection
-from providers.base import ProviderSettings
-from providers.kinds import is_sync_call
-from providers.outcomes import Blob, Failed, NotFound, PollOutcome, Running, Succeeded, Usage
-from providers.storage import MediaStore, StoredObject
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.identity import incarnation
+from callwarden.calls.inline import store_inline
+from callwarden.calls.pricing import Pricing
+from callwarden.calls.runner import ACTIVE, CallOutcome, Result, call_outcome, upstream_event
+from callwarden.errors import CallwardenError, ConfigError, DatabaseError
+from callwarden.events.states import CallState
+from callwarden.events.types import CallStarted, Event, TaskCreated
+from callwarden.projections.fold import EMPTY, CallProjection
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import is_sync_call
+from callwarden.providers.outcomes import (
+    Blob,
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    Usage,
+)
+from callwarden.providers.storage import MediaStore, StoredObject
+from callwarden.store.clock import Clock, DatabaseClock
+from callwarden.store.db import Pool
+from callwarden.store.port import Store
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import AppendResult, Decide
 
 if TYPE_CHECKING:
-    from engine.calls.own_sync import SyncCallContext
+    from callwarden.calls.own_sync import SyncCallContext
 
 __all__ = ["Action", "CallAlreadyStarted", "CallNotStarted", "OwnCall", "OwnCallError",
            "OwnCalls", "Reported", "TaskIdConflict", "WrongKind"]
@@ -108,7 +116,7 @@ class CallAlreadyStarted(CallNotStarted):
 
 
 class Reported(CallOutcome, frozen=True, kw_only=True):
-    """A :class:`~engine.calls.runner.CallOutcome` plus ``ok``: this report's event was
+    """A :class:`~callwarden.calls.runner.CallOutcome` plus ``ok``: this report's event was
     appended (``False``: someone else's write stood first, e.g. the call was terminal)."""
 
     ok: bool = False
@@ -142,7 +150,7 @@ class OwnCalls:
     """Records host-made calls for one process incarnation (``owner``). ``store`` and
     ``settings`` are the finalizer's (media results are downloaded from the kind's media
     hosts and stored); ``pricing`` charges completed calls (default: the reservation);
-    ``db``: the store the calls are recorded in (:mod:`engine.store.port`; default:
+    ``db``: the store the calls are recorded in (:mod:`callwarden.store.port`; default:
     :class:`PostgresStore` on ``pool``)."""
 
     def __init__(self, pool: Pool, *, store: MediaStore | None = None,
@@ -185,10 +193,10 @@ class OwnCalls:
 
     def sync_call(self, job_id: uuid.UUID, kind: str, *,
                   operation: str | None = None) -> SyncCallContext:
-        """``async with``: a sync or streaming call (:mod:`engine.calls.own_sync`). The
+        """``async with``: a sync or streaming call (:mod:`callwarden.calls.own_sync`). The
         kind is checked here, so a host that builds the context before it reserves
         credits never reserves for a kind that cannot be recorded (``WrongKind``)."""
-        from engine.calls.own_sync import SyncCallContext  # it imports this module
+        from callwarden.calls.own_sync import SyncCallContext  # it imports this module
 
         return SyncCallContext(self, job_id, kind, operation)
 

@@ -1,5 +1,5 @@
 """Bring your own call, sync kinds and streams (the seed's D9 routes: ai-writer, sync and
-SSE), and the blocking face of :mod:`engine.calls.own` for code with no event loop.
+SSE), and the blocking face of :mod:`callwarden.calls.own` for code with no event loop.
 
     async with calls.sync_call(job_id, "anthropic-sync") as call:   # CallStarted
         answer = await my_client.messages(...)                       # the host's own call
@@ -24,7 +24,7 @@ stream is not taken for dead past its kind's threshold). On exit:
 A process that dies inside leaves the call ``created`` (sync): past the kind's threshold
 (or its heartbeat timeout) the reconciler sweeps it and refunds, once; so does an exit
 whose write fails (the database is down: its error is raised from the block). A job that already
-has a call is refused on enter (:class:`~engine.calls.own.CallAlreadyStarted`: the context
+has a call is refused on enter (:class:`~callwarden.calls.own.CallAlreadyStarted`: the context
 used twice, a redelivered route): a sync call cannot be resumed, and nothing is written.
 
 :class:`BlockingCalls` runs the same coroutines on a private event loop in a thread it
@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.own import (
+from callwarden.calls.config import CallConfig
+from callwarden.calls.own import (
     Action,
     CallAlreadyStarted,
     CallNotStarted,
@@ -53,14 +53,14 @@ from engine.calls.own import (
     Reported,
     WrongKind,
 )
-from engine.calls.pricing import Pricing
-from engine.store.boundary import translated
-from engine.store.db import Pool, open_pool
-from projections.fold import CallProjection
-from providers.base import ProviderSettings
-from providers.kinds import is_sync_call
-from providers.outcomes import Blob, Failed, PollOutcome, Succeeded, Usage
-from providers.storage import MediaStore
+from callwarden.calls.pricing import Pricing
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import is_sync_call
+from callwarden.providers.outcomes import Blob, Failed, PollOutcome, Succeeded, Usage
+from callwarden.providers.storage import MediaStore
+from callwarden.store.boundary import translated
+from callwarden.store.db import Pool, open_pool
 
 __all__ = ["BlockingCall", "BlockingCalls", "BlockingSyncCallContext", "SyncCall",
            "SyncCallContext", "enter_sync", "exit_sync"]
@@ -168,7 +168,7 @@ class SyncCallContext:
 
 
 class BlockingCalls:
-    """:class:`~engine.calls.own.OwnCalls` for blocking code: a private event loop in a
+    """:class:`~callwarden.calls.own.OwnCalls` for blocking code: a private event loop in a
     daemon thread and a pool of ``max_size`` connections to ``url`` on it. Use it as a
     context manager (or :meth:`close` it). Not from inside its own loop's thread."""
 
@@ -224,7 +224,7 @@ class BlockingCalls:
 
     def start(self, job_id: uuid.UUID, kind: str, *,
               operation: str | None = None) -> BlockingCall:
-        """:meth:`OwnCalls.start <engine.calls.own.OwnCalls.start>`, blocking."""
+        """:meth:`OwnCalls.start <callwarden.calls.own.OwnCalls.start>`, blocking."""
         return BlockingCall(self, self._run(self.calls.start(job_id, kind,
                                                              operation=operation)))
 
@@ -235,7 +235,7 @@ class BlockingCalls:
 
 
 class BlockingCall:
-    """:class:`~engine.calls.own.OwnCall`, blocking: the same attributes and methods."""
+    """:class:`~callwarden.calls.own.OwnCall`, blocking: the same attributes and methods."""
 
     def __init__(self, blocking: BlockingCalls, call: OwnCall) -> None:
         self._b, self.call = blocking, call

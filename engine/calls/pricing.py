@@ -1,6 +1,6 @@
 """What a completed call costs the user, in credits: the one pricing hook (pure).
 
-Providers report usage in their own terms (``providers.outcomes.Usage``): tokens
+Providers report usage in their own terms (``callwarden.providers.outcomes.Usage``): tokens
 (Anthropic, KIE's LLM proxy), predict seconds (Replicate), characters (ElevenLabs), KIE
 credits (its LLM proxy's ``credits_consumed``), or nothing at all (KIE task polls carry no
 cost). None of that is the host's credits. The finalizer asks one :class:`Pricing` for
@@ -17,7 +17,7 @@ The charge is checked where it is asked for (:func:`checked_charge`, called by t
 finalizer): a pricing function that raises, or answers anything but a finite number ``>= 0``
 (NaN, infinity, a negative number, a string), charges the reservation, logged with the
 reason — a host's pricing bug never loses a paid result and never charges more than was
-reserved. A price list is validated when it is built (:class:`~engine.errors.ConfigError`):
+reserved. A price list is validated when it is built (:class:`~callwarden.errors.ConfigError`):
 a kind callwarden does not know, a unit no provider reports, a rate or ``per`` that is not
 a finite number (``per > 0``).
 """
@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from engine.errors import ConfigError
-from providers.kinds import KINDS
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
 
 __all__ = ["PRICING_ENV", "UNITS", "ChargeReservation", "Pricing", "Rate", "RateTable",
            "checked_charge", "load_pricing", "pricing_from_env"]
@@ -137,7 +137,7 @@ def load_pricing(path: Path) -> RateTable:
 def pricing_from_env(env: Mapping[str, str]) -> Pricing:
     """The price list named by ``CALLWARDEN_PRICING_FILE``, else
     :class:`ChargeReservation`. A file that cannot be read or validated is a
-    :class:`~engine.errors.ConfigError` at start, never a silent fall back to the default."""
+    :class:`~callwarden.errors.ConfigError` at start, never a silent fall back to the default."""
     path = env.get(PRICING_ENV, "").strip()
     return load_pricing(Path(path)) if path else ChargeReservation()
 

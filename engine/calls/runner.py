@@ -27,21 +27,15 @@ from typing import Any, Literal, cast
 import aiohttp
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.failpoints import failpoint
-from engine.calls.finalize import Finalizer
-from engine.calls.identity import incarnation
-from engine.calls.inline import store_inline
-from engine.calls.pricing import Pricing
-from engine.errors import DatabaseError
-from engine.service.tracing import call_context
-from engine.store.clock import Clock, DatabaseClock
-from engine.store.db import Pool
-from engine.store.port import Store
-from engine.store.postgres import PostgresStore
-from engine.store.write import Decide
-from events.states import CallState
-from events.types import (
+from callwarden.calls.config import CallConfig
+from callwarden.calls.failpoints import failpoint
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.identity import incarnation
+from callwarden.calls.inline import store_inline
+from callwarden.calls.pricing import Pricing
+from callwarden.errors import DatabaseError
+from callwarden.events.states import CallState
+from callwarden.events.types import (
     CallStarted,
     Event,
     Swept,
@@ -50,9 +44,9 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import EMPTY, CallProjection
-from providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
-from providers.errors import (
+from callwarden.projections.fold import EMPTY, CallProjection
+from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from callwarden.providers.errors import (
     MediaExpired,
     NotSent,
     ProviderError,
@@ -60,10 +54,16 @@ from providers.errors import (
     StorageError,
     TransientError,
 )
-from providers.kinds import get_kind, is_sync_call
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.registry import client_for
-from providers.storage import MediaStore
+from callwarden.providers.kinds import get_kind, is_sync_call
+from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from callwarden.providers.registry import client_for
+from callwarden.providers.storage import MediaStore
+from callwarden.service.tracing import call_context
+from callwarden.store.clock import Clock, DatabaseClock
+from callwarden.store.db import Pool
+from callwarden.store.port import Store
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import Decide
 
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome", "upstream_event"]
 
@@ -109,7 +109,7 @@ def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
 
 class CallRunner:
     """Runs calls for one process incarnation (``owner``). ``db``: the store the calls are
-    recorded in (:mod:`engine.store.port`; default: :class:`PostgresStore` on ``pool``);
+    recorded in (:mod:`callwarden.store.port`; default: :class:`PostgresStore` on ``pool``);
     ``monotonic``: the clock the poll budget and the heartbeat cadence are measured on
     (the deterministic simulation passes its simulated one)."""
 
@@ -257,7 +257,7 @@ class CallRunner:
 
     async def inline(self, job_id: uuid.UUID, kind: str,
                      outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:
-        """Inline results stored before the outcome is recorded (:mod:`engine.calls.inline`)."""
+        """Inline results stored before the outcome is recorded (:mod:`callwarden.calls.inline`)."""
         return await store_inline(self.store, job_id, kind, outcome,
                                   settings=self.settings, config=self.config)
 

@@ -1,3 +1,3 @@
 """``callwarden``: one module per command (``worker``, ``reconcile``, ``serve``, ``audit``,
 ``demo``) registered by ``main``, which also holds ``migrate``, ``status`` and
-``simulator``. Run it as ``callwarden`` or ``python -m engine.cli``."""
+``simulator``. Run it as ``callwarden`` or ``python -m callwarden.cli``."""

@@ -1,7 +1,7 @@
-"""``python -m engine.cli``: the ``callwarden`` command."""
+"""``python -m callwarden.cli``: the ``callwarden`` command."""
 
 import sys
 
-from engine.cli.main import main
+from callwarden.cli.main import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 
 Exit codes: 0 all good; 1 something to look at (unknown job, mismatches, replay errors,
 jobs rebuild could not repair); 2 a job's own log cannot be replayed (``audit``) or the
-database failed (handled by :mod:`engine.cli`).
+database failed (handled by :mod:`callwarden.cli`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from engine.cli.args import positive_int
-from engine.errors import JobNotFound
-from engine.reconciler.config import load_config
-from engine.replay import render
-from engine.replay.audit import audit_job, stats
-from engine.replay.rebuild import rebuild
-from engine.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
-from engine.store.clock import DatabaseClock, utcnow
-from engine.store.db import Conn, connect
-from events.codec import EventDecodeError
-from projections.stats import parse_window
+from callwarden.cli.args import positive_int
+from callwarden.errors import JobNotFound
+from callwarden.events.codec import EventDecodeError
+from callwarden.projections.stats import parse_window
+from callwarden.reconciler.config import load_config
+from callwarden.replay import render
+from callwarden.replay.audit import audit_job, stats
+from callwarden.replay.rebuild import rebuild
+from callwarden.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
+from callwarden.store.clock import DatabaseClock, utcnow
+from callwarden.store.db import Conn, connect
 
 __all__ = ["parse_since", "register"]
 

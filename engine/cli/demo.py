@@ -17,15 +17,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from engine.cli.args import nonnegative_float, positive_float, positive_int
-from engine.cli.process import setup_logging
-from engine.demo.queues import QUEUES, check_queue
-from engine.demo.report import render_report
-from engine.demo.run import DemoOptions, DemoRun, Tick, run_demo
-from engine.errors import DatabaseUnavailable
-from engine.store.databases import create_database, drop_database
-from engine.store.db import EmbeddedServer, default_data_dir
-from engine.store.outage import Outage
+from callwarden.cli.args import nonnegative_float, positive_float, positive_int
+from callwarden.cli.process import setup_logging
+from callwarden.demo.queues import QUEUES, check_queue
+from callwarden.demo.report import render_report
+from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
+from callwarden.errors import DatabaseUnavailable
+from callwarden.store.databases import create_database, drop_database
+from callwarden.store.db import EmbeddedServer, default_data_dir
+from callwarden.store.outage import Outage
 
 __all__ = ["register"]
 

@@ -18,13 +18,13 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from engine.cli.process import env_help
-from engine.errors import CallwardenError
-from engine.replay.status import print_status
-from engine.store.db import connect, resolve_database_url
-from engine.store.migrate import migrate
-from providers.simulator.core import KEY_HELP
-from providers.simulator.core import add_arguments as add_simulator_arguments
+from callwarden.cli.process import env_help
+from callwarden.errors import CallwardenError
+from callwarden.providers.simulator.core import KEY_HELP
+from callwarden.providers.simulator.core import add_arguments as add_simulator_arguments
+from callwarden.replay.status import print_status
+from callwarden.store.db import connect, resolve_database_url
+from callwarden.store.migrate import migrate
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
@@ -33,8 +33,8 @@ def _console() -> Console:
     return Console()
 
 # Modules adding subcommands; a missing one (not yet written) is skipped.
-COMMAND_MODULES = ["engine.cli.audit", "engine.cli.worker", "engine.cli.reconcile",
-                   "engine.cli.demo", "engine.cli.serve"]
+COMMAND_MODULES = ["callwarden.cli.audit", "callwarden.cli.worker", "callwarden.cli.reconcile",
+                   "callwarden.cli.demo", "callwarden.cli.serve"]
 
 
 async def _migrate(args: argparse.Namespace, url: str) -> int:
@@ -55,7 +55,7 @@ async def _status(args: argparse.Namespace, url: str) -> int:
 
 
 def _simulator(args: argparse.Namespace) -> int:
-    from providers.simulator.core import forwarded, main
+    from callwarden.providers.simulator.core import forwarded, main
 
     return main(forwarded(args))
 

@@ -3,7 +3,7 @@
 Without ``--once`` it runs a pass every (jittered) scan interval until SIGTERM or SIGINT,
 finishing the batch in hand. ``--once`` runs one pass and prints its counts (``--json``:
 one JSON object). Configuration: ``--config`` (TOML or JSON) and ``CALLWARDEN_RECONCILE_*``
-(see :mod:`engine.reconciler.config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
+(see :mod:`callwarden.reconciler.config`); providers from ``CALLWARDEN_<PROVIDER>_URL`` and the
 API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
 ``CALLWARDEN_MEDIA_ALLOW_HOSTS``). Exit codes: 0 the pass ran (per-call provider errors
 are outcomes, recorded on the calls and counted); 1 the pass could not run through
@@ -28,17 +28,17 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from engine.calls.config import load_call_config
-from engine.calls.pricing import pricing_from_env
-from engine.cli.args import port
-from engine.cli.process import setup_logging
-from engine.reconciler.config import load_config
-from engine.reconciler.loop import Counts, Reconciler
-from engine.service.metrics import start_metrics_server
-from engine.store.db import default_data_dir, open_pool
-from engine.store.outage import configured_limit_s
-from providers.base import ProviderSettings
-from providers.storage import store_from_env
+from callwarden.calls.config import load_call_config
+from callwarden.calls.pricing import pricing_from_env
+from callwarden.cli.args import port
+from callwarden.cli.process import setup_logging
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.storage import store_from_env
+from callwarden.reconciler.config import load_config
+from callwarden.reconciler.loop import Counts, Reconciler
+from callwarden.service.metrics import start_metrics_server
+from callwarden.store.db import default_data_dir, open_pool
+from callwarden.store.outage import configured_limit_s
 
 __all__ = ["register"]
 

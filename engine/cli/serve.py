@@ -20,21 +20,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from engine.calls.config import load_call_config
-from engine.calls.finalize import Finalizer
-from engine.calls.identity import incarnation
-from engine.calls.pricing import pricing_from_env
-from engine.cli.args import port, positive_int
-from engine.cli.process import setup_logging
-from engine.errors import ConfigError
-from engine.reconciler.config import load_config
-from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
-from engine.service.webhooks import load_webhook_config
-from engine.store.db import default_data_dir, open_pool
-from providers.base import ProviderSettings
-from providers.outcomes import PollOutcome
-from providers.registry import poll_task
-from providers.storage import store_from_env
+from callwarden.calls.config import load_call_config
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.identity import incarnation
+from callwarden.calls.pricing import pricing_from_env
+from callwarden.cli.args import port, positive_int
+from callwarden.cli.process import setup_logging
+from callwarden.errors import ConfigError
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import poll_task
+from callwarden.providers.storage import store_from_env
+from callwarden.reconciler.config import load_config
+from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.webhooks import load_webhook_config
+from callwarden.store.db import default_data_dir, open_pool
 
 __all__ = ["register"]
 

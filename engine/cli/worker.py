@@ -2,7 +2,8 @@
 
 Provider endpoints and keys come from the environment (``ProviderSettings.from_env``:
 ``CALLWARDEN_<PROVIDER>_URL``, ``KIE_API_KEY``, ...); media go to
-``providers.storage.store_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set), else
+``callwarden.providers.storage.store_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set),
+else
 to ``--media-dir`` (default ``<data dir>/media``).
 """
 
@@ -19,19 +20,19 @@ from typing import Any, get_args
 
 import msgspec
 
-from engine.calls.config import AmbiguousCreate, CallConfig, load_call_config
-from engine.calls.pricing import pricing_from_env
-from engine.cli.args import count, nonnegative_float, port, positive_float, positive_int
-from engine.cli.process import setup_logging
-from engine.errors import ConfigError
-from engine.queue.claims import input_data
-from engine.queue.worker import run_worker
-from engine.service.metrics import start_metrics_server
-from engine.store.db import connect, default_data_dir
-from engine.store.jobs import create_job
-from providers.base import ProviderSettings
-from providers.kinds import KINDS
-from providers.storage import store_from_env
+from callwarden.calls.config import AmbiguousCreate, CallConfig, load_call_config
+from callwarden.calls.pricing import pricing_from_env
+from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
+from callwarden.cli.process import setup_logging
+from callwarden.errors import ConfigError
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.storage import store_from_env
+from callwarden.queue.claims import input_data
+from callwarden.queue.worker import run_worker
+from callwarden.service.metrics import start_metrics_server
+from callwarden.store.db import connect, default_data_dir
+from callwarden.store.jobs import create_job
 
 __all__ = ["call_config", "register"]
 
@@ -118,7 +119,7 @@ _ORIGINS = {**{field: "--" + flag.replace("_", "-") for flag, field in _FLAGS.it
 
 def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> CallConfig:
     """The worker's :class:`CallConfig`: defaults < ``--config`` < environment < flags
-    (:func:`engine.calls.config.load_call_config`); validated."""
+    (:func:`callwarden.calls.config.load_call_config`); validated."""
     env = dict(os.environ if env is None else env)
     if "CALLWARDEN_AMBIGUOUS_CREATE" in env:  # the older name of CALLWARDEN_CALL_...
         env.setdefault("CALLWARDEN_CALL_AMBIGUOUS_CREATE", env["CALLWARDEN_AMBIGUOUS_CREATE"])

@@ -1,8 +1,8 @@
-"""The Celery app of ``callwarden demo --queue celery`` (``celery -A engine.demo.celery_app
-worker``): what :func:`engine.queue.celery.register` sets up for any host, on the demo's
+"""The Celery app of ``callwarden demo --queue celery`` (``celery -A callwarden.demo.celery_app
+worker``): what :func:`callwarden.queue.celery.register` sets up for any host, on the demo's
 Redis (``CALLWARDEN_REDIS_URL``), queue (``CALLWARDEN_DEMO_QUEUE``) and demo-scale
 visibility timeout (``CALLWARDEN_DEMO_REDELIVER_S``); the calls' settings come from the
-environment :mod:`engine.demo.queues` gives each worker.
+environment :mod:`callwarden.demo.queues` gives each worker.
 
 kombu restores unacked messages under a Redis lock (``unacked_mutex``) that expires after
 ``unacked_mutex_expire``, 300 s by default: a worker SIGKILLed while it holds the lock (it
@@ -16,7 +16,7 @@ import os
 
 from celery import Celery
 
-from engine.queue.celery import register
+from callwarden.queue.celery import register
 
 VISIBILITY_S = float(os.environ["CALLWARDEN_DEMO_REDELIVER_S"])
 RESTORE_LOCK_S = 4.0  # a restore takes milliseconds

@@ -22,7 +22,7 @@ WORKER_FLAGS = ["--concurrency", "6", "--visibility", "3", "--poll-interval", "0
 
 
 class Fleet(Protocol):
-    """What the demo drives: the reference fleet, or a queue's (:mod:`engine.demo.queues`)."""
+    """What the demo drives: the reference fleet, or a queue's (:mod:`callwarden.demo.queues`)."""
 
     kills: int
 
@@ -50,7 +50,7 @@ class WorkerFleet:
 
     def command(self) -> list[str]:
         """The worker's ``python`` arguments."""
-        return ["-m", "engine.cli", "worker", *WORKER_FLAGS]
+        return ["-m", "callwarden.cli", "worker", *WORKER_FLAGS]
 
     def kill(self, proc: asyncio.subprocess.Process) -> None:
         """SIGKILL, as a lost host: nothing runs a shutdown hook."""

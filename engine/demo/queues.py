@@ -1,12 +1,12 @@
 """``callwarden demo --queue celery|arq``: the main job on a host's queue instead of the
 reference one. The planned jobs are published to Redis (Celery ``send_task`` of
-:data:`engine.queue.celery.TASK_NAME`; arq :func:`engine.queue.arq.enqueue_call`) and run by
-``size`` real worker processes (``celery -A engine.demo.celery_app worker --pool prefork``,
-or ``arq engine.demo.arq_app.WorkerSettings``), each in its own process group, SIGKILLed
-whole at random and restarted, like the reference fleet (:mod:`engine.demo.fleet`).
+:data:`callwarden.queue.celery.TASK_NAME`; arq :func:`callwarden.queue.arq.enqueue_call`) and run by
+``size`` real worker processes (``celery -A callwarden.demo.celery_app worker --pool prefork``,
+or ``arq callwarden.demo.arq_app.WorkerSettings``), each in its own process group, SIGKILLed
+whole at random and restarted, like the reference fleet (:mod:`callwarden.demo.fleet`).
 
 Redis: ``CALLWARDEN_REDIS_URL``, else a private ``redis-server`` in the demo's folder
-(:mod:`engine.demo.redis_server`). Each run uses a queue of its own name, so a shared Redis
+(:mod:`callwarden.demo.redis_server`). Each run uses a queue of its own name, so a shared Redis
 is safe; its keys there are deleted at the end.
 
 Redelivery is demo-scale, like the calls' settings (those of the reference fleet, given as
@@ -35,15 +35,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from engine.calls.config import ENV_PREFIX, CallConfig
-from engine.demo.fleet import WORKER_FLAGS, WorkerFleet
-from engine.demo.lost import LostMessages
-from engine.demo.redis_server import redis_binary, running_redis
-from engine.errors import ConfigError
-from engine.queue.claims import JobSpec, parse_job
-from engine.store.db import Conn
-from engine.store.write import execute
-from providers.kinds import KINDS
+from callwarden.calls.config import ENV_PREFIX, CallConfig
+from callwarden.demo.fleet import WORKER_FLAGS, WorkerFleet
+from callwarden.demo.lost import LostMessages
+from callwarden.demo.redis_server import redis_binary, running_redis
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
+from callwarden.queue.claims import JobSpec, parse_job
+from callwarden.store.db import Conn
+from callwarden.store.write import execute
 
 __all__ = ["QUEUES", "REDIS_ENV", "QueueFleet", "call_env", "check_queue", "job_specs",
            "queue_fleet"]
@@ -145,11 +145,11 @@ class QueueFleet(WorkerFleet):
 
     def command(self) -> list[str]:
         if self.queue == "celery":
-            return ["-m", "celery", "-A", "engine.demo.celery_app", "worker",
+            return ["-m", "celery", "-A", "callwarden.demo.celery_app", "worker",
                     "--pool", "prefork", "--concurrency", str(CONCURRENCY),
                     "--loglevel", "INFO", "--without-mingle", "--without-gossip",
                     "--without-heartbeat", "-n", f"demo-{self.started}@%h"]
-        return ["-m", "arq", "engine.demo.arq_app.WorkerSettings"]
+        return ["-m", "arq", "callwarden.demo.arq_app.WorkerSettings"]
 
     def kill(self, proc: asyncio.subprocess.Process) -> None:
         """SIGKILL the whole group (Celery's pool children too), as a lost host."""
@@ -165,7 +165,7 @@ class QueueFleet(WorkerFleet):
 
     def lost_messages(self, unstarted: Callable[[], Awaitable[set[str] | None]]
                       ) -> LostMessages | None:
-        """Celery's watch for messages its Redis transport lost (:mod:`engine.demo.lost`);
+        """Celery's watch for messages its Redis transport lost (:mod:`callwarden.demo.lost`);
         None for arq, which loses none."""
         if self.queue != "celery":
             return None
@@ -174,7 +174,7 @@ class QueueFleet(WorkerFleet):
     def _send_celery(self, only: set[str] | None = None) -> None:
         from celery import Celery
 
-        from engine.queue.celery import TASK_NAME
+        from callwarden.queue.celery import TASK_NAME
 
         app = Celery("callwarden-demo-producer", broker=self.redis_url, set_as_current=False)
         try:
@@ -193,7 +193,7 @@ class QueueFleet(WorkerFleet):
         from arq import create_pool
         from arq.connections import RedisSettings
 
-        from engine.queue.arq import enqueue_call
+        from callwarden.queue.arq import enqueue_call
 
         redis = await create_pool(RedisSettings.from_dsn(self.redis_url))
         try:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from engine.demo.summary import DemoSummary
+from callwarden.demo.summary import DemoSummary
 
 __all__ = ["Sample", "render_report"]
 

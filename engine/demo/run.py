@@ -3,7 +3,7 @@
 On real parts: a fresh database (embedded Postgres, or ``DATABASE_URL``), the provider
 simulator on 127.0.0.1 with faults armed, real worker processes killed with SIGKILL at
 random and restarted, and the reconciler with thresholds scaled down so the demo ends in
-about a minute. The verdict is computed with SQL (:mod:`engine.demo.summary`).
+about a minute. The verdict is computed with SQL (:mod:`callwarden.demo.summary`).
 """
 
 from __future__ import annotations
@@ -22,33 +22,33 @@ import msgspec
 from aiohttp import web
 from psycopg.rows import DictRow
 
-from engine.calls.config import CallConfig
-from engine.calls.finalize import Finalizer
-from engine.calls.identity import incarnation
-from engine.demo.fleet import Fleet, WorkerFleet
-from engine.demo.lost import LostMessages
-from engine.demo.queues import QueueFleet, call_env, job_specs, queue_fleet
-from engine.demo.report import Sample
-from engine.demo.summary import DemoSummary, install_audit, summarize
-from engine.demo.workload import DEMO_PRICING, PlannedJob, plan_jobs
-from engine.errors import DatabaseUnavailable
-from engine.queue.claims import JobSpec
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.service.app import RedactingAccessLogger, ServiceConfig, build_app
-from engine.service.webhooks import WebhookConfig
-from engine.store.boundary import connection, transaction
-from engine.store.db import Conn, Pool, open_pool
-from engine.store.jobs import create_job
-from engine.store.migrate import migrate
-from engine.store.outage import Outage, until_up
-from engine.store.write import execute
-from providers.kinds import KINDS
-from providers.outcomes import PollOutcome
-from providers.registry import poll_task
-from providers.simulator.core import RunningSimulator, Simulator, running_simulator
-from providers.simulator.model import Fault
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.identity import incarnation
+from callwarden.demo.fleet import Fleet, WorkerFleet
+from callwarden.demo.lost import LostMessages
+from callwarden.demo.queues import QueueFleet, call_env, job_specs, queue_fleet
+from callwarden.demo.report import Sample
+from callwarden.demo.summary import DemoSummary, install_audit, summarize
+from callwarden.demo.workload import DEMO_PRICING, PlannedJob, plan_jobs
+from callwarden.errors import DatabaseUnavailable
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import poll_task
+from callwarden.providers.simulator.core import RunningSimulator, Simulator, running_simulator
+from callwarden.providers.simulator.model import Fault
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue.claims import JobSpec
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.webhooks import WebhookConfig
+from callwarden.store.boundary import connection, transaction
+from callwarden.store.db import Conn, Pool, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.migrate import migrate
+from callwarden.store.outage import Outage, until_up
+from callwarden.store.write import execute
 
 __all__ = ["DEMO_RECONCILE", "Chaos", "DemoOptions", "DemoRun", "Tick", "run_demo"]
 
@@ -89,7 +89,7 @@ class DemoOptions(msgspec.Struct, kw_only=True):
     """``chaos``: also restart the database (immediate mode, when the demo has a
     ``restart`` handle on it) and cut every connection, alternately, every
     ``chaos_every_s`` (jittered) while the jobs run. ``queue``: run the jobs on Celery or
-    arq workers over Redis (:mod:`engine.demo.queues`) instead of the reference queue."""
+    arq workers over Redis (:mod:`callwarden.demo.queues`) instead of the reference queue."""
 
     jobs: int = 140
     workers: int = 3
@@ -269,7 +269,7 @@ async def _setup(pool: Pool, opts: DemoOptions, outage: Outage) -> list[uuid.UUI
 
 
 def _lost_messages(pool: Pool, fleet: Fleet) -> LostMessages | None:
-    """Celery's watch for the messages its broker lost (:mod:`engine.demo.lost`)."""
+    """Celery's watch for the messages its broker lost (:mod:`callwarden.demo.lost`)."""
     if not isinstance(fleet, QueueFleet):
         return None
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from engine.calls.pricing import Rate, RateTable
-from providers.kinds import KINDS
+from callwarden.calls.pricing import Rate, RateTable
+from callwarden.providers.kinds import KINDS
 
 __all__ = ["DEMO_PRICING", "PlannedJob", "plan_jobs", "scenario_script"]
 

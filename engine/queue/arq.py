@@ -3,12 +3,12 @@
 ::
 
     # worker.py — run with: arq worker.WorkerSettings
-    from engine.queue.arq import worker_settings
+    from callwarden.queue.arq import worker_settings
     WorkerSettings = worker_settings(redis_url="redis://127.0.0.1:6379/0")
 
     # wherever jobs are enqueued
     from arq import create_pool
-    from engine.queue.arq import enqueue_call
+    from callwarden.queue.arq import enqueue_call
     redis = await create_pool(RedisSettings.from_dsn(url))
     await enqueue_call(redis, job_id, "kie-standard", {"model": ..., "input": {...}})
 
@@ -20,7 +20,7 @@ arq delivers a job again when the worker running it died: the job stays in the q
 it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after the start,
 after which any worker takes it (``job_try`` + 1) and the runner resumes the call. So
 :func:`worker_settings` sets ``job_timeout`` to
-:func:`~engine.queue.process.longest_run_s`: a live worker is never overtaken, and arq
+:func:`~callwarden.queue.process.longest_run_s`: a live worker is never overtaken, and arq
 never cancels a call that is still inside its budget. Details: docs/embedding.md ("On a queue").
 """
 
@@ -38,10 +38,10 @@ from arq.jobs import Job
 from arq.typing import StartupShutdown
 from arq.worker import Retry, func
 
-from engine.calls.config import load_call_config
-from engine.calls.runner import CallOutcome
-from engine.errors import DatabaseUnavailable
-from engine.queue.process import (
+from callwarden.calls.config import load_call_config
+from callwarden.calls.runner import CallOutcome
+from callwarden.errors import DatabaseUnavailable
+from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
     log_outcome,

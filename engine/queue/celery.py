@@ -3,7 +3,7 @@
 ::
 
     from celery import Celery
-    from engine.queue.celery import register
+    from callwarden.queue.celery import register
 
     app = Celery("host", broker="redis://127.0.0.1:6379/0")
     run_call = register(app)   # process hooks, recommended settings, the task
@@ -26,8 +26,8 @@ A task blocks its thread on ``run_call`` while the call runs on the loop.
 
 :class:`CallTask` sets what a durable call needs (``acks_late``,
 ``reject_on_worker_lost``, ``acks_on_failure_or_timeout``; retries on
-:class:`~engine.errors.DatabaseUnavailable`); :func:`register` also defaults the broker's
-``visibility_timeout`` to :func:`~engine.queue.process.longest_run_s` plus a margin and
+:class:`~callwarden.errors.DatabaseUnavailable`); :func:`register` also defaults the broker's
+``visibility_timeout`` to :func:`~callwarden.queue.process.longest_run_s` plus a margin and
 ``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
 """
 
@@ -44,10 +44,11 @@ from typing import Any, TypeVar
 from celery import Celery, Task, signals
 from celery.app.defaults import DEFAULTS
 
-from engine.calls.config import CallConfig, load_call_config
-from engine.calls.runner import CallOutcome
-from engine.errors import DatabaseUnavailable
-from engine.queue.process import (
+from callwarden.calls.config import CallConfig, load_call_config
+from callwarden.calls.runner import CallOutcome
+from callwarden.errors import DatabaseUnavailable
+from callwarden.providers.base import ProviderSettings
+from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
     log_outcome,
@@ -55,7 +56,6 @@ from engine.queue.process import (
     open_runner,
     outcome_dict,
 )
-from providers.base import ProviderSettings
 
 __all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "current_runtime", "register",
            "start_process", "stop_process", "visibility_timeout_for"]

@@ -24,10 +24,10 @@ from typing import Any
 
 import msgspec
 
-from engine.store.boundary import transaction
-from engine.store.db import Conn
-from engine.store.write import AppendResult, cancel, execute
-from providers.kinds import KINDS
+from callwarden.providers.kinds import KINDS
+from callwarden.store.boundary import transaction
+from callwarden.store.db import Conn
+from callwarden.store.write import AppendResult, cancel, execute
 
 __all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
            "reject"]

@@ -1,18 +1,18 @@
 """What one worker process of a host's queue owns: a psycopg pool, an aiohttp session and
-the :class:`~engine.calls.runner.CallRunner` over them. The Celery and arq integrations
-(:mod:`engine.queue.celery`, :mod:`engine.queue.arq`) open one per process, when the
+the :class:`~callwarden.calls.runner.CallRunner` over them. The Celery and arq integrations
+(:mod:`callwarden.queue.celery`, :mod:`callwarden.queue.arq`) open one per process, when the
 process starts, and close it when it stops; every job the process runs shares it.
 
 By default everything comes from the environment, the way ``callwarden worker`` reads it:
 ``DATABASE_URL`` (required: a worker process never starts an embedded server),
 ``CALLWARDEN_<PROVIDER>_URL`` and the providers' keys (:meth:`ProviderSettings.from_env`),
-the media store (:func:`~providers.storage.store_from_env`: S3 when
+the media store (:func:`~callwarden.providers.storage.store_from_env`: S3 when
 ``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else ``CALLWARDEN_MEDIA_DIR`` or
-``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~engine.calls.config.CallConfig`),
+``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~callwarden.calls.config.CallConfig`),
 ``CALLWARDEN_PRICING_FILE`` and ``CALLWARDEN_CALLBACK_BASE_URL``.
 
 Each process gets its own owner id, made when the runner is opened: a forked child (Celery's
-prefork pool) must not share its parent's :func:`~engine.calls.identity.incarnation`, which
+prefork pool) must not share its parent's :func:`~callwarden.calls.identity.incarnation`, which
 is fixed when the module is first imported.
 
 :func:`longest_run_s` is how long one ``CallRunner.run`` can take for the kinds a queue
@@ -32,17 +32,17 @@ from typing import Any, cast
 
 import aiohttp
 
-from engine.calls.config import CallConfig, load_call_config
-from engine.calls.pricing import Pricing, pricing_from_env
-from engine.calls.runner import CallOutcome, CallRunner, Result
-from engine.errors import ConfigError
-from engine.service.webhooks import CallbackUrls
-from engine.store.boundary import connection
-from engine.store.db import default_data_dir, open_pool
-from engine.store.write import cancel, load
-from providers.base import ProviderSettings
-from providers.kinds import KINDS, is_sync_call
-from providers.storage import MediaStore, store_from_env
+from callwarden.calls.config import CallConfig, load_call_config
+from callwarden.calls.pricing import Pricing, pricing_from_env
+from callwarden.calls.runner import CallOutcome, CallRunner, Result
+from callwarden.errors import ConfigError
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import KINDS, is_sync_call
+from callwarden.providers.storage import MediaStore, store_from_env
+from callwarden.service.webhooks import CallbackUrls
+from callwarden.store.boundary import connection
+from callwarden.store.db import default_data_dir, open_pool
+from callwarden.store.write import cancel, load
 
 __all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
            "open_runner", "options_from_env", "outcome_dict"]
@@ -70,7 +70,7 @@ class RunnerOptions:
 def options_from_env(env: Mapping[str, str] | None = None, *,
                      concurrency: int = 1) -> RunnerOptions:
     """:class:`RunnerOptions` from the environment (see the module); a missing
-    ``DATABASE_URL`` or a bad setting is a :class:`~engine.errors.ConfigError`."""
+    ``DATABASE_URL`` or a bad setting is a :class:`~callwarden.errors.ConfigError`."""
     env = dict(os.environ if env is None else env)
     url = env.get("DATABASE_URL", "").strip()
     if not url:

@@ -1,9 +1,9 @@
 """The reference worker: claim jobs from the ``jobs`` table and run their calls.
 
 ``run_worker`` keeps up to ``concurrency`` jobs in flight, all run by one shared
-:class:`~engine.calls.runner.CallRunner` (one aiohttp session, one psycopg pool). Each job:
+:class:`~callwarden.calls.runner.CallRunner` (one aiohttp session, one psycopg pool). Each job:
 
-1. is claimed with a lease of ``visibility_s`` (:mod:`engine.queue.claims`); a lease-extension
+1. is claimed with a lease of ``visibility_s`` (:mod:`callwarden.queue.claims`); a lease-extension
    task pushes the lease every ``visibility_s / 2`` while the call runs, so only a dead
    worker's jobs are delivered again;
 2. runs with ``CallRunner.run`` (which creates, resumes or only reports the call);
@@ -28,18 +28,18 @@ import uuid
 
 import aiohttp
 
-from engine.calls.config import CallConfig
-from engine.calls.pricing import Pricing
-from engine.calls.runner import CallOutcome, CallRunner
-from engine.errors import CallwardenError, DatabaseUnavailable
-from engine.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
-from engine.service.webhooks import CallbackUrls
-from engine.store.boundary import connection
-from engine.store.db import Pool, open_pool
-from engine.store.outage import Outage
-from engine.store.write import load
-from providers.base import ProviderSettings
-from providers.storage import MediaStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.pricing import Pricing
+from callwarden.calls.runner import CallOutcome, CallRunner
+from callwarden.errors import CallwardenError, DatabaseUnavailable
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.storage import MediaStore
+from callwarden.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
+from callwarden.service.webhooks import CallbackUrls
+from callwarden.store.boundary import connection
+from callwarden.store.db import Pool, open_pool
+from callwarden.store.outage import Outage
+from callwarden.store.write import load
 
 __all__ = ["Worker", "run_worker"]
 
@@ -56,7 +56,7 @@ async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
     """Run the worker until ``stop`` is set; 0 once in-flight calls are done.
     ``callback_base_url``: where ``callwarden serve`` receives webhooks (then each call
     gets a per-job callback URL with a secret token); unset, calls are only polled.
-    ``pricing``: what a completed call is charged (:mod:`engine.calls.pricing`)."""
+    ``pricing``: what a completed call is charged (:mod:`callwarden.calls.pricing`)."""
     callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
     async with open_pool(url, max_size=concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:

@@ -1,12 +1,12 @@
 """The reconciler's settings: defaults from the seed, read from a file and the environment,
 validated at start (River's job rescuer: a config with validated defaults).
 
-Precedence (:mod:`engine.config`, every actor's pattern): defaults < file (TOML or JSON;
+Precedence (:mod:`callwarden.config`, every actor's pattern): defaults < file (TOML or JSON;
 its ``[reconcile]`` table, or the top level of a file with no actor tables) <
 environment (``CALLWARDEN_RECONCILE_<FIELD>``, e.g. ``CALLWARDEN_RECONCILE_SCAN_INTERVAL_S``;
 a kind's threshold as ``CALLWARDEN_RECONCILE_THRESHOLD_<KIND>`` with ``-`` spelled ``_``,
 e.g. ``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``). Every problem is a
-:class:`~engine.errors.ConfigError` naming the setting.
+:class:`~callwarden.errors.ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import msgspec
 
-from engine.config import load
-from engine.errors import ConfigError
-from engine.reconciler.stale import StaleRule
-from providers.kinds import KINDS
+from callwarden.config import load
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
+from callwarden.reconciler.stale import StaleRule
 
 __all__ = ["ENV_PREFIX", "ReconcileConfig", "load_config"]
 
@@ -29,7 +29,7 @@ ENV_PREFIX = "CALLWARDEN_RECONCILE_"
 
 class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``thresholds_s`` overrides the seed's per-kind stale thresholds
-    (:data:`providers.kinds.KINDS`); kinds not named keep their default.
+    (:data:`callwarden.providers.kinds.KINDS`); kinds not named keep their default.
 
     ``legacy_cutoff``: a row with no call (no ``provider_call_started_at``) is a legacy row,
     swept after ``legacy_threshold_s``, only if it was created before this time (ISO 8601
@@ -127,6 +127,6 @@ def _check_horizon(c: ReconcileConfig) -> None:
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None
                 ) -> ReconcileConfig:
     """Defaults, then ``path``'s ``[reconcile]`` table, then ``env`` (pass ``os.environ``);
-    validated (:func:`engine.config.load`)."""
+    validated (:func:`callwarden.config.load`)."""
     return load(ReconcileConfig, path=path, env=env or {}, prefix=ENV_PREFIX,
                 section="reconcile", maps={"THRESHOLD": "thresholds_s"})

@@ -6,7 +6,7 @@ River's job rescuer in our terms: a thin loop (:meth:`Reconciler.run`) around
 1. claim a batch in one statement (``FOR UPDATE SKIP LOCKED`` over partial indexes, with a
    lease owned by this process incarnation), so replicas never hold the same call;
 2. per call: renew the claim (skip it if it is no longer ours), decide with the pure
-   :func:`engine.reconciler.decide.decide`, act through the engine's write path — every
+   :func:`callwarden.reconciler.decide.decide`, act through the engine's write path — every
    event is appended fenced on the ``call_version`` that was read, so a call that a worker
    settled meanwhile is never overwritten — then release the claim.
 
@@ -36,16 +36,25 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.failpoints import failpoint
-from engine.calls.finalize import Finalizer
-from engine.calls.identity import incarnation
-from engine.calls.inline import store_inline
-from engine.calls.pricing import Pricing
-from engine.calls.runner import upstream_event
-from engine.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.decide import (
+from callwarden.calls.config import CallConfig
+from callwarden.calls.failpoints import failpoint
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.identity import incarnation
+from callwarden.calls.inline import store_inline
+from callwarden.calls.pricing import Pricing
+from callwarden.calls.runner import upstream_event
+from callwarden.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
+from callwarden.events.codec import EventDecodeError
+from callwarden.events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
+from callwarden.projections.columns import ProjectionUnreadable
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.errors import ProviderError, StorageError
+from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from callwarden.providers.registry import poll_task
+from callwarden.providers.storage import MediaStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.decide import (
     Action,
     Adopt,
     Candidate,
@@ -59,25 +68,16 @@ from engine.reconciler.decide import (
     decide,
     next_scan_delay,
 )
-from engine.replay.history import fold_checked
-from engine.service.metrics import record_reconcile
-from engine.service.tracing import call_context
-from engine.store.clock import DatabaseClock
-from engine.store.db import Pool
-from engine.store.host import host_status_ended
-from engine.store.outage import Outage
-from engine.store.port import ClaimRequest, ReconcilerStore, Row
-from engine.store.postgres import PostgresStore
-from engine.store.write import AppendResult
-from events.codec import EventDecodeError
-from events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
-from projections.columns import ProjectionUnreadable
-from projections.fold import CallProjection
-from providers.base import ProviderSettings
-from providers.errors import ProviderError, StorageError
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.registry import poll_task
-from providers.storage import MediaStore
+from callwarden.replay.history import fold_checked
+from callwarden.service.metrics import record_reconcile
+from callwarden.service.tracing import call_context
+from callwarden.store.clock import DatabaseClock
+from callwarden.store.db import Pool
+from callwarden.store.host import host_status_ended
+from callwarden.store.outage import Outage
+from callwarden.store.port import ClaimRequest, ReconcilerStore, Row
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import AppendResult
 
 __all__ = ["Counts", "Reconciler", "Signal"]
 
@@ -120,7 +120,7 @@ class Counts(msgspec.Struct, kw_only=True):
 
 class Reconciler:
     """Reconciles for one process incarnation (``owner``). ``db``: the store
-    (:mod:`engine.store.port`; default: :class:`PostgresStore` on ``pool``)."""
+    (:mod:`callwarden.store.port`; default: :class:`PostgresStore` on ``pool``)."""
 
     def __init__(self, pool: Pool | None, session: aiohttp.ClientSession,
                  settings: ProviderSettings, store: MediaStore, *,

@@ -1,5 +1,6 @@
 """What happened to one job, and how the fleet is doing: the I/O half of ``audit`` and
-``stats``. The pure halves are :mod:`projections.timeline` and :mod:`projections.stats`.
+``stats``. The pure halves are :mod:`callwarden.projections.timeline` and
+:mod:`callwarden.projections.stats`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,10 @@ from datetime import datetime, timedelta
 import msgspec
 from psycopg.rows import DictRow
 
-from engine.errors import JobNotFound
-from engine.reconciler.stale import StaleRule
-from engine.store.db import Conn
-from engine.store.write import execute, load_events
-from events.codec import EventDecodeError
-from projections.columns import as_float
-from projections.stats import (
+from callwarden.errors import JobNotFound
+from callwarden.events.codec import EventDecodeError
+from callwarden.projections.columns import as_float
+from callwarden.projections.stats import (
     KindStale,
     KindState,
     Latency,
@@ -25,7 +23,10 @@ from projections.stats import (
     recoveries,
     sweeps,
 )
-from projections.timeline import IllegalHistory, TimelineRow, timeline
+from callwarden.projections.timeline import IllegalHistory, TimelineRow, timeline
+from callwarden.reconciler.stale import StaleRule
+from callwarden.store.db import Conn
+from callwarden.store.write import execute, load_events
 
 __all__ = ["AuditReport", "Reservation", "audit_job", "jobs_without_call", "stats"]
 

@@ -1,5 +1,5 @@
 -- Audit, verify, rebuild, stats and status: every query of engine/replay/, each under a
--- "-- name: <name>" header (loaded into engine.store.queries.QUERIES).
+-- "-- name: <name>" header (loaded into callwarden.store.queries.QUERIES).
 
 -- name: audit_snapshot
 -- First statement of each verify/rebuild read: one consistent snapshot of rows + events

@@ -9,7 +9,7 @@ Each job's log arrives as one JSON array built in SQL and is decoded with a sing
 ``msgspec`` call when every event is of its current version and ``seq`` has no gap (the
 fast path, checked against the ``type/version`` signature the query also returns).
 Anything else — an old version to upcast, a gap, a corrupt payload, an unknown type —
-goes through :func:`engine.store.write.load_events` in the same snapshot, which upcasts or
+goes through :func:`callwarden.store.write.load_events` in the same snapshot, which upcasts or
 raises :class:`EventDecodeError` naming the job and seq.
 """
 
@@ -24,15 +24,15 @@ from typing import Any
 import msgspec
 from psycopg.rows import DictRow
 
-from engine.store.boundary import transaction
-from engine.store.db import Conn
-from engine.store.write import execute, load_events
-from events.codec import EventDecodeError
-from events.states import InvalidTransition
-from events.types import EVENT_TYPES, VERSIONS, Event
-from projections.columns import from_row
-from projections.fold import CallProjection, fold
-from projections.timeline import IllegalHistory, steps
+from callwarden.events.codec import EventDecodeError
+from callwarden.events.states import InvalidTransition
+from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
+from callwarden.projections.columns import from_row
+from callwarden.projections.fold import CallProjection, fold
+from callwarden.projections.timeline import IllegalHistory, steps
+from callwarden.store.boundary import transaction
+from callwarden.store.db import Conn
+from callwarden.store.write import execute, load_events
 
 __all__ = [
     "FIRST_ID", "History", "JobError", "decode_fast", "fold_checked", "next_ids",

@@ -1,6 +1,6 @@
 """``rebuild``: rewrite projection columns from the log, safely while writers run.
 
-Each batch is read in one snapshot (:mod:`engine.replay.history`); a job whose columns differ
+Each batch is read in one snapshot (:mod:`callwarden.replay.history`); a job whose columns differ
 from its fold is rewritten with ``to_columns(fold)``, fenced on the ``call_version`` read
 with its events: a writer that appended in between makes the write match nothing, and
 the job is re-read and retried (a bounded number of times). The rewrite never lowers
@@ -17,14 +17,21 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import JobNotFound
-from engine.replay.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
-from engine.store.db import Conn
-from engine.store.write import execute_batch
-from events.states import OPEN_STATUSES
-from projections.columns import to_columns
-from projections.fold import CallProjection
-from projections.verify import compare
+from callwarden.errors import JobNotFound
+from callwarden.events.states import OPEN_STATUSES
+from callwarden.projections.columns import to_columns
+from callwarden.projections.fold import CallProjection
+from callwarden.projections.verify import compare
+from callwarden.replay.history import (
+    FIRST_ID,
+    History,
+    JobError,
+    next_ids,
+    read_histories,
+    snapshot,
+)
+from callwarden.store.db import Conn
+from callwarden.store.write import execute_batch
 
 __all__ = ["RebuildReport", "Write", "apply_writes", "plan", "rebuild", "rebuild_job"]
 

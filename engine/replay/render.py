@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from engine.replay.audit import AuditReport
-from engine.replay.history import JobError
-from engine.replay.rebuild import RebuildReport
-from engine.replay.verify import VerifySummary
-from projections.stats import StatsReport
-from projections.timeline import TimelineRow
-from projections.verify import Mismatch
+from callwarden.projections.stats import StatsReport
+from callwarden.projections.timeline import TimelineRow
+from callwarden.projections.verify import Mismatch
+from callwarden.replay.audit import AuditReport
+from callwarden.replay.history import JobError
+from callwarden.replay.rebuild import RebuildReport
+from callwarden.replay.verify import VerifySummary
 
 __all__ = ["audit_table", "rebuild_table", "show_error", "show_mismatch", "stats_tables",
            "verify_table"]

@@ -1,9 +1,9 @@
 """``verify`` over every job: do the projections and reservations tell the truth?
 
-Batches come from :mod:`engine.replay.history` (one consistent, non-blocking snapshot each,
+Batches come from :mod:`callwarden.replay.history` (one consistent, non-blocking snapshot each,
 bounded memory); each job's fold is compared with its ``jobs`` columns
-(:func:`projections.verify.compare`) and its ``usage_logs`` statuses
-(:func:`projections.verify.compare_settlement`). A job whose log cannot be replayed is
+(:func:`callwarden.projections.verify.compare`) and its ``usage_logs`` statuses
+(:func:`callwarden.projections.verify.compare_settlement`). A job whose log cannot be replayed is
 reported with its job and seq, counted, and the run goes on with the others. Results
 stream out per batch, so a caller can print them as they come. :func:`verify_job` checks
 one job along the same path.
@@ -18,10 +18,17 @@ from datetime import datetime
 
 import msgspec
 
-from engine.replay.history import FIRST_ID, History, JobError, next_ids, read_histories, snapshot
-from engine.store.db import Conn
-from engine.store.write import execute
-from projections.verify import Mismatch, compare, compare_settlement
+from callwarden.projections.verify import Mismatch, compare, compare_settlement
+from callwarden.replay.history import (
+    FIRST_ID,
+    History,
+    JobError,
+    next_ids,
+    read_histories,
+    snapshot,
+)
+from callwarden.store.db import Conn
+from callwarden.store.write import execute
 
 __all__ = ["BatchResult", "VerifySummary", "check", "count_jobs", "verify", "verify_batches",
            "verify_job"]

@@ -36,22 +36,22 @@ import msgspec
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
-from engine.calls.finalize import Finalizer
-from engine.errors import DatabaseError, DatabaseUnavailable
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.stale import StaleRule
-from engine.service.dashboard import Dashboard
-from engine.service.metrics import CallGauges, exposition
-from engine.service.webhooks import Receiver, TaskPoll, WebhookConfig
-from engine.store.boundary import connection
-from engine.store.clock import Clock, DatabaseClock
-from engine.store.db import Pool
-from engine.store.migrate import pending
-from engine.store.outage import Outage
-from engine.store.write import AppendResult, cancel, execute, transition
-from events.types import Event, ReconcileAttempted
-from projections.fold import CallProjection
-from providers.registry import WEBHOOKS
+from callwarden.calls.finalize import Finalizer
+from callwarden.errors import DatabaseError, DatabaseUnavailable
+from callwarden.events.types import Event, ReconcileAttempted
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.registry import WEBHOOKS
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.stale import StaleRule
+from callwarden.service.dashboard import Dashboard
+from callwarden.service.metrics import CallGauges, exposition
+from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
+from callwarden.store.boundary import connection
+from callwarden.store.clock import Clock, DatabaseClock
+from callwarden.store.db import Pool
+from callwarden.store.migrate import pending
+from callwarden.store.outage import Outage
+from callwarden.store.write import AppendResult, cancel, execute, transition
 
 __all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
            "redact_path"]
@@ -183,7 +183,7 @@ async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datet
 
 
 # Signal schemes carry a per-job secret token in their callback path
-# (/webhooks/<provider>/<job>/<token>, see engine.service.webhooks.Receiver.routes).
+# (/webhooks/<provider>/<job>/<token>, see callwarden.service.webhooks.Receiver.routes).
 _SIGNALS = "|".join(re.escape(n) for n, s in sorted(WEBHOOKS.items()) if not s.trusts_body)
 _SECRET_PATH = re.compile(rf"^(/webhooks/(?:{_SIGNALS})/[^/?]+/)[^/?]+" if _SIGNALS
                           else r"(?!)")

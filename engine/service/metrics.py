@@ -31,11 +31,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from engine.reconciler.stale import StaleRule
-from engine.store.db import Conn
-from engine.store.outage import Outage
-from engine.store.outage import observe as observe_outages
-from engine.store.write import AppendResult, execute, observe
+from callwarden.reconciler.stale import StaleRule
+from callwarden.store.db import Conn
+from callwarden.store.outage import Outage
+from callwarden.store.outage import observe as observe_outages
+from callwarden.store.write import AppendResult, execute, observe
 
 __all__ = [
     "REGISTRY",
@@ -105,7 +105,7 @@ def record_transition(kind: str | None, event: str, actor: str,
 
 
 def record_append(result: AppendResult) -> None:
-    """Count an :func:`engine.store.write.append`/``transition`` result (nothing if it lost)."""
+    """Count an :func:`callwarden.store.write.append`/``transition`` result (nothing if it lost)."""
     if not result.ok or result.event is None:
         return
     p = result.projection

@@ -1,9 +1,9 @@
 """OpenTelemetry spans when the ``callwarden[otel]`` extra is installed (operations.md, "Traces").
 
-Importing this module hooks two spans into the I/O edges, as :mod:`engine.service.metrics`
+Importing this module hooks two spans into the I/O edges, as :mod:`callwarden.service.metrics`
 hooks its counters: ``callwarden.provider.request`` around each HTTP attempt
-(:func:`providers.transport.trace_requests`) and ``callwarden.transition`` around each
-append (:func:`engine.store.write.trace_appends`). Both are children of the current span
+(:func:`callwarden.providers.transport.trace_requests`) and ``callwarden.transition`` around each
+append (:func:`callwarden.store.write.trace_appends`). Both are children of the current span
 (the host's) and record the exception that escapes them; they come from the tracer
 ``callwarden`` of the global provider, or of the one given to :func:`use`. Without
 ``opentelemetry`` nothing is hooked: an append or a request checks one module attribute.
@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engine.store import write
-from engine.store.write import AppendResult
-from events.types import Event
-from projections.fold import CallProjection
-from providers import transport
-from providers.raw import RawResponse
+from callwarden.events.types import Event
+from callwarden.projections.fold import CallProjection
+from callwarden.providers import transport
+from callwarden.providers.raw import RawResponse
+from callwarden.store import write
+from callwarden.store.write import AppendResult
 
 try:
     from opentelemetry import trace

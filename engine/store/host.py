@@ -3,7 +3,8 @@
 Host code shares the ``jobs`` row and may complete, fail or cancel a job with plain SQL at
 any moment. A call that is still open in callwarden's log while the row's ``status`` is
 not ``pending``/``processing`` was ended by the host: whatever an actor meant to record,
-:class:`~events.types.HostEnded` is recorded instead, so the call ends as the host decided
+:class:`~callwarden.events.types.HostEnded` is recorded instead, so the call ends as the host
+decided
 and nothing the host wrote is overwritten.
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from events.states import OPEN_STATUSES
-from events.types import HostEnded
-from projections.fold import CallProjection
+from callwarden.events.states import OPEN_STATUSES
+from callwarden.events.types import HostEnded
+from callwarden.projections.fold import CallProjection
 
 __all__ = ["host_ended", "host_status_ended", "job_ended_by_host"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from engine.store.db import Conn
-from engine.store.write import execute
+from callwarden.store.db import Conn
+from callwarden.store.write import execute
 
 __all__ = ["create_job"]
 

@@ -1,4 +1,4 @@
-"""The in-memory adapter of :mod:`engine.store.port`: pure Python, the same fences as the
+"""The in-memory adapter of :mod:`callwarden.store.port`: pure Python, the same fences as the
 SQL (``queries.sql``, ``reconcile.sql``, ``service.sql``, migrations 0007/0008), on a
 clock the caller passes in (the deterministic simulation's). Its methods are ``async``
 (the actors await them) but never do I/O, so a run is a pure function of its inputs.
@@ -32,9 +32,14 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import JobNotFound, TaskAlreadyClaimed
-from engine.reconciler.stale import StaleRule
-from engine.store.appending import (
+from callwarden.errors import JobNotFound, TaskAlreadyClaimed
+from callwarden.events.codec import EventDecodeError, decode
+from callwarden.events.states import OPEN_STATUSES
+from callwarden.events.types import Event, StoredMedia
+from callwarden.projections.columns import ProjectionUnreadable, from_row
+from callwarden.projections.fold import CallProjection, apply, fold
+from callwarden.reconciler.stale import StaleRule
+from callwarden.store.appending import (
     _SETTLES,
     AppendResult,
     Decide,
@@ -43,12 +48,7 @@ from engine.store.appending import (
     append_params,
     without_nul,
 )
-from engine.store.port import Before, ClaimRequest, Clock, Row, transition_via
-from events.codec import EventDecodeError, decode
-from events.states import OPEN_STATUSES
-from events.types import Event, StoredMedia
-from projections.columns import ProjectionUnreadable, from_row
-from projections.fold import CallProjection, apply, fold
+from callwarden.store.port import Before, ClaimRequest, Clock, Row, transition_via
 
 __all__ = ["Audit", "MemoryStore"]
 
@@ -96,7 +96,7 @@ def _is_stale(rule: StaleRule, now: datetime, row: dict[str, Any]) -> bool:
 
 
 class MemoryStore:
-    """Every protocol of :mod:`engine.store.port`, in memory. ``clock``: the time every
+    """Every protocol of :mod:`callwarden.store.port`, in memory. ``clock``: the time every
     ``now()`` of the SQL would read (heartbeats, settlement stamps, ``created_at``);
     ``migrated_at``: when "migration 0002" ran (the default legacy cutoff; default: the
     clock's time at construction)."""

@@ -12,10 +12,10 @@ from importlib import resources
 
 import msgspec
 
-from engine.errors import DatabaseError, DatabaseUnavailable, MigrationError
-from engine.store.boundary import translated
-from engine.store.db import Conn
-from engine.store.write import execute
+from callwarden.errors import DatabaseError, DatabaseUnavailable, MigrationError
+from callwarden.store.boundary import translated
+from callwarden.store.db import Conn
+from callwarden.store.write import execute
 
 __all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending"]
 
@@ -33,7 +33,7 @@ class Migration(msgspec.Struct, frozen=True):
 def available() -> list[Migration]:
     """Every migration shipped in the ``migrations`` package, in version order."""
     found = []
-    for entry in resources.files("migrations").iterdir():
+    for entry in resources.files("callwarden.migrations").iterdir():
         m = _NAME.match(entry.name)
         if m:
             found.append(Migration(int(m[1]), m[2], entry.read_text(encoding="utf-8")))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from engine.errors import ConfigError, DatabaseUnavailable
+from callwarden.errors import ConfigError, DatabaseUnavailable
 
 __all__ = ["DEFAULT_LIMIT_S", "LIMIT_ENV", "Outage", "configured_limit_s", "observe",
            "until_up"]
@@ -39,7 +39,7 @@ _observers: list[Callable[[Outage, bool], None]] = []
 
 def observe(fn: Callable[[Outage, bool], None]) -> None:
     """Call ``fn(outage, started)`` when any outage of this process starts (``True``) or
-    ends (``False``); metrics hook in here (``engine.service.metrics``)."""
+    ends (``False``); metrics hook in here (``callwarden.service.metrics``)."""
     if fn not in _observers:
         _observers.append(fn)
 

@@ -12,16 +12,16 @@ Three small protocols, one per kind of caller:
 * :class:`WebhookStore` — the receiver's look-ups by task and by job, delivery dedupe;
 * :class:`HostStore` — the host's side (drivers and tests): a job and its reservations.
 
-Two adapters: :class:`engine.store.postgres.PostgresStore` (the SQL of ``queries.sql``,
-unchanged) and :class:`engine.store.memory.MemoryStore` (pure Python with the same fences,
+Two adapters: :class:`callwarden.store.postgres.PostgresStore` (the SQL of ``queries.sql``,
+unchanged) and :class:`callwarden.store.memory.MemoryStore` (pure Python with the same fences,
 on a simulated clock: the deterministic simulation's store). Both pass one contract suite
 (``tests/integration/test_store_contract.py``).
 
 A fence's outcome is the same on both: a lost race is ``ok=False`` with the winner's
 projection; the host's ended status is recorded as ``HostEnded``
-(:func:`engine.store.host.host_ended`); a task id another job holds raises
-:class:`~engine.errors.TaskAlreadyClaimed`; an unknown job raises
-:class:`~engine.errors.JobNotFound`.
+(:func:`callwarden.store.host.host_ended`); a task id another job holds raises
+:class:`~callwarden.errors.TaskAlreadyClaimed`; an unknown job raises
+:class:`~callwarden.errors.JobNotFound`.
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from engine.errors import ConflictExhausted
-from engine.reconciler.stale import StaleRule
-from engine.store.appending import AppendResult, Decide
-from engine.store.host import host_ended, job_ended_by_host
-from events.types import Event, StoredMedia
-from projections.fold import CallProjection
+from callwarden.errors import ConflictExhausted
+from callwarden.events.types import Event, StoredMedia
+from callwarden.projections.fold import CallProjection
+from callwarden.reconciler.stale import StaleRule
+from callwarden.store.appending import AppendResult, Decide
+from callwarden.store.host import host_ended, job_ended_by_host
 
 __all__ = ["AppendResult", "Before", "ClaimRequest", "Clock", "Decide", "HostStore",
            "ReconcilerStore",
            "Row", "Store", "WebhookStore", "transition_via"]
 
-#: The clock an actor reads (``engine.store.clock.Clock``: the database's, or a logical one).
+#: The clock an actor reads (``callwarden.store.clock.Clock``: the database's, or a logical one).
 Clock = Callable[[], datetime]
 
 #: Awaited once the store is about to send a write (Postgres: with its connection held);
@@ -146,7 +146,7 @@ class LoadAppend(Protocol):
 async def transition_via(store: LoadAppend, job_id: uuid.UUID, decide: Decide, *,
                          max_conflicts: int = 8,
                          current: CallProjection | None = None) -> AppendResult:
-    """The one read-decide-append loop (:func:`engine.store.write.transition` runs it on a
+    """The one read-decide-append loop (:func:`callwarden.store.write.transition` runs it on a
     connection, every :class:`Store` on itself): read, decide, record the host's decision
     in its place, re-decide on the winner's projection after a lost race."""
     projection = current if current is not None else await store.load(job_id)

@@ -1,5 +1,5 @@
-"""The Postgres adapter of :mod:`engine.store.port`: a thin layer over the write path
-(:mod:`engine.store.write`) and the named queries, one pooled connection per operation,
+"""The Postgres adapter of :mod:`callwarden.store.port`: a thin layer over the write path
+(:mod:`callwarden.store.write`) and the named queries, one pooled connection per operation,
 exactly as the actors used them before the port existed (the SQL stays in the ``.sql``
 files).
 
@@ -15,23 +15,23 @@ from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 
-from engine.store import write
-from engine.store.boundary import connection, transaction
-from engine.store.clock import Clock
-from engine.store.clock import sync_clock as _sync_clock
-from engine.store.db import Pool
-from engine.store.port import Before, ClaimRequest, Row
-from engine.store.write import AppendResult, Decide
-from engine.store.write import execute as _execute
-from events.types import Event, StoredMedia
-from projections.fold import CallProjection
+from callwarden.events.types import Event, StoredMedia
+from callwarden.projections.fold import CallProjection
+from callwarden.store import write
+from callwarden.store.boundary import connection, transaction
+from callwarden.store.clock import Clock
+from callwarden.store.clock import sync_clock as _sync_clock
+from callwarden.store.db import Pool
+from callwarden.store.port import Before, ClaimRequest, Row
+from callwarden.store.write import AppendResult, Decide
+from callwarden.store.write import execute as _execute
 
 __all__ = ["PostgresStore"]
 
 
 class PostgresStore:
-    """:class:`~engine.store.port.Store`, :class:`~engine.store.port.ReconcilerStore`,
-    :class:`~engine.store.port.WebhookStore` and :class:`~engine.store.port.HostStore` on
+    """:class:`~callwarden.store.port.Store`, :class:`~callwarden.store.port.ReconcilerStore`,
+    :class:`~callwarden.store.port.WebhookStore` and :class:`~callwarden.store.port.HostStore` on
     ``pool``."""
 
     def __init__(self, pool: Pool, *, clock: Clock | None = None) -> None:
@@ -100,7 +100,7 @@ class PostgresStore:
             return list(await _execute(conn, "reconcile_claim", request.sql_params()))
 
     async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
-        from engine.replay.history import snapshot  # the replay package imports the store
+        from callwarden.replay.history import snapshot  # the replay package imports the store
 
         async with connection(self.pool) as conn, snapshot(conn):
             rows = await _execute(conn, "load_projection", {"job_id": job_id})

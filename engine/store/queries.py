@@ -30,7 +30,7 @@ PACKAGES = ("store", "calls", "reconciler", "service", "replay", "queue", "demo"
 def _load_all() -> dict[str, LiteralString]:
     out: dict[str, LiteralString] = {}
     for package in PACKAGES:
-        for entry in sorted(resources.files("engine").joinpath(package).iterdir(),
+        for entry in sorted(resources.files("callwarden").joinpath(package).iterdir(),
                             key=lambda e: e.name):
             if not entry.name.endswith(".sql"):
                 continue

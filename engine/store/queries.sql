@@ -1,6 +1,6 @@
 -- The store's queries (the write path, the clock, jobs, the migration runner's bookkeeping),
 -- each under a "-- name: <name>" header. Loaded once with every package's .sql file by
--- engine.store.queries; parameters are psycopg named placeholders.
+-- callwarden.store.queries; parameters are psycopg named placeholders.
 
 -- name: load_projection
 -- The projection columns (callwarden's own; never the host's output_data), and how many of

@@ -9,7 +9,7 @@ with the projection that won; ``transition`` re-decides on it, never re-sending 
 event blindly.
 
 The host's decision wins (DESIGN §10): when the row's ``status`` says host code ended the
-job (:func:`engine.store.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
+job (:func:`callwarden.store.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
 the actor's event — the call ends as the host decided, settling only what the host left
 reserved — and answers ``ok=False, host_ended=True``: an outcome, not a conflict.
 
@@ -30,12 +30,16 @@ import msgspec
 import psycopg
 from psycopg.rows import DictRow
 
-from engine.errors import (
+from callwarden.errors import (
     DatabaseError,
     JobNotFound,
     WriteConflict,
 )
-from engine.store.appending import (
+from callwarden.events.codec import EventDecodeError, decode
+from callwarden.events.types import Cancelled, Event
+from callwarden.projections.columns import ProjectionUnreadable, from_row
+from callwarden.projections.fold import CallProjection, apply, fold
+from callwarden.store.appending import (
     AppendResult,
     Decide,
     _observers,
@@ -44,14 +48,10 @@ from engine.store.appending import (
     observe,
     without_nul,
 )
-from engine.store.boundary import is_lost_append_race, translate, translated
-from engine.store.db import Conn
-from engine.store.port import transition_via
-from engine.store.queries import QUERIES
-from events.codec import EventDecodeError, decode
-from events.types import Cancelled, Event
-from projections.columns import ProjectionUnreadable, from_row
-from projections.fold import CallProjection, apply, fold
+from callwarden.store.boundary import is_lost_append_race, translate, translated
+from callwarden.store.db import Conn
+from callwarden.store.port import transition_via
+from callwarden.store.queries import QUERIES
 
 __all__ = [
     "AppendResult", "Decide", "append", "append_params", "cancel", "execute", "execute_batch",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: ``(job_id, current, event)`` -> a context around one append, yielding the function the
-#: append calls with its result (``engine.service.tracing`` opens a span here).
+#: append calls with its result (``callwarden.service.tracing`` opens a span here).
 TraceAppend = Callable[[uuid.UUID, CallProjection, Event],
                        AbstractContextManager[Callable[[AppendResult], None]]]
 _trace: TraceAppend | None = None
@@ -83,7 +83,7 @@ async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
 
 
 async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
-    """Run the named query; driver errors come out as :mod:`engine.errors` types. A
+    """Run the named query; driver errors come out as :mod:`callwarden.errors` types. A
     deadlock or serialization failure is a :class:`WriteConflict` inside the caller's
     transaction (it was rolled back: decide again in a new one), else a plain
     :class:`DatabaseError` (the one statement did nothing)."""

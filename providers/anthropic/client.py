@@ -1,5 +1,5 @@
-"""The Anthropic client (``anthropic-sync``): :mod:`providers.anthropic.wire`'s pure
-builder and parsers glued to :func:`providers.transport.send` (the only I/O)."""
+"""The Anthropic client (``anthropic-sync``): :mod:`callwarden.providers.anthropic.wire`'s pure
+builder and parsers glued to :func:`callwarden.providers.transport.send` (the only I/O)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from providers.anthropic.wire import (
+from callwarden.providers.anthropic.wire import (
     KIND,
     PROVIDER,
     build_messages_request,
     classify_anthropic,
     parse_message,
 )
-from providers.base import Endpoint
-from providers.errors import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.errors import (
     UnknownProviderKind,
 )
-from providers.llm_stop import StopPolicy
-from providers.outcomes import Failed, Succeeded
-from providers.transport import (
+from callwarden.providers.llm_stop import StopPolicy
+from callwarden.providers.outcomes import Failed, Succeeded
+from callwarden.providers.transport import (
     DEFAULT_POLICY,
     RetryPolicy,
     Sleep,
@@ -35,7 +35,7 @@ __all__ = ["AnthropicClient", "anthropic_client_for"]
 
 class AnthropicClient:
     """``anthropic-sync``: one Messages call per job; ``stop_policy`` overrides which
-    stop reasons are results (:mod:`providers.llm_stop`)."""
+    stop reasons are results (:mod:`callwarden.providers.llm_stop`)."""
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint,
                  kind: str = KIND, policy: RetryPolicy = DEFAULT_POLICY,

@@ -2,7 +2,7 @@
 
 Sans-I/O: :func:`build_messages_request` makes the request, :func:`parse_message` turns a
 2xx body into an outcome, :func:`classify_anthropic` turns an error response into a typed
-:mod:`providers.errors` error. :class:`AnthropicClient` glues them to the transport.
+:mod:`callwarden.providers.errors` error. :class:`AnthropicClient` glues them to the transport.
 
 Errors come as ``{"type": "error", "error": {"type", "message"}, "request_id"}`` (and a
 ``request-id`` header); the HTTP status decides the class:
@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -49,9 +49,9 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.llm_stop import StopPolicy, failure_code, judge
-from providers.outcomes import Failed, Succeeded, Usage, reported_number
-from providers.raw import JSONTooDeep, RawResponse, decode_json
+from callwarden.providers.llm_stop import StopPolicy, failure_code, judge
+from callwarden.providers.outcomes import Failed, Succeeded, Usage, reported_number
+from callwarden.providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = ["ANTHROPIC_VERSION", "MessagesRequest", "build_messages_request", "classify_anthropic",
            "judged", "message_usage", "parse_message"]
@@ -151,7 +151,7 @@ def _failure_text(body: dict[str, Any], stop_reason: str | None, text: str) -> s
 def judged(body: dict[str, Any], text: str, policy: StopPolicy | None,
            usage: Usage) -> Succeeded | Failed:
     """The outcome of a message that answered ``text``, by its ``stop_reason`` and the
-    policy (:mod:`providers.llm_stop`); the stop reason is kept either way."""
+    policy (:mod:`callwarden.providers.llm_stop`); the stop reason is kept either way."""
     stop = body.get("stop_reason")
     stop_reason = stop if isinstance(stop, str) else None
     if judge(stop_reason, policy) == "succeed":
@@ -163,7 +163,8 @@ def parse_message(raw: RawResponse, policy: StopPolicy | None = None) -> Succeed
     """A message object as an outcome: ``text`` is the text blocks joined (or, with no
     text, its tool calls as JSON), ``raw`` the whole message (with ``usage``), ``usage``
     its token counts; whether it is a result is the stop-reason ``policy``'s call
-    (:mod:`providers.llm_stop`: truncated, unfinished, refused or unknown answers fail)."""
+    (:mod:`callwarden.providers.llm_stop`: truncated, unfinished, refused or unknown answers
+    fail)."""
     body = raw.json(PROVIDER)
     if isinstance(body, dict) and body.get("type") == "error":
         raise _error_from(raw)  # an error envelope with a 2xx status

@@ -1,6 +1,6 @@
 """ElevenLabs clients (dubbing, and the one-round-trip operations): the pure builders and
-parsers of :mod:`providers.elevenlabs.operations` glued to
-:func:`providers.transport.send` (the only I/O)."""
+parsers of :mod:`callwarden.providers.elevenlabs.operations` glued to
+:func:`callwarden.providers.transport.send` (the only I/O)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from providers.base import Endpoint
-from providers.elevenlabs.operations import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.elevenlabs.operations import (
     SYNC_OPERATIONS,
     _operation,
     build_dubbing_create_request,
@@ -22,21 +22,21 @@ from providers.elevenlabs.operations import (
     parse_dubbing_status,
     parse_sync,
 )
-from providers.elevenlabs.wire import (
+from callwarden.providers.elevenlabs.wire import (
     PROVIDER,
     Request,
     classify_elevenlabs,
     encode_multipart,
 )
-from providers.errors import TaskNotFound, UnknownProviderKind
-from providers.outcomes import (
+from callwarden.providers.errors import TaskNotFound, UnknownProviderKind
+from callwarden.providers.outcomes import (
     Failed,
     NotFound,
     PollOutcome,
     Succeeded,
 )
-from providers.raw import RawResponse
-from providers.transport import DEFAULT_POLICY, RetryPolicy, Sleep, send
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.transport import DEFAULT_POLICY, RetryPolicy, Sleep, send
 
 __all__ = ["ElevenLabsDubbingClient", "ElevenLabsSyncClient", "elevenlabs_client_for"]
 

@@ -2,10 +2,11 @@
 (``elevenlabs-sync``, and the sync operations filed under ``elevenlabs-async``).
 
 Sans-I/O: ``build_*_request`` turn a job's request mapping into a :class:`Request`,
-``parse_*`` turn a :class:`~providers.raw.RawResponse` into an outcome (or raise a
-typed :mod:`providers.errors` error keeping ElevenLabs' message and code), and
+``parse_*`` turn a :class:`~callwarden.providers.raw.RawResponse` into an outcome (or raise a
+typed :mod:`callwarden.providers.errors` error keeping ElevenLabs' message and code), and
 :func:`classify_elevenlabs` decides errors for the transport. The clients
-(:mod:`providers.elevenlabs.client`) only glue them to :func:`providers.transport.send`.
+(:mod:`callwarden.providers.elevenlabs.client`) only glue them to
+:func:`callwarden.providers.transport.send`.
 
 Request mappings (our shape; every other key is passed through to ElevenLabs):
 
@@ -28,8 +29,8 @@ import binascii
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from providers.base import Endpoint
-from providers.elevenlabs.wire import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.elevenlabs.wire import (
     PROVIDER,
     Request,
     bad_request,
@@ -37,8 +38,8 @@ from providers.elevenlabs.wire import (
     json_object,
     require,
 )
-from providers.errors import MalformedResponse
-from providers.outcomes import (
+from callwarden.providers.errors import MalformedResponse
+from callwarden.providers.outcomes import (
     Blob,
     Failed,
     PollOutcome,
@@ -47,7 +48,7 @@ from providers.outcomes import (
     Usage,
     reported_cost,
 )
-from providers.raw import RawResponse
+from callwarden.providers.raw import RawResponse
 
 __all__ = ["SYNC_OPERATIONS", "build_dubbing_create_request", "build_dubbing_poll_request",
            "build_sync_request", "media_auth_headers", "parse_audio", "parse_dubbing_created",

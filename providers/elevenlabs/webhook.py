@@ -19,10 +19,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from providers.errors import SignatureError
-from providers.kinds import kinds_of
-from providers.outcomes import Failed, Succeeded
-from providers.webhooks import (
+from callwarden.providers.errors import SignatureError
+from callwarden.providers.kinds import kinds_of
+from callwarden.providers.outcomes import Failed, Succeeded
+from callwarden.providers.webhooks import (
     MalformedDelivery,
     Parsed,
     check_timestamp,

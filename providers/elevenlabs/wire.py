@@ -1,4 +1,4 @@
-"""ElevenLabs wire format, shared by the clients in :mod:`providers.elevenlabs`: the
+"""ElevenLabs wire format, shared by the clients in :mod:`callwarden.providers.elevenlabs`: the
 request value, multipart encoding, and the error classification.
 
 ElevenLabs errors are a non-2xx status with a ``detail``, in one of three shapes:
@@ -7,7 +7,7 @@ ElevenLabs errors are a non-2xx status with a ``detail``, in one of three shapes
 - legacy: ``{"detail": {"status": "invalid_api_key", "message": "Invalid API key"}}``
 - FastAPI validation (422): ``{"detail": [{"loc", "msg", "type"}, ...]}``
 
-:func:`classify_elevenlabs` maps them onto :mod:`providers.errors`, keeping the message
+:func:`classify_elevenlabs` maps them onto :mod:`callwarden.providers.errors`, keeping the message
 (plus ``request_id``) and the code (``code``, else the legacy ``status``).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -28,7 +28,7 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.raw import JSONTooDeep, RawResponse, decode_json
+from callwarden.providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = [
     "PROVIDER",

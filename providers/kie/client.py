@@ -1,9 +1,10 @@
-"""KIE.ai clients (the only I/O of :mod:`providers.kie`): one polled client for the six
+"""KIE.ai clients (the only I/O of :mod:`callwarden.providers.kie`): one polled client for the six
 task families, one sync client for ``kie-llm``, and :func:`kie_client_for` to pick one by
 ``provider_kind``.
 
-Request builders (:mod:`providers.kie.requests`) and parsers (:mod:`providers.kie.wire`,
-:mod:`providers.kie.llm`) are pure; the client classes only send.
+Request builders (:mod:`callwarden.providers.kie.requests`) and parsers
+(:mod:`callwarden.providers.kie.wire`,
+:mod:`callwarden.providers.kie.llm`) are pure; the client classes only send.
 
 Kinds and families: ``kie-standard``, ``kie-kling3``, ``kie-lip-sync`` use the market API
 (``jobs/createTask`` + ``jobs/recordInfo``); ``kie-veo``, ``kie-suno``, ``kie-kontext``,
@@ -28,33 +29,33 @@ from typing import Any, Final
 
 import aiohttp
 
-from providers.base import AsyncKindClient, Endpoint, SyncKindClient
-from providers.errors import UnknownProviderKind
-from providers.kie.llm import parse_llm
-from providers.kie.requests import (
+from callwarden.providers.base import AsyncKindClient, Endpoint, SyncKindClient
+from callwarden.providers.errors import UnknownProviderKind
+from callwarden.providers.kie.llm import parse_llm
+from callwarden.providers.kie.requests import (
     Request,
     build_create_request,
     build_llm_request,
     build_poll_request,
 )
-from providers.kie.wire import (
+from callwarden.providers.kie.wire import (
     PROVIDER,
     classify_kie,
     classify_kie_poll,
     parse_poll,
     parse_task_id,
 )
-from providers.kinds import KINDS
-from providers.llm_stop import StopPolicy
-from providers.outcomes import (
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.llm_stop import StopPolicy
+from callwarden.providers.outcomes import (
     Failed,
     NotFound,
     PollOutcome,
     Running,
     Succeeded,
 )
-from providers.raw import RawResponse
-from providers.transport import DEFAULT_POLICY, Classify, RetryPolicy, Sleep, send
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.transport import DEFAULT_POLICY, Classify, RetryPolicy, Sleep, send
 
 __all__ = ["NULL_GRACE_S", "RECORD_PENDING", "KieLlmClient", "KieTaskClient", "kie_client_for"]
 

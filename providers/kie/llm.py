@@ -7,21 +7,21 @@ from typing import Any
 
 import msgspec
 
-from providers.anthropic.wire import judged, message_text, message_usage
-from providers.errors import MalformedResponse
-from providers.kie.wire import (
+from callwarden.providers.anthropic.wire import judged, message_text, message_usage
+from callwarden.providers.errors import MalformedResponse
+from callwarden.providers.kie.wire import (
     PROVIDER,
     classify_kie,
 )
-from providers.llm_stop import CHAT_FINISH, StopPolicy
-from providers.outcomes import (
+from callwarden.providers.llm_stop import CHAT_FINISH, StopPolicy
+from callwarden.providers.outcomes import (
     Failed,
     Succeeded,
     Usage,
     reported_cost,
     reported_number,
 )
-from providers.raw import RawResponse
+from callwarden.providers.raw import RawResponse
 
 __all__ = ["parse_llm"]
 
@@ -56,7 +56,7 @@ def _chat_usage(body: dict[str, Any]) -> Usage:
 
 def parse_llm(raw: RawResponse, stop_policy: StopPolicy | None = None) -> Succeeded | Failed:
     """An Anthropic message (``/claude/v1/messages``) or a ``chat.completion``: its text,
-    judged by its stop reason (:mod:`providers.llm_stop`); ``cost`` is KIE's top-level
+    judged by its stop reason (:mod:`callwarden.providers.llm_stop`); ``cost`` is KIE's top-level
     ``credits_consumed`` (KIE credits), also in ``usage["provider_credits"]``."""
     err = classify_kie(raw)
     if err is not None:

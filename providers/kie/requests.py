@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from providers.errors import BadRequest
-from providers.kie.wire import (
+from callwarden.providers.errors import BadRequest
+from callwarden.providers.kie.wire import (
     PROVIDER,
 )
 

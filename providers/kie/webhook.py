@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Final
 
-from providers.errors import SignatureError
-from providers.kinds import kinds_of
-from providers.webhooks import (
+from callwarden.providers.errors import SignatureError
+from callwarden.providers.kinds import kinds_of
+from callwarden.providers.webhooks import (
     MalformedDelivery,
     Parsed,
     check_timestamp,

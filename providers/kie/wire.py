@@ -14,9 +14,9 @@ HTTP 200 even for errors, so the in-body ``code`` is always read (reference §1,
   ``User-Agent``)
 
 The per-family status vocabularies (market ``state``, Runway ``state``, ``successFlag`` for
-Veo/Kontext/Luma, Suno ``status``) are mapped onto :mod:`providers.outcomes`; anything
+Veo/Kontext/Luma, Suno ``status``) are mapped onto :mod:`callwarden.providers.outcomes`; anything
 undocumented raises :class:`MalformedResponse` with the provider's message kept. Request
-builders, the ``kie-llm`` parser and the clients live in :mod:`providers.kie`.
+builders, the ``kie-llm`` parser and the clients live in :mod:`callwarden.providers.kie`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -36,7 +36,7 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.outcomes import (
+from callwarden.providers.outcomes import (
     Failed,
     NotFound,
     PollOutcome,
@@ -45,7 +45,7 @@ from providers.outcomes import (
     Usage,
     finite,
 )
-from providers.raw import JSONTooDeep, RawResponse, decode_json
+from callwarden.providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = [
     "FAMILIES",

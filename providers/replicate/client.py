@@ -1,5 +1,5 @@
-"""Replicate clients: the pure builders and parsers of :mod:`providers.replicate.wire`
-glued to :func:`providers.transport.send` (the only I/O)."""
+"""Replicate clients: the pure builders and parsers of :mod:`callwarden.providers.replicate.wire`
+glued to :func:`callwarden.providers.transport.send` (the only I/O)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Any
 
 import aiohttp
 
-from providers.base import Endpoint
-from providers.errors import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.errors import (
     UnknownProviderKind,
 )
-from providers.kinds import KINDS
-from providers.outcomes import (
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.outcomes import (
     PollOutcome,
 )
-from providers.raw import RawResponse
-from providers.replicate.wire import (
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.replicate.wire import (
     PROVIDER,
     Collection,
     Request,
@@ -31,7 +31,7 @@ from providers.replicate.wire import (
     parse_created,
     parse_prediction,
 )
-from providers.transport import (
+from callwarden.providers.transport import (
     DEFAULT_POLICY,
     Classify,
     RetryPolicy,

@@ -3,7 +3,8 @@
 ``webhook-id``, ``webhook-timestamp``, ``webhook-signature`` (space-separated
 ``v1,<base64>``): HMAC-SHA256 over ``"{id}.{ts}.{body}"`` keyed with the base64-decoded
 part of the ``whsec_...`` secret (the official Svix vectors pass). The body is the
-prediction (or training) object, read by :func:`providers.replicate.wire.parse_prediction`:
+prediction (or training) object, read by
+:func:`callwarden.providers.replicate.wire.parse_prediction`:
 ``starting``/``processing`` (the ``start`` and ``output`` events) are intermediate,
 ``data_removed`` is ``Failed(code="result_gone")``. The replay key is the ``webhook-id``
 (the same across a delivery's retries).
@@ -18,12 +19,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Final
 
-from providers.errors import MediaExpired, ProviderError, SignatureError
-from providers.kinds import kinds_of
-from providers.outcomes import Failed
-from providers.raw import RawResponse
-from providers.replicate.wire import parse_prediction
-from providers.webhooks import (
+from callwarden.providers.errors import MediaExpired, ProviderError, SignatureError
+from callwarden.providers.kinds import kinds_of
+from callwarden.providers.outcomes import Failed
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.replicate.wire import parse_prediction
+from callwarden.providers.webhooks import (
     MalformedDelivery,
     Parsed,
     check_timestamp,

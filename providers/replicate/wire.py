@@ -2,9 +2,11 @@
 and answer parsers, no I/O.
 
 Pure functions build each request (:class:`Request`) and parse each response into a
-:mod:`providers.outcomes` value or a typed :mod:`providers.errors` error, keeping
-Replicate's own ``detail``. The clients (:mod:`providers.replicate.client`) only glue them to
-:func:`providers.transport.send`.
+:mod:`callwarden.providers.outcomes` value or a typed :mod:`callwarden.providers.errors` error,
+keeping
+Replicate's own ``detail``. The clients (:mod:`callwarden.providers.replicate.client`) only glue
+them to
+:func:`callwarden.providers.transport.send`.
 
 Mapping of a prediction/training object (reference §11, §14):
 
@@ -33,7 +35,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -43,7 +45,7 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.outcomes import (
+from callwarden.providers.outcomes import (
     Failed,
     NotFound,
     PollOutcome,
@@ -52,7 +54,7 @@ from providers.outcomes import (
     Usage,
     reported_number,
 )
-from providers.raw import JSONTooDeep, RawResponse, decode_json
+from callwarden.providers.raw import JSONTooDeep, RawResponse, decode_json
 
 __all__ = ["PROVIDER", "Request", "build_get_request", "build_prediction_request",
            "build_training_request", "classify_replicate", "classify_replicate_poll",

@@ -1,6 +1,6 @@
-"""A faithful local fake of the four providers (see :mod:`providers.simulator.core`)."""
+"""A faithful local fake of the four providers (see :mod:`callwarden.providers.simulator.core`)."""
 
-from providers.simulator.core import (
+from callwarden.providers.simulator.core import (
     Fault,
     RunningSimulator,
     Script,

@@ -1,8 +1,8 @@
-"""``python -m providers.simulator --port N``: serve the provider simulator."""
+"""``python -m callwarden.providers.simulator --port N``: serve the provider simulator."""
 
 import sys
 
-from providers.simulator.core import main
+from callwarden.providers.simulator.core import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -70,7 +70,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from providers.simulator.core import MAX_HANG_S, Script, Simulator
+from callwarden.providers.simulator.core import MAX_HANG_S, Script, Simulator
 
 __all__ = ["ERROR_TYPES", "NAME", "REFUSAL_CATEGORIES", "SPEND_CAP_CODE", "render_error",
            "routes"]

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from providers.simulator.model import Fault, Script
+from callwarden.providers.simulator.model import Fault, Script
 
 if TYPE_CHECKING:
-    from providers.simulator.core import Simulator
+    from callwarden.providers.simulator.core import Simulator
 
 __all__ = ["control_routes"]
 

@@ -10,7 +10,7 @@ Route names: aiohttp wants them unique per provider, but several paths may be on
 route. A name ``"create.by_model"`` is journaled and faulted as ``"create"``.
 
 Use it in tests as ``async with running_simulator() as rs: ...`` or run it standalone with
-``python -m providers.simulator --port 8765``.
+``python -m callwarden.providers.simulator --port 8765``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from providers.base import ProviderSettings
-from providers.simulator.control import control_routes
-from providers.simulator.journal import Faults, Journal, JournalEntry
-from providers.simulator.media import MediaHost
-from providers.simulator.model import (
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.simulator.control import control_routes
+from callwarden.providers.simulator.journal import Faults, Journal, JournalEntry
+from callwarden.providers.simulator.media import MediaHost
+from callwarden.providers.simulator.model import (
     Clock,
     Fault,
     Phase,
@@ -45,7 +45,7 @@ from providers.simulator.model import (
     TaskStore,
     WebhookPlan,
 )
-from providers.simulator.webhooks import Delivery, Webhooks
+from callwarden.providers.simulator.webhooks import Delivery, Webhooks
 
 __all__ = [
     "MAX_HANG_S",
@@ -74,10 +74,10 @@ __all__ = [
 ]
 
 PROVIDER_MODULES: tuple[str, ...] = (
-    "providers.simulator.kie",
-    "providers.simulator.replicate",
-    "providers.simulator.elevenlabs",
-    "providers.simulator.anthropic",
+    "callwarden.providers.simulator.kie",
+    "callwarden.providers.simulator.replicate",
+    "callwarden.providers.simulator.elevenlabs",
+    "callwarden.providers.simulator.anthropic",
 )
 MAX_HANG_S = 120.0
 OnPhase = Callable[[Phase], Awaitable[None]]
@@ -375,7 +375,7 @@ def _factor(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
-    """The simulator's options, shared by ``python -m providers.simulator`` and
+    """The simulator's options, shared by ``python -m callwarden.providers.simulator`` and
     ``callwarden simulator``."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=default_port)
@@ -394,7 +394,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m providers.simulator",
+    parser = argparse.ArgumentParser(prog="python -m callwarden.providers.simulator",
                                      description="Run the provider simulator.",
                                      epilog=KEY_HELP)
     add_arguments(parser, default_port=8765)
@@ -423,7 +423,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m providers.simulator``."""
+    """Entry point of ``python -m callwarden.providers.simulator``."""
     with suppress(KeyboardInterrupt):
         asyncio.run(_serve(_parse_args(argv)))
     return 0

@@ -69,10 +69,10 @@ from urllib.parse import urlparse
 import msgspec
 from aiohttp import web
 
-from providers.elevenlabs.webhook import elevenlabs_sign
-from providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
-from providers.simulator.media import fake_media
-from providers.simulator.webhooks import retry_server_errors
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
+from callwarden.providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
+from callwarden.providers.simulator.media import fake_media
+from callwarden.providers.simulator.webhooks import retry_server_errors
 
 __all__ = ["CHARACTER_COST", "CODE_STATUS", "MAX_CONCURRENT", "NAME", "parse_multipart",
            "render_error", "routes", "set_workspace_webhook", "workspace_webhooks"]

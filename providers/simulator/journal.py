@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from providers.simulator.model import Fault
+from callwarden.providers.simulator.model import Fault
 
 __all__ = ["Faults", "Journal", "JournalEntry"]
 

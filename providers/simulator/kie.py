@@ -1,5 +1,6 @@
 """Simulated KIE.ai: the six task families, ``kie-llm`` and the credit endpoint, in the
-shapes of ``tests/fixtures/providers/kie`` (bodies: :mod:`providers.simulator.kie_render`;
+shapes of ``tests/fixtures/providers/kie`` (bodies:
+:mod:`callwarden.providers.simulator.kie_render`;
 sources and evidence: each fixture and the research notes, ``/work/notes/kie.md``).
 
 - API errors are HTTP 200 with ``{"code", "msg"[, "data"]}`` as the recordInfo OpenAPI
@@ -13,7 +14,7 @@ sources and evidence: each fixture and the research notes, ``/work/notes/kie.md`
 - Unknown ids: ``code 422 "recordInfo is null"`` [C] (Suno: ``code 200, data null`` [O]);
   the same answer for a ``vanished`` script end and, transiently, for the first
   ``script.not_found_first_polls`` polls after creation.
-- Script phases map to each family's vocabulary (:mod:`providers.simulator.kie_render`).
+- Script phases map to each family's vocabulary (:mod:`callwarden.providers.simulator.kie_render`).
   ``script.error_code`` picks variants: Luma ``"4"`` on success (CALLBACK_FAILED with URLs),
   Suno ``"CALLBACK_EXCEPTION"`` (with audio on success, without on failure) or another Suno
   failure status, ``"2"`` for successFlag 2; otherwise it is the family's error code.
@@ -49,9 +50,9 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from providers.kie.webhook import kie_sign
-from providers.simulator.core import MAX_HANG_S, Phase, Script, Simulator, Task
-from providers.simulator.kie_render import (
+from callwarden.providers.kie.webhook import kie_sign
+from callwarden.providers.simulator.core import MAX_HANG_S, Phase, Script, Simulator, Task
+from callwarden.providers.simulator.kie_render import (
     ACCOUNT_CREDITS,
     CREATE_PATHS,
     POLL_PATHS,
@@ -61,7 +62,7 @@ from providers.simulator.kie_render import (
     suno_stage_body,
     suno_stages_reached,
 )
-from providers.simulator.webhooks import Sign
+from callwarden.providers.simulator.webhooks import Sign
 
 __all__ = ["NAME", "RETRY_SCHEDULE_S", "render_error", "routes", "signer"]
 

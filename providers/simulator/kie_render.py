@@ -37,8 +37,8 @@ from typing import Any, Final
 
 import msgspec
 
-from providers.simulator.core import Phase, Simulator, Task
-from providers.simulator.media import fake_media
+from callwarden.providers.simulator.core import Phase, Simulator, Task
+from callwarden.providers.simulator.media import fake_media
 
 __all__ = [
     "ACCOUNT_CREDITS",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from providers.simulator.model import Clock, Script
+from callwarden.providers.simulator.model import Clock, Script
 
 __all__ = ["MediaHost", "StoredMedia", "fake_media"]
 

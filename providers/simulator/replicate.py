@@ -70,9 +70,9 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from providers.replicate.webhook import replicate_sign
-from providers.simulator.core import Phase, Simulator, Task
-from providers.simulator.media import fake_media
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.providers.simulator.core import Phase, Simulator, Task
+from callwarden.providers.simulator.media import fake_media
 
 __all__ = ["NAME", "OUTPUT_TTL_S", "RETRY_SCHEDULE_S", "document", "parse_duration",
            "render_error", "routes"]

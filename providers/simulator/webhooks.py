@@ -26,7 +26,7 @@ from typing import Any, Literal
 import aiohttp
 import msgspec
 
-from providers.simulator.model import Clock, WebhookPlan
+from callwarden.providers.simulator.model import Clock, WebhookPlan
 
 __all__ = ["Delivery", "Outcome", "RetryOn", "Sign", "Webhooks", "retry_any_failure",
            "retry_server_errors"]

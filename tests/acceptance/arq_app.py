@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from engine.queue.arq import worker_settings
+from callwarden.queue.arq import worker_settings
 
 WorkerSettings = worker_settings(
     kinds=("kie-standard",), job_timeout=float(os.environ["CALLWARDEN_TEST_JOB_TIMEOUT_S"]),

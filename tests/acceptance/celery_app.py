@@ -1,7 +1,7 @@
 """The Celery app whose real workers ``test_queue_integrations.py`` starts
 (``celery -A tests.acceptance.celery_app worker --pool prefork``). The broker and the
 visibility timeout come from the environment the test gives each worker; the rest is what
-:func:`engine.queue.celery.register` sets up for any host."""
+:func:`callwarden.queue.celery.register` sets up for any host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 from celery import Celery
 
-from engine.queue.celery import register
+from callwarden.queue.celery import register
 
 app = Celery("callwarden-tests", broker=os.environ["CALLWARDEN_REDIS_URL"])
 app.conf.update(broker_connection_retry_on_startup=True,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.simulator.core import RunningSimulator, running_simulator
+from callwarden.providers.simulator.core import RunningSimulator, running_simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
@@ -32,7 +32,7 @@ async def sim() -> AsyncIterator[RunningSimulator]:
 
 
 class WorkerProcess:
-    """One ``python -m engine.cli worker`` subprocess and its log."""
+    """One ``python -m callwarden.cli worker`` subprocess and its log."""
 
     def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
         self.proc, self.log = proc, log
@@ -79,7 +79,7 @@ class Workers:
         log = self.tmp_path / f"worker-{len(self.started) + 1}.log"
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "engine.cli", "worker", *args,
+                sys.executable, "-m", "callwarden.cli", "worker", *args,
                 env=self.env(failpoints, env), cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
                 stdout=err, stderr=err)
         worker = WorkerProcess(proc, log)

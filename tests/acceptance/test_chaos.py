@@ -27,7 +27,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 import pytest
 
-from engine.store.db import EmbeddedServer
+from callwarden.store.db import EmbeddedServer
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy
 
 # One process runs every fleet test (README: the tests run in two), so two fleets of
@@ -57,7 +57,7 @@ def test_demo_chaos_restarts_the_database_and_cuts_connections_and_passes(
         tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--data-dir", str(tmp_path), "demo",
+        [sys.executable, "-m", "callwarden.cli", "--data-dir", str(tmp_path), "demo",
          "--jobs", "60", "--workers", "2", "--kill-rate", "0.5", "--seed", "5",
          "--chaos", "--chaos-every", "3", "--duration", "300", "--json"],
         env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
@@ -86,7 +86,7 @@ def _demo(url: str, data_dir: Path, *, jobs: int, seed: int, deadline_s: float
     """``callwarden demo`` through ``url`` (the proxy); its result and when it ended. It
     runs in a session of its own, so a timeout kills its worker children too."""
     env = {**os.environ, "DATABASE_URL": url}
-    argv = [sys.executable, "-m", "engine.cli", "--data-dir", str(data_dir), "demo",
+    argv = [sys.executable, "-m", "callwarden.cli", "--data-dir", str(data_dir), "demo",
             "--jobs", str(jobs), "--workers", "3", "--seed", str(seed), "--kill-rate", "0.3",
             "--duration", str(deadline_s), "--json"]
     with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -22,16 +22,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.service.app import ServiceConfig
-from engine.store.db import Pool, connect, open_pool
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.states import CallState
-from events.types import CallStarted, TaskCreated, UpstreamFailed
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.events.states import CallState
+from callwarden.events.types import CallStarted, TaskCreated, UpstreamFailed
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.service.app import ServiceConfig
+from callwarden.store.db import Pool, connect, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 from tests.browser import Page, chromium, open_page
 from tests.service import running_service
 from tests.support import no_sleep

@@ -25,7 +25,7 @@ def test_small_demo_with_killed_workers_keeps_every_invariant(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     report = tmp_path / "report.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--data-dir", str(tmp_path), "demo",
+        [sys.executable, "-m", "callwarden.cli", "--data-dir", str(tmp_path), "demo",
          "--jobs", "60", "--workers", "2", "--kill-rate", "0.7", "--seed", "3",
          "--duration", "120", "--json", "--report", str(report)],
         env=env, capture_output=True, text=True, timeout=240, check=False)

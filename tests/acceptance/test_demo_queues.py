@@ -50,7 +50,7 @@ def _demo(data_dir: Path, queue: str, redis_url: str | None, *, lose_one: bool =
            if k not in ("DATABASE_URL", "CALLWARDEN_REDIS_URL")}
     if redis_url is not None:
         env["CALLWARDEN_REDIS_URL"] = redis_url
-    argv = [sys.executable, "-m", "engine.cli", "--data-dir", str(data_dir), "demo",
+    argv = [sys.executable, "-m", "callwarden.cli", "--data-dir", str(data_dir), "demo",
             "--queue", queue, "--jobs", str(JOBS), "--workers", "2", "--kill-rate", "0.3",
             "--seed", "3", "--json"]
     with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

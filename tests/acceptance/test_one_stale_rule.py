@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.store.db import connect
-from providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.store.db import connect
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_outside_in import cli, environment, seed_call
 
@@ -29,7 +29,7 @@ ENV = "CALLWARDEN_RECONCILE_THRESHOLD_ANTHROPIC_SYNC"
 async def served(env: dict[str, str]) -> AsyncIterator[str]:
     """``callwarden serve --port 0`` as a process; its base URL (from its start line)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", "serve", "--port", "0", env=env, cwd=ROOT,
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", env=env, cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     try:

@@ -18,9 +18,9 @@ import aiohttp
 import msgspec
 from psycopg import sql
 
-from engine.replay.verify import verify_job
-from engine.store.db import Conn, connect
-from providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.replay.verify import verify_job
+from callwarden.store.db import Conn, connect
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 
 CONFIG = """
@@ -32,7 +32,7 @@ legacy_cutoff = "{cutoff}"
 
 async def cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", *args, env=env, cwd=ROOT,
+        sys.executable, "-m", "callwarden.cli", *args, env=env, cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)

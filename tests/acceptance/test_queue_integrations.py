@@ -1,6 +1,6 @@
 """Real Celery and arq workers killed with SIGKILL while their call polls: the broker
 delivers the job again, another process resumes the call, and nothing is paid twice
-(issue 16; :mod:`engine.queue.celery`, :mod:`engine.queue.arq`).
+(issue 16; :mod:`callwarden.queue.celery`, :mod:`callwarden.queue.arq`).
 
 Each case runs a real ``redis-server`` (``tests/redis.py``), real worker processes
 (``celery -A tests.acceptance.celery_app worker --pool prefork --concurrency 2``,
@@ -14,7 +14,7 @@ other process poll the same task, and only then moves the simulator's clock past
 
 Then, from the simulator's journal and SQL: one upstream create for the job, its
 reservation settled exactly once (one settling event, one audited move, from
-``reserved``), projections equal to the fold of the log (``engine.replay.verify``).
+``reserved``), projections equal to the fold of the log (``callwarden.replay.verify``).
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 from celery import Celery
 
-from engine.queue.arq import TASK_NAME as ARQ_TASK
-from engine.queue.arq import enqueue_call
-from engine.queue.celery import TASK_NAME as CELERY_TASK
-from engine.replay.verify import verify, verify_job
-from engine.store.db import Conn
-from engine.store.jobs import create_job
-from engine.store.write import execute_script
-from providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.queue.arq import TASK_NAME as ARQ_TASK
+from callwarden.queue.arq import enqueue_call
+from callwarden.queue.celery import TASK_NAME as CELERY_TASK
+from callwarden.replay.verify import verify, verify_job
+from callwarden.store.db import Conn
+from callwarden.store.jobs import create_job
+from callwarden.store.write import execute_script
 from tests.acceptance.conftest import ROOT, Workers
 from tests.redis import running_redis
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import aiohttp
 
-from engine.replay.verify import verify_job
-from engine.store.db import Conn, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.types import CallStarted, TaskCreated
-from providers.simulator.core import RunningSimulator
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.replay.verify import verify_job
+from callwarden.store.db import Conn, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 
 N = 6
@@ -60,7 +60,7 @@ async def _dead_worker_call(conn: Conn, http: aiohttp.ClientSession,
 
 async def _reconcile(env: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", "reconcile", *args, env=env, cwd=ROOT,
+        sys.executable, "-m", "callwarden.cli", "reconcile", *args, env=env, cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)

@@ -34,14 +34,14 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.calls.failpoints import POINTS
-from engine.queue.claims import input_data
-from engine.reconciler.loop import Reconciler
-from engine.replay.verify import verify_job
-from engine.store.db import Conn, open_pool
-from engine.store.jobs import create_job
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.failpoints import POINTS
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue.claims import input_data
+from callwarden.reconciler.loop import Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.store.db import Conn, open_pool
+from callwarden.store.jobs import create_job
 from tests.acceptance.conftest import Workers
 
 VISIBILITY_S = 1.0

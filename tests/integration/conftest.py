@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from engine.calls.config import CallConfig
-from engine.calls.pricing import Pricing
-from engine.calls.runner import CallRunner
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler, Signal
-from engine.store.db import Pool, open_pool
-from providers.simulator.core import RunningSimulator, running_simulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.pricing import Pricing
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.simulator.core import RunningSimulator, running_simulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler, Signal
+from callwarden.store.db import Pool, open_pool
 from tests.support import no_sleep
 
 APPLICATION_NAME = "cw-integration-test"  # lets a test find (and kill) the pool's backends

@@ -10,15 +10,15 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.calls.runner import CallRunner
-from engine.reconciler.loop import Reconciler
-from engine.service.metrics import start_metrics_server
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.types import CallStarted
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import CallStarted
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.loop import Reconciler
+from callwarden.service.metrics import start_metrics_server
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 from tests.support import no_sleep
 
 

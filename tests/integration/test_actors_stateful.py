@@ -50,21 +50,21 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine.calls import failpoints
-from engine.calls.config import CallConfig
-from engine.calls.finalize import Finalizer
-from engine.calls.runner import CallRunner
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.replay.verify import verify_job
-from engine.service.app import RECEIVER, ServiceConfig, build_app
-from engine.service.webhooks import WebhookConfig
-from engine.store.db import Conn, Pool, connect, open_pool
-from engine.store.jobs import create_job
-from providers.base import Endpoint, ProviderSettings, RetryPolicy
-from providers.kinds import KINDS
-from providers.simulator.core import Fault, RunningSimulator, running_simulator
-from providers.storage import LocalFolderStore
+from callwarden.calls import failpoints
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.base import Endpoint, ProviderSettings, RetryPolicy
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.simulator.core import Fault, RunningSimulator, running_simulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.service.app import RECEIVER, ServiceConfig, build_app
+from callwarden.service.webhooks import WebhookConfig
+from callwarden.store.db import Conn, Pool, connect, open_pool
+from callwarden.store.jobs import create_job
 from tests.integration.test_races_stateful import HOST_TERMINAL, HOST_WRITES
 
 KIND, PROVIDER = "replicate-prediction", "replicate"

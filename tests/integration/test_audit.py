@@ -12,15 +12,10 @@ from typing import TypeVar
 
 import pytest
 
-from engine.cli.main import main
-from engine.errors import JobNotFound
-from engine.reconciler.config import ReconcileConfig
-from engine.replay.audit import audit_job, stats
-from engine.store.db import Conn, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.codec import EventDecodeError
-from events.types import (
+from callwarden.cli.main import main
+from callwarden.errors import JobNotFound
+from callwarden.events.codec import EventDecodeError
+from callwarden.events.types import (
     CallStarted,
     Completed,
     Event,
@@ -31,7 +26,12 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.stats import percentile
+from callwarden.projections.stats import percentile
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.replay.audit import audit_job, stats
+from callwarden.store.db import Conn, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 from tests.unit.test_timeline import PATHS, completed_path
 
 X = TypeVar("X")

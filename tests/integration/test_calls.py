@@ -11,16 +11,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls.runner import CallRunner
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.states import CallState
-from events.types import CallStarted, TaskCreated, UpstreamSucceeded
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.runner import CallRunner
+from callwarden.events.states import CallState
+from callwarden.events.types import CallStarted, TaskCreated, UpstreamSucceeded
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
@@ -207,7 +207,7 @@ async def test_a_worker_dying_between_storing_bytes_and_recording_leaves_no_outc
 
 
 async def test_unknown_kind_writes_nothing(conn: Conn, make_runner: Any) -> None:
-    from providers.errors import UnknownProviderKind
+    from callwarden.providers.errors import UnknownProviderKind
 
     job = await create_job(conn)
     with pytest.raises(UnknownProviderKind):

@@ -25,16 +25,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls.runner import CallRunner
-from engine.reconciler.loop import Reconciler
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load
-from events.types import CallStarted, TaskCreated
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.loop import Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load
 from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.support import no_sleep
 

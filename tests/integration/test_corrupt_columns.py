@@ -32,21 +32,21 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from engine.calls.runner import upstream_event
-from engine.reconciler.loop import Counts
-from engine.replay.audit import AuditReport, audit_job
-from engine.replay.verify import BatchResult, verify, verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn
-from engine.store.migrate import available
-from engine.store.write import append, load, load_events, load_stored
-from events.codec import EventDecodeError
-from events.states import CallState, InvalidTransition
-from events.types import EVENT_TYPES
-from projections.columns import READ_COLUMNS, ProjectionUnreadable
-from projections.fold import OBSERVED_FIELDS, CallProjection, fold
-from providers.registry import poll_task
-from providers.simulator.core import RunningSimulator
+from callwarden.calls.runner import upstream_event
+from callwarden.events.codec import EventDecodeError
+from callwarden.events.states import CallState, InvalidTransition
+from callwarden.events.types import EVENT_TYPES
+from callwarden.projections.columns import READ_COLUMNS, ProjectionUnreadable
+from callwarden.projections.fold import OBSERVED_FIELDS, CallProjection, fold
+from callwarden.providers.registry import poll_task
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.reconciler.loop import Counts
+from callwarden.replay.audit import AuditReport, audit_job
+from callwarden.replay.verify import BatchResult, verify, verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn
+from callwarden.store.migrate import available
+from callwarden.store.write import append, load, load_events, load_stored
 from tests.integration.conftest import MakeReconciler
 from tests.integration.test_audit import new_job
 from tests.integration.test_host_boundary import seed_row

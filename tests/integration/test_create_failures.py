@@ -36,18 +36,18 @@ import aiohttp
 import msgspec
 import pytest
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallOutcome, CallRunner
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import load_events
-from events.states import CallState
-from events.types import UpstreamFailed
-from providers.base import ProviderSettings, RetryPolicy
-from providers.simulator.core import Fault, RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallOutcome, CallRunner
+from callwarden.events.states import CallState
+from callwarden.events.types import UpstreamFailed
+from callwarden.providers.base import ProviderSettings, RetryPolicy
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import load_events
 from tests.integration.conftest import MakeReconciler
 from tests.support import no_sleep
 

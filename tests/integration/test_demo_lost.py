@@ -1,4 +1,4 @@
-"""The Celery demo's watch for messages its broker lost (:mod:`engine.demo.lost`), on a real
+"""The Celery demo's watch for messages its broker lost (:mod:`callwarden.demo.lost`), on a real
 Redis with messages published by Celery and taken by kombu's own Redis transport.
 
 A worker killed between kombu's ``BRPOP`` and its write to ``unacked`` loses the message:
@@ -20,9 +20,9 @@ import pytest
 import redis
 from kombu import Connection
 
-from engine.demo.lost import MAX_REPUBLISH, LostMessages, lost, task_ids
-from engine.demo.queues import QueueFleet
-from engine.queue.claims import JobSpec
+from callwarden.demo.lost import MAX_REPUBLISH, LostMessages, lost, task_ids
+from callwarden.demo.queues import QueueFleet
+from callwarden.queue.claims import JobSpec
 from tests.redis import running_redis
 
 JOBS = [(uuid.uuid4(), JobSpec(kind="kie-standard", request={"model": "m", "input": {}}))

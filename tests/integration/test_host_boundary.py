@@ -16,16 +16,8 @@ import aiohttp
 import msgspec
 from psycopg import sql
 
-from engine.reconciler.config import ReconcileConfig
-from engine.replay.audit import stats
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn
-from engine.store.jobs import create_job
-from engine.store.migrate import available
-from engine.store.write import append, cancel, load, load_events, transition
-from events.states import CallState
-from events.types import (
+from callwarden.events.states import CallState
+from callwarden.events.types import (
     CallStarted,
     Completed,
     Event,
@@ -33,8 +25,16 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import CallProjection
-from providers.simulator.core import RunningSimulator
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.replay.audit import stats
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn
+from callwarden.store.jobs import create_job
+from callwarden.store.migrate import available
+from callwarden.store.write import append, cancel, load, load_events, transition
 from tests.integration.conftest import MakeReconciler, MakeRunner
 from tests.integration.test_reconciler import (
     NOW_SCRIPT,

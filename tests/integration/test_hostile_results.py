@@ -20,19 +20,19 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from engine.calls.config import CallConfig
-from engine.calls.finalize import Finalizer
-from engine.calls.pricing import Rate, RateTable
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamSucceeded
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.pricing import Rate, RateTable
+from callwarden.events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamSucceeded
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.integration.conftest import MakeRunner
 from tests.integration.test_reconciler import dead_worker_call, row, upstream_task
 from tests.support import no_sleep

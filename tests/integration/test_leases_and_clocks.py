@@ -18,24 +18,24 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.calls.config import CallConfig
-from engine.calls.finalize import Finalizer
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.store.clock import DatabaseClock, utcnow
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import append, execute, load, load_events
-from events.types import (
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.events.types import (
     CallStarted,
     FinalizeClaimed,
     TaskCreated,
     UpstreamResult,
     UpstreamSucceeded,
 )
-from providers.base import Endpoint, ProviderSettings
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.providers.base import Endpoint, ProviderSettings
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.store.clock import DatabaseClock, utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, execute, load, load_events
 from tests.support import no_sleep
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)

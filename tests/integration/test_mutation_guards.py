@@ -17,12 +17,12 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
-from engine.calls.finalize import Finalizer
-from engine.store.db import Conn, Pool, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.types import CallStarted, Cancelled
-from providers.storage import LocalFolderStore
+from callwarden.calls.finalize import Finalizer
+from callwarden.events.types import CallStarted, Cancelled
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.store.db import Conn, Pool, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.integration.test_leases_and_clocks import (
     CONFIG,
     HeldMedia,

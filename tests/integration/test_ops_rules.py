@@ -38,15 +38,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.errors import DatabaseUnavailable
-from engine.service.app import ServiceConfig
-from engine.service.metrics import REGISTRY
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.outage import Outage
-from engine.store.queries import QUERIES
-from engine.store.write import append, load
-from events.types import CallStarted, TaskCreated
+from callwarden.errors import DatabaseUnavailable
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.service.app import ServiceConfig
+from callwarden.service.metrics import REGISTRY
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.outage import Outage
+from callwarden.store.queries import QUERIES
+from callwarden.store.write import append, load
 from tests.debian import binary
 from tests.integration.conftest import MakeReconciler
 from tests.service import running_service

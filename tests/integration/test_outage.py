@@ -19,16 +19,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.reconciler.loop import Reconciler
-from engine.service.app import ServiceConfig
-from engine.service.webhooks import WebhookConfig
-from engine.store.databases import create_database
-from engine.store.db import EmbeddedServer, Pool, connect, open_pool
-from engine.store.migrate import migrate
-from engine.store.write import load_events
-from providers.elevenlabs.webhook import elevenlabs_sign
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.loop import Reconciler
+from callwarden.service.app import ServiceConfig
+from callwarden.service.webhooks import WebhookConfig
+from callwarden.store.databases import create_database
+from callwarden.store.db import EmbeddedServer, Pool, connect, open_pool
+from callwarden.store.migrate import migrate
+from callwarden.store.write import load_events
 from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, upstream_task
 from tests.integration.test_webhooks import (
     post,
@@ -121,7 +121,7 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
 
 def _reconcile_once(url: str, limit_s: float) -> subprocess.Popen[str]:
     env = {**os.environ, "DATABASE_URL": url, "CALLWARDEN_DB_OUTAGE_LIMIT_S": str(limit_s)}
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "reconcile", "--once",
+    return subprocess.Popen([sys.executable, "-m", "callwarden.cli", "reconcile", "--once",
                              "--json"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

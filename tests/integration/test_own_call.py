@@ -1,4 +1,4 @@
-"""Bring your own call (engine.calls.own, engine.calls.own_sync): host code makes the
+"""Bring your own call (callwarden.calls.own, callwarden.calls.own_sync): host code makes the
 provider request with its own HTTP client — plain aiohttp, or urllib for the blocking
 face — against the simulator's real routes, and records every transition through the
 fenced write path. Rows are checked with plain SQL; projections must equal the fold."""
@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine import (
+from callwarden import (
     BlockingCalls,
     CallAlreadyStarted,
     CallwardenError,
@@ -36,18 +36,18 @@ from engine import (
     TaskIdConflict,
     WrongKind,
 )
-from engine.calls.config import CallConfig
-from engine.errors import TaskAlreadyClaimed
-from engine.reconciler.config import ReconcileConfig
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import append, cancel, load
-from events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
-from providers.errors import UnknownProviderKind
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.errors import TaskAlreadyClaimed
+from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
+from callwarden.providers.errors import UnknownProviderKind
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, cancel, load
 from tests.integration.conftest import MakeReconciler, MakeRunner
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
@@ -605,7 +605,7 @@ async def test_the_blocking_face_records_an_async_kind_made_with_urllib(
 
 KILLED_ROUTE = """
 import sys, uuid
-from engine import BlockingCalls
+from callwarden import BlockingCalls
 with BlockingCalls(sys.argv[1]) as calls:
     with calls.sync_call(uuid.UUID(sys.argv[2]), "anthropic-sync"):
         print("inside", flush=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.store.boundary import transaction
-from engine.store.db import connect
-from engine.store.write import execute
+from callwarden.store.boundary import transaction
+from callwarden.store.db import connect
+from callwarden.store.write import execute
 
 pytestmark = pytest.mark.pgbouncer
 

@@ -17,17 +17,17 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.reconciler.loop import Counts, Reconciler
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from events.states import CallState
-from providers.base import RetryPolicy
-from providers.simulator.core import Fault, RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.events.states import CallState
+from callwarden.providers.base import RetryPolicy
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.loop import Counts, Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
 from tests.integration.conftest import MakeReconciler, MakeRunner
 from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, row, upstream_task
 

@@ -23,11 +23,11 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.store.db import Conn
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.store.db import Conn
 from tests.support import no_sleep
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 120

@@ -16,15 +16,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.queue.claims import JobSpec, ack, claim, input_data, parse_job
-from engine.queue.worker import Worker
-from engine.replay.verify import verify_job
-from engine.store.db import Conn, Pool, connect
-from engine.store.jobs import create_job
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue.claims import JobSpec, ack, claim, input_data, parse_job
+from callwarden.queue.worker import Worker
+from callwarden.replay.verify import verify_job
+from callwarden.store.db import Conn, Pool, connect
+from callwarden.store.jobs import create_job
 from tests.support import no_sleep
 
 KIE = input_data("kie-standard", {"model": "nano-banana-pro", "input": {"prompt": "a cat"}})
@@ -244,7 +244,7 @@ async def test_job_delivered_too_often_is_given_up_and_refunded(
 async def _cli(db_url: str, *args: str) -> tuple[int, str]:
     env = {**os.environ, "DATABASE_URL": db_url}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", *args, env=env,
+        sys.executable, "-m", "callwarden.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode is not None

@@ -9,15 +9,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from engine.queue import celery as celery_runtime
-from engine.queue.process import RunnerOptions, open_runner
-from engine.store.db import Conn
-from engine.store.jobs import create_job
-from engine.store.write import append
-from events.types import CallStarted
-from projections.fold import EMPTY
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.events.types import CallStarted
+from callwarden.projections.fold import EMPTY
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue import celery as celery_runtime
+from callwarden.queue.process import RunnerOptions, open_runner
+from callwarden.store.db import Conn
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append
 
 REQUEST = {"model": "nano-banana-pro",
            "input": {"prompt": "a cat", "_sim": {"steps": [{"phase": "running", "polls": 2}],

@@ -29,12 +29,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engine.replay.verify import verify_job
-from engine.store.db import Conn, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, load, transition
-from events.states import SETTLEMENT, CallState
-from events.types import (
+from callwarden.events.states import SETTLEMENT, CallState
+from callwarden.events.types import (
     CallStarted,
     Cancelled,
     Completed,
@@ -49,7 +45,11 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import CallProjection
+from callwarden.projections.fold import CallProjection
+from callwarden.replay.verify import verify_job
+from callwarden.store.db import Conn, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, transition
 
 S = CallState
 T0 = datetime(2026, 5, 19, 9, 0, tzinfo=UTC)

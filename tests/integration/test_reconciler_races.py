@@ -15,19 +15,19 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from engine.calls.runner import CallRunner
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Counts, Reconciler, Signal
-from engine.replay.verify import verify_job
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool, open_pool
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.types import CallStarted, TaskCreated
-from providers.base import AsyncKindClient
-from providers.registry import client_for
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.base import AsyncKindClient
+from callwarden.providers.registry import client_for
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Counts, Reconciler, Signal
+from callwarden.replay.verify import verify_job
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro",

@@ -10,16 +10,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine.replay.audit import audit_job
-from engine.replay.rebuild import rebuild
-from engine.replay.verify import verify
-from engine.store.db import Conn
-from engine.store.jobs import create_job
-from engine.store.write import load_events
-from events import codec
-from events.codec import encode
-from events.types import VERSIONS, Event, UpstreamFailed
-from projections.fold import fold
+from callwarden.events import codec
+from callwarden.events.codec import encode
+from callwarden.events.types import VERSIONS, Event, UpstreamFailed
+from callwarden.projections.fold import fold
+from callwarden.replay.audit import audit_job
+from callwarden.replay.rebuild import rebuild
+from callwarden.replay.verify import verify
+from callwarden.store.db import Conn
+from callwarden.store.jobs import create_job
+from callwarden.store.write import load_events
 from tests.integration.test_audit import new_job
 from tests.unit.test_timeline import completed_path, failed_path
 

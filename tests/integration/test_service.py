@@ -14,13 +14,13 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.replay.verify import verify_job
-from engine.service.app import ServiceConfig
-from engine.service.metrics import record_reconcile, start_metrics_server
-from engine.store.db import Conn, Pool, open_pool
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
+from callwarden.events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
+from callwarden.replay.verify import verify_job
+from callwarden.service.app import ServiceConfig
+from callwarden.service.metrics import record_reconcile, start_metrics_server
+from callwarden.store.db import Conn, Pool, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.service import running_service
 
 TOKEN = "s3cret-admin"

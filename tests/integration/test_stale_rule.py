@@ -10,8 +10,8 @@ import psycopg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.reconciler.stale import StaleRule
-from providers.kinds import KINDS
+from callwarden.providers.kinds import KINDS
+from callwarden.reconciler.stale import StaleRule
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 SQL = """SELECT callwarden_is_stale(%(call)s, %(host)s, %(created)s, %(heartbeat)s, %(kind)s,

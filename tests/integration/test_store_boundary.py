@@ -9,12 +9,12 @@ import psycopg
 import psycopg_pool
 import pytest
 
-from engine.cli.main import main
-from engine.errors import ConfigError, DatabaseError, DatabaseUnavailable, WriteConflict
-from engine.store.boundary import connection, transaction, translated
-from engine.store.db import Conn, Pool, connect, open_pool
-from engine.store.jobs import create_job
-from engine.store.write import execute
+from callwarden.cli.main import main
+from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable, WriteConflict
+from callwarden.store.boundary import connection, transaction, translated
+from callwarden.store.db import Conn, Pool, connect, open_pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import execute
 
 
 async def test_a_pool_that_cannot_lend_a_connection_is_unavailable(db_url: str) -> None:

@@ -1,4 +1,4 @@
-"""One contract, two adapters: every fence of the store port (:mod:`engine.store.port`)
+"""One contract, two adapters: every fence of the store port (:mod:`callwarden.store.port`)
 holds the same on Postgres (:class:`PostgresStore`) and in memory (:class:`MemoryStore`,
 the deterministic simulation's store). Each test runs on both with the same assertions;
 the Postgres run is the reference the memory adapter is held to."""
@@ -12,15 +12,9 @@ from decimal import Decimal
 
 import pytest
 
-from engine.errors import JobNotFound, TaskAlreadyClaimed
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.store.db import open_pool
-from engine.store.memory import MemoryStore
-from engine.store.port import ClaimRequest
-from engine.store.postgres import PostgresStore
-from events.states import CallState, InvalidTransition
-from events.types import (
+from callwarden.errors import JobNotFound, TaskAlreadyClaimed
+from callwarden.events.states import CallState, InvalidTransition
+from callwarden.events.types import (
     CallStarted,
     Cancelled,
     Completed,
@@ -31,8 +25,14 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import EMPTY, CallProjection
-from providers.storage import LocalFolderStore
+from callwarden.projections.fold import EMPTY, CallProjection
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.store.db import open_pool
+from callwarden.store.memory import MemoryStore
+from callwarden.store.port import ClaimRequest
+from callwarden.store.postgres import PostgresStore
 from tests.simulation.host import EPOCH, Host, PostgresHost, SimClock, adapters
 
 KIND = "replicate-prediction"

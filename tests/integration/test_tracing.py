@@ -4,7 +4,7 @@ host's current span; a fenced-out write and a refused one are marked. Without
 ``opentelemetry`` nothing is hooked and nothing of it is imported.
 
 The spans go to an SDK ``TracerProvider`` with an ``InMemorySpanExporter`` handed to
-``engine.service.tracing.use`` for the test (the process-wide provider can be set only
+``callwarden.service.tracing.use`` for the test (the process-wide provider can be set only
 once; OpenTelemetry's own test utilities reset its private globals to get around that,
 which a provider passed explicitly does not need). The global provider is exercised in a
 fresh process instead."""
@@ -27,15 +27,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
-from engine.service import tracing
-from engine.service.tracing import REQUEST_SPAN, TRANSITION_SPAN
-from engine.store.db import Conn
-from engine.store.jobs import create_job
-from engine.store.write import append, load, load_events
-from events.states import InvalidTransition
-from events.types import CallStarted, Completed
-from providers.simulator.core import RunningSimulator
-from providers.simulator.model import Fault
+from callwarden.events.states import InvalidTransition
+from callwarden.events.types import CallStarted, Completed
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.model import Fault
+from callwarden.service import tracing
+from callwarden.service.tracing import REQUEST_SPAN, TRANSITION_SPAN
+from callwarden.store.db import Conn
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, load, load_events
 from tests.integration.conftest import MakeRunner
 
 ROOT = Path(__file__).parents[2]
@@ -136,7 +136,7 @@ async def test_a_fenced_out_write_and_a_refused_one_are_marked(
     assert refused.status.status_code is StatusCode.ERROR
     assert refused.events[0].name == "exception"
     assert dict(refused.events[0].attributes or {})["exception.type"] == (
-        "events.states.InvalidTransition")
+        "callwarden.events.states.InvalidTransition")
     assert "callwarden.outcome" not in dict(refused.attributes or {})
 
 
@@ -170,10 +170,10 @@ def _python(db_url: str, *parts: str) -> str:
 APPEND = """
     import asyncio, os
     from datetime import UTC, datetime
-    from engine.store.db import connect
-    from engine.store.jobs import create_job
-    from engine.store.write import append, load
-    from events.types import CallStarted
+    from callwarden.store.db import connect
+    from callwarden.store.jobs import create_job
+    from callwarden.store.write import append, load
+    from callwarden.events.types import CallStarted
 
     async def one_append():
         async with await connect(os.environ["CW_TEST_DB"]) as conn:
@@ -194,12 +194,12 @@ def test_without_opentelemetry_nothing_is_hooked_or_imported(db_url: str) -> Non
                     raise ModuleNotFoundError(f"No module named {name!r}")
 
         sys.meta_path.insert(0, Hide())
-        import engine.store.write, providers.transport
-        import engine.calls.runner, engine.reconciler.loop, engine.service.webhooks
-        from engine.service import tracing
+        import callwarden.store.write, callwarden.providers.transport
+        import callwarden.calls.runner, callwarden.reconciler.loop, callwarden.service.webhooks
+        from callwarden.service import tracing
         """, APPEND, """
         asyncio.run(one_append())
-        print(tracing.ENABLED, engine.store.write._trace, providers.transport._trace,
+        print(tracing.ENABLED, callwarden.store.write._trace, callwarden.providers.transport._trace,
               sorted(m for m in sys.modules if m.startswith("opentelemetry")))
         """)
     assert out == "False None None []"
@@ -208,7 +208,7 @@ def test_without_opentelemetry_nothing_is_hooked_or_imported(db_url: str) -> Non
 def test_a_global_provider_set_after_import_gets_the_spans(db_url: str) -> None:
     """The host imports callwarden, then sets its provider (the usual order)."""
     out = _python(db_url, """
-        import engine.calls.runner
+        import callwarden.calls.runner
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor

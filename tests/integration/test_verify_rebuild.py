@@ -10,13 +10,13 @@ import uuid
 import msgspec
 import pytest
 
-from engine.replay.history import read_histories, snapshot
-from engine.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
-from engine.replay.verify import verify, verify_job
-from engine.store.db import Conn, connect
-from engine.store.write import Decide, load, load_events, transition
-from events.types import Event, TaskCreated
-from projections.fold import CallProjection, fold
+from callwarden.events.types import Event, TaskCreated
+from callwarden.projections.fold import CallProjection, fold
+from callwarden.replay.history import read_histories, snapshot
+from callwarden.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
+from callwarden.replay.verify import verify, verify_job
+from callwarden.store.db import Conn, connect
+from callwarden.store.write import Decide, load, load_events, transition
 from tests.integration.test_audit import cli, new_job, run_sync
 from tests.unit.test_timeline import PATHS, at, completed_path
 

@@ -4,7 +4,7 @@ Two copies of the service run on 127.0.0.1 (``AppRunner``, port 0) over one data
 ``signed`` holds every scheme's secret (Replicate, ElevenLabs, and KIE in HMAC mode),
 ``bare`` holds none (the signed-body schemes refuse everything, KIE authenticates by the
 per-job URL token). Every webhook route is taken from the app's router and checked against
-``providers.registry.WEBHOOKS``, so a new scheme's route is fuzzed the day it is mounted
+``callwarden.providers.registry.WEBHOOKS``, so a new scheme's route is fuzzed the day it is mounted
 (and this file fails until it knows how to sign an authentic delivery for it).
 
 A generated example is a list of steps:
@@ -47,18 +47,18 @@ from aiohttp import web
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from engine.calls.finalize import Finalizer
-from engine.replay.verify import verify_job
-from engine.service.app import RECEIVER, ServiceConfig, build_app
-from engine.service.webhooks import WebhookConfig, ensure_callback_token
-from engine.store.db import Conn, Pool
-from providers.elevenlabs.webhook import elevenlabs_sign
-from providers.kie.webhook import kie_sign
-from providers.outcomes import PollOutcome
-from providers.registry import WEBHOOKS, poll_task
-from providers.replicate.webhook import replicate_sign
-from providers.simulator.core import RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.calls.finalize import Finalizer
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
+from callwarden.providers.kie.webhook import kie_sign
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import WEBHOOKS, poll_task
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.replay.verify import verify_job
+from callwarden.service.app import RECEIVER, ServiceConfig, build_app
+from callwarden.service.webhooks import WebhookConfig, ensure_callback_token
+from callwarden.store.db import Conn, Pool
 from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.integration.test_webhooks import AUTH, start_call, stt_body, task_created
 

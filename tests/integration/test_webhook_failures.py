@@ -31,19 +31,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.calls.finalize import Finalizer
-from engine.reconciler.loop import Reconciler
-from engine.replay.verify import verify_job
-from engine.service.app import ServiceConfig, build_app
-from engine.service.metrics import REGISTRY
-from engine.service.webhooks import WebhookConfig, ensure_callback_token
-from engine.store.clock import utcnow
-from engine.store.db import Conn, Pool
-from engine.store.write import load
-from providers.outcomes import PollOutcome
-from providers.registry import poll_task
-from providers.simulator.core import Delivery, RunningSimulator
-from providers.storage import LocalFolderStore, MediaStore
+from callwarden.calls.finalize import Finalizer
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import poll_task
+from callwarden.providers.simulator.core import Delivery, RunningSimulator
+from callwarden.providers.storage import LocalFolderStore, MediaStore
+from callwarden.reconciler.loop import Reconciler
+from callwarden.replay.verify import verify_job
+from callwarden.service.app import ServiceConfig, build_app
+from callwarden.service.metrics import REGISTRY
+from callwarden.service.webhooks import WebhookConfig, ensure_callback_token
+from callwarden.store.clock import utcnow
+from callwarden.store.db import Conn, Pool
+from callwarden.store.write import load
 from tests.integration.test_webhooks import (
     KIE_FAMILIES,
     Service,

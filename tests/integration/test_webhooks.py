@@ -23,27 +23,27 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from engine.calls.finalize import Finalizer
-from engine.calls.runner import CallRunner
-from engine.replay.verify import verify_job
-from engine.service.app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
-from engine.service.webhooks import (
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
+from callwarden.providers.kie.webhook import kie_sign
+from callwarden.providers.outcomes import PollOutcome
+from callwarden.providers.registry import poll_task
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.providers.simulator.core import Delivery, RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.replay.verify import verify_job
+from callwarden.service.app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.webhooks import (
     CallbackUrls,
     WebhookConfig,
     callback_url_for,
     ensure_callback_token,
 )
-from engine.store.db import Conn, Pool
-from engine.store.jobs import create_job
-from engine.store.write import append, cancel, load, load_events
-from events.types import CallStarted, TaskCreated
-from providers.elevenlabs.webhook import elevenlabs_sign
-from providers.kie.webhook import kie_sign
-from providers.outcomes import PollOutcome
-from providers.registry import poll_task
-from providers.replicate.webhook import replicate_sign
-from providers.simulator.core import Delivery, RunningSimulator
-from providers.storage import LocalFolderStore
+from callwarden.store.db import Conn, Pool
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, cancel, load, load_events
 from tests.recorded import load as load_fixture
 
 AUTH = {"Authorization": "Bearer sim-key"}

@@ -8,11 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.errors import DatabaseUnavailable, JobNotFound, TaskAlreadyClaimed
-from engine.store.db import Conn, connect
-from engine.store.jobs import create_job
-from engine.store.write import append, cancel, load, transition
-from events import (
+from callwarden.errors import DatabaseUnavailable, JobNotFound, TaskAlreadyClaimed
+from callwarden.events import (
     CallStarted,
     Completed,
     Event,
@@ -22,8 +19,11 @@ from events import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from events.states import CallState, InvalidTransition, TerminalStateError
-from projections.fold import CallProjection
+from callwarden.events.states import CallState, InvalidTransition, TerminalStateError
+from callwarden.projections.fold import CallProjection
+from callwarden.store.db import Conn, connect
+from callwarden.store.jobs import create_job
+from callwarden.store.write import append, cancel, load, transition
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -41,26 +41,26 @@ from typing import Any, NoReturn
 import aiohttp
 import msgspec
 
-from engine.calls.config import CallConfig
-from engine.calls.runner import CallRunner
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.loop import Reconciler
-from engine.service.webhooks import Receiver, Reply, WebhookConfig
-from engine.store.memory import MemoryStore
-from engine.store.port import Before, ClaimRequest, Row, transition_via
-from engine.store.postgres import PostgresStore
-from engine.store.write import AppendResult, Decide
-from events.types import Event, StoredMedia
-from projections.fold import CallProjection, fold
-from projections.verify import compare, compare_settlement
-from providers.base import RetryPolicy
-from providers.outcomes import Usage
-from providers.registry import WEBHOOKS
-from providers.replicate.webhook import replicate_sign
-from providers.simulator import replicate as sim_replicate
-from providers.simulator.core import RunningSimulator
-from providers.simulator.model import Fault, FaultKind
-from providers.storage import ObjectNotFound, StoredObject
+from callwarden.calls.config import CallConfig
+from callwarden.calls.runner import CallRunner
+from callwarden.events.types import Event, StoredMedia
+from callwarden.projections.fold import CallProjection, fold
+from callwarden.projections.verify import compare, compare_settlement
+from callwarden.providers.base import RetryPolicy
+from callwarden.providers.outcomes import Usage
+from callwarden.providers.registry import WEBHOOKS
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.providers.simulator import replicate as sim_replicate
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.model import Fault, FaultKind
+from callwarden.providers.storage import ObjectNotFound, StoredObject
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.loop import Reconciler
+from callwarden.service.webhooks import Receiver, Reply, WebhookConfig
+from callwarden.store.memory import MemoryStore
+from callwarden.store.port import Before, ClaimRequest, Row, transition_via
+from callwarden.store.postgres import PostgresStore
+from callwarden.store.write import AppendResult, Decide
 from tests.simulation.host import Host, SimClock
 
 __all__ = ["INVARIANTS", "Crashed", "Outcome", "Schedule", "Violation", "replay_commands"]

@@ -5,7 +5,7 @@ actor's clock, and (through :meth:`SimClock.attach`) the provider simulator's, a
 together; it never reads real time.
 
 :class:`Host` is what host code does to the shared tables (plain SQL on Postgres, the same
-changes on :class:`~engine.store.memory.MemoryStore`), plus the reads the invariants need:
+changes on :class:`~callwarden.store.memory.MemoryStore`), plus the reads the invariants need:
 the job row, its reservations, the reservation audit (every status change of a
 ``usage_logs`` row: INSERT, UPDATE and DELETE; on Postgres a trigger records it).
 """
@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 from psycopg import sql
 
-from engine.store.db import Pool
-from engine.store.memory import MemoryStore
-from engine.store.postgres import PostgresStore
-from providers.simulator.model import Clock as SimulatorClock
+from callwarden.providers.simulator.model import Clock as SimulatorClock
+from callwarden.store.db import Pool
+from callwarden.store.memory import MemoryStore
+from callwarden.store.postgres import PostgresStore
 
 __all__ = ["EPOCH", "Host", "MemoryHost", "PostgresHost", "Reservation", "SimClock"]
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import aiohttp
 
-from engine.store.databases import create_database, drop_database
-from engine.store.db import EmbeddedServer, connect, open_pool
-from engine.store.memory import MemoryStore
-from engine.store.migrate import migrate
-from engine.store.postgres import PostgresStore
-from providers.simulator.core import running_simulator
+from callwarden.providers.simulator.core import running_simulator
+from callwarden.store.databases import create_database, drop_database
+from callwarden.store.db import EmbeddedServer, connect, open_pool
+from callwarden.store.memory import MemoryStore
+from callwarden.store.migrate import migrate
+from callwarden.store.postgres import PostgresStore
 from tests.simulation.driver import Outcome, Schedule, Violation
 from tests.simulation.host import EPOCH, MemoryHost, PostgresHost, SimClock
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store.queries import QUERIES
+from callwarden.store.queries import QUERIES
 
 ROOT = Path(__file__).parents[2]
 SOURCES = sorted(p for top in ("engine", "providers", "events", "projections", "migrations")

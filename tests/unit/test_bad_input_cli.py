@@ -2,7 +2,7 @@
 variables and command-line arguments. Each property's docstring states the invariant it
 proves. What is known is read from the code, so the tests follow it: the settings and
 their types from the config structs (``msgspec.structs.fields``), the tables from
-:data:`engine.config.SECTIONS`, the commands and their options from the ``callwarden``
+:data:`callwarden.config.SECTIONS`, the commands and their options from the ``callwarden``
 parser. No database is touched: ``DATABASE_URL`` points at a closed port and only values
 that must be refused before any connection are generated; each in-process run is bounded.
 """
@@ -36,15 +36,15 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from engine.calls.config import ENV_PREFIX as CALL_PREFIX
-from engine.calls.config import CallConfig, load_call_config
-from engine.cli.main import build_parser, main
-from engine.config import SECTIONS
-from engine.errors import ConfigError
-from engine.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
-from engine.reconciler.config import ReconcileConfig, load_config
-from engine.service.webhooks import WebhookConfig, load_webhook_config
-from providers.kinds import KINDS
+from callwarden.calls.config import ENV_PREFIX as CALL_PREFIX
+from callwarden.calls.config import CallConfig, load_call_config
+from callwarden.cli.main import build_parser, main
+from callwarden.config import SECTIONS
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
+from callwarden.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
+from callwarden.reconciler.config import ReconcileConfig, load_config
+from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
 ROOT = Path(__file__).parents[2]
 DEAD_DB = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
@@ -756,13 +756,13 @@ def test_a_bad_config_file_exits_2_naming_it(
 ], ids=["unknown-key", "wrong-type", "unparseable", "bad-calls-table", "not-a-table"])
 def test_reconcile_once_with_a_bad_config_exits_2_naming_the_setting(
         config: str, names: list[str], tmp_path: Path) -> None:
-    """Invariant: ``python -m engine.cli reconcile --once --config BAD.toml`` exits 2 and
+    """Invariant: ``python -m callwarden.cli reconcile --once --config BAD.toml`` exits 2 and
     names the file and the setting on stderr, on one line, with no traceback."""
     path = tmp_path / "bad.toml"
     path.write_text(config, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLWARDEN_")}
     env["DATABASE_URL"] = DEAD_DB
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "reconcile", "--once",
+    proc = subprocess.run([sys.executable, "-m", "callwarden.cli", "reconcile", "--once",
                            "--config", str(path)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli.main import build_parser, main
-from engine.cli.process import COMMAND_ENV, ENV
+from callwarden.cli.main import build_parser, main
+from callwarden.cli.process import COMMAND_ENV, ENV
 
 ROOT = Path(__file__).parents[2]
 SOURCE = "\n".join(p.read_text(encoding="utf-8")

@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from events import codec
-from events.codec import EventDecodeError, UnknownEventType, decode, encode
-from events.types import (
+from callwarden.events import codec
+from callwarden.events.codec import EventDecodeError, UnknownEventType, decode, encode
+from callwarden.events.types import (
     EVENT_TYPES,
     VERSIONS,
     Completed,

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.calls.config import load_call_config
-from engine.cli.main import build_parser
-from engine.cli.worker import call_config
-from engine.errors import ConfigError
-from engine.reconciler.config import load_config
-from engine.service.webhooks import load_webhook_config
+from callwarden.calls.config import load_call_config
+from callwarden.cli.main import build_parser
+from callwarden.cli.worker import call_config
+from callwarden.errors import ConfigError
+from callwarden.reconciler.config import load_config
+from callwarden.service.webhooks import load_webhook_config
 
 DEPLOYMENT = """
 [reconcile]

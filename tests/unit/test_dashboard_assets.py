@@ -1,5 +1,5 @@
 """The dashboard's static files ship in the wheel and load nothing from elsewhere: every
-file in ``engine/service/static/`` matches a package-data pattern of ``engine.service``
+file in ``engine/service/static/`` matches a package-data pattern of ``callwarden.service``
 (so ``pip install callwarden`` serves it), none names a remote URL, and the stylesheet
 has its dark scheme, focus styles and a phone-width layout."""
 
@@ -16,7 +16,7 @@ STATIC = ROOT / "engine" / "service" / "static"
 
 def test_every_static_file_is_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = config["tool"]["setuptools"]["package-data"]["engine.service"]
+    patterns = config["tool"]["setuptools"]["package-data"]["callwarden.service"]
     files = sorted(p.relative_to(STATIC.parent).as_posix() for p in STATIC.iterdir())
     assert files == ["static/callwarden.css", "static/callwarden.js"]
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)

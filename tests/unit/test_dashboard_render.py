@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.reconciler.config import ReconcileConfig
-from engine.replay.audit import AuditReport
-from engine.service import charts
-from engine.service.dashboard.calls import (
+from callwarden.projections.timeline import TimelineRow
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.replay.audit import AuditReport
+from callwarden.service import charts
+from callwarden.service.dashboard.calls import (
     BadFilter,
     Filters,
     calls_page,
@@ -27,12 +28,11 @@ from engine.service.dashboard.calls import (
     parse_cursor,
     parse_filters,
 )
-from engine.service.dashboard.format import credits, duration
-from engine.service.dashboard.links import provider_task_url
-from engine.service.dashboard.overview import WINDOWS, Overview, overview
-from engine.service.dashboard.rollup import latency_rows, percentile
-from engine.service.dashboard.story import gap_layout, job_page, lanes_svg
-from projections.timeline import TimelineRow
+from callwarden.service.dashboard.format import credits, duration
+from callwarden.service.dashboard.links import provider_task_url
+from callwarden.service.dashboard.overview import WINDOWS, Overview, overview
+from callwarden.service.dashboard.rollup import latency_rows, percentile
+from callwarden.service.dashboard.story import gap_layout, job_page, lanes_svg
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EVIL = '<script>alert("x")</script>&'

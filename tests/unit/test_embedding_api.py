@@ -1,6 +1,6 @@
-"""``engine`` re-exports the embedding API: a host writes one import. Every exported name
+"""``callwarden`` re-exports the embedding API: a host writes one import. Every exported name
 resolves to the object its module defines, the names mypy sees (the ``TYPE_CHECKING``
-imports) are exactly the exported ones, and ``import engine`` alone loads no I/O
+imports) are exactly the exported ones, and ``import callwarden`` alone loads no I/O
 library (the names load on first use)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import engine
+import callwarden
 
-INIT = Path(engine.__file__)
+INIT = Path(callwarden.__file__)
 
 
 def _typed_names() -> dict[str, tuple[str, str]]:
@@ -32,28 +32,28 @@ def _typed_names() -> dict[str, tuple[str, str]]:
 
 
 def test_every_exported_name_is_the_object_its_module_defines() -> None:
-    for name, (module, attribute) in engine.EXPORTS.items():
-        assert getattr(engine, name) is getattr(importlib.import_module(module), attribute)
-    assert sorted(engine.__all__) == sorted(engine.EXPORTS)
+    for name, (module, attribute) in callwarden.EXPORTS.items():
+        assert getattr(callwarden, name) is getattr(importlib.import_module(module), attribute)
+    assert sorted(callwarden.__all__) == sorted(callwarden.EXPORTS)
 
 
 def test_the_names_mypy_sees_are_the_exported_ones() -> None:
-    assert _typed_names() == engine.EXPORTS
+    assert _typed_names() == callwarden.EXPORTS
 
 
 def test_the_embedding_api_names_what_a_worker_needs() -> None:
     for name in ("CallRunner", "CallConfig", "Reconciler", "open_pool", "ProviderSettings",
                  "store_from_env", "LocalFolderStore", "S3Store", "create_job", "migrate"):
-        assert name in engine.__all__
+        assert name in callwarden.__all__
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="NoSuchThing"):
-        engine.NoSuchThing  # noqa: B018
+        callwarden.NoSuchThing  # noqa: B018
 
 
 def test_importing_engine_loads_no_io_library() -> None:
-    code = ("import sys, engine\n"
+    code = ("import sys, callwarden\n"
             "print(sorted(m for m in ('psycopg', 'psycopg_pool', 'aiohttp', 'boto3') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -62,6 +62,5 @@ def test_importing_engine_loads_no_io_library() -> None:
 
 
 def test_events_package_exports_every_event_type() -> None:
-    import events
-
+    from callwarden import events
     assert {t.__name__ for t in events.EVENT_TYPES.values()} <= set(events.__all__)

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 
-from events.states import CallState, InvalidTransition, TerminalStateError
-from events.types import (
+from callwarden.events.states import CallState, InvalidTransition, TerminalStateError
+from callwarden.events.types import (
     Adopted,
     CallStarted,
     Cancelled,
@@ -30,8 +30,8 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.columns import from_row, to_columns
-from projections.fold import EMPTY, CallProjection, apply, fold
+from callwarden.projections.columns import from_row, to_columns
+from callwarden.projections.fold import EMPTY, CallProjection, apply, fold
 from tests.histories import ENDINGS, History, histories, label
 from tests.unit.test_machine import EXPECTED
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from engine.calls.identity import incarnation
+from callwarden.calls.identity import incarnation
 
 
 def _child(queue: multiprocessing.Queue[str]) -> None:

@@ -11,8 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transitions.core import MachineError
 
-from engine.machine import EMPTY, build_machine, state_diagram
-from events.states import (
+from callwarden.events.states import (
     TERMINAL,
     TRANSITIONS,
     CallState,
@@ -20,7 +19,8 @@ from events.states import (
     TerminalStateError,
     next_state,
 )
-from events.types import EVENT_TYPES, Adopted, HostEnded
+from callwarden.events.types import EVENT_TYPES, Adopted, HostEnded
+from callwarden.machine import EMPTY, build_machine, state_diagram
 from tests.histories import histories, label
 
 C, P, U, F = "created", "polling", "upstream_succeeded", "finalizing"
@@ -87,7 +87,7 @@ def test_table_covers_every_state() -> None:
 
 def test_docs_states_page_draws_the_declared_machine() -> None:
     """docs/states.md shows exactly the machine events/states.py declares (drawn by
-    transitions' mermaid engine); regenerate with ``python -m engine.machine``."""
+    transitions' mermaid engine); regenerate with ``python -m callwarden.machine``."""
     page = (Path(__file__).parents[2] / "docs" / "states.md").read_text(encoding="utf-8")
     block = page.split("```mermaid\n", 1)[1].split("```", 1)[0]
     assert block == state_diagram()

@@ -10,9 +10,9 @@ import random
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.errors import ConfigError, DatabaseUnavailable
-from engine.service.metrics import exposition
-from engine.store.outage import (
+from callwarden.errors import ConfigError, DatabaseUnavailable
+from callwarden.service.metrics import exposition
+from callwarden.store.outage import (
     DEFAULT_LIMIT_S,
     LIMIT_ENV,
     Outage,

@@ -1,29 +1,49 @@
-"""The distribution's import packages are ours alone and ship their data files."""
+"""The distribution installs one import package, ``callwarden``, built from the design's
+top-level folders, and ships its data files."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import tomllib
 from importlib import resources
 
-PACKAGES = ["engine", "events", "projections", "providers", "migrations"]
+from tests.layout import FOLDERS, ROOT, module_of
+
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+    "tool"]["setuptools"]
 
 
-def test_no_other_distribution_claims_our_top_level_names() -> None:
+def test_one_top_level_import_package() -> None:
+    assert {name.split(".")[0] for name in SETUPTOOLS["packages"]} == {"callwarden"}
+    assert {name.split(".")[0] for name in SETUPTOOLS["package-dir"]} == {"callwarden"}
     owners = md.packages_distributions()
-    for name in PACKAGES:
-        assert set(owners.get(name, ["callwarden"])) == {"callwarden"}, (name, owners.get(name))
+    assert set(owners.get("callwarden", [])) == {"callwarden"}
+    for generic in ("engine", "events", "projections", "providers", "migrations"):
+        assert "callwarden" not in owners.get(generic, []), generic
+
+
+def test_the_package_list_is_every_folder_with_an_init() -> None:
+    """A new subpackage that pyproject does not list would be left out of the wheel."""
+    found = {module_of(init) for folder in FOLDERS.values()
+             for init in folder.rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert sorted(SETUPTOOLS["packages"]) == sorted(found)
+
+
+def test_the_repository_keeps_the_design_folders() -> None:
+    assert {f.relative_to(ROOT).as_posix() for f in FOLDERS.values()} == {
+        "engine", "events", "projections", "providers", "migrations"}
 
 
 def test_sql_files_ship_with_the_packages() -> None:
-    assert sorted(p.name for p in resources.files("migrations").iterdir()
+    assert sorted(p.name for p in resources.files("callwarden.migrations").iterdir()
                   if p.name.endswith(".sql"))[:3] == [
         "0001_host_baseline.sql", "0002_external_call_columns.sql", "0003_call_events.sql"]
     for package, sql in (("store", "queries.sql"), ("reconciler", "reconcile.sql"),
                          ("service", "service.sql"), ("replay", "audit.sql"),
                          ("queue", "queue.sql"), ("demo", "demo.sql")):
-        assert resources.files("engine").joinpath(package, sql).is_file(), sql
+        assert resources.files("callwarden").joinpath(package, sql).is_file(), sql
 
 
 def test_console_script_points_at_the_cli() -> None:
     scripts = {e.name: e.value for e in md.entry_points(group="console_scripts")}
-    assert scripts.get("callwarden") == "engine.cli.main:main"
+    assert scripts.get("callwarden") == "callwarden.cli.main:main"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.calls.pricing import (
+from callwarden.calls.pricing import (
     PRICING_ENV,
     ChargeReservation,
     Rate,
@@ -19,7 +19,7 @@ from engine.calls.pricing import (
     load_pricing,
     pricing_from_env,
 )
-from engine.errors import ConfigError
+from callwarden.errors import ConfigError
 
 TABLE = RateTable(rates=(
     Rate(kind="anthropic-sync", unit="input_tokens", credits=1, per=1000),

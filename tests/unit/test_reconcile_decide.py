@@ -1,4 +1,4 @@
-"""The reconciler's pure decision: the table in ``engine.reconciler.decide``, row by row, and
+"""The reconciler's pure decision: the table in ``callwarden.reconciler.decide``, row by row, and
 properties over every row hypothesis can build."""
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.reconciler.config import ReconcileConfig
-from engine.reconciler.decide import (
+from callwarden.events.states import LEGAL, CallState
+from callwarden.projections.fold import CallProjection
+from callwarden.providers.kinds import KINDS
+from callwarden.reconciler.config import ReconcileConfig
+from callwarden.reconciler.decide import (
     LEGACY_KIND,
     Action,
     Adopt,
@@ -29,9 +32,6 @@ from engine.reconciler.decide import (
     next_scan_delay,
     past_horizon,
 )
-from events.states import LEGAL, CallState
-from projections.fold import CallProjection
-from providers.kinds import KINDS
 
 NOW = datetime(2026, 5, 19, 12, 0, tzinfo=UTC)
 CFG = ReconcileConfig()
@@ -187,7 +187,7 @@ def test_scan_delay_is_jittered_within_twenty_percent() -> None:
 
 
 def test_decision_module_imports_no_io_library() -> None:
-    code = ("import sys, engine.reconciler.decide\n"
+    code = ("import sys, callwarden.reconciler.decide\n"
             "print(sorted(m for m in ('psycopg', 'psycopg_pool', 'aiohttp', 'boto3') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

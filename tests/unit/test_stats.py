@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from projections.stats import TerminalCount, parse_window, percentile, recoveries, sweeps
+from callwarden.projections.stats import TerminalCount, parse_window, percentile, recoveries, sweeps
 
 
 @pytest.mark.parametrize(("text", "expected"), [

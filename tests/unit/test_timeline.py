@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from events.types import (
+from callwarden.events.types import (
     CallStarted,
     Cancelled,
     Completed,
@@ -21,8 +21,8 @@ from events.types import (
     UpstreamResult,
     UpstreamSucceeded,
 )
-from projections.fold import fold
-from projections.timeline import IllegalHistory, timeline
+from callwarden.projections.fold import fold
+from callwarden.projections.timeline import IllegalHistory, timeline
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 W = "worker:7f3a"

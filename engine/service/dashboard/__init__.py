@@ -10,11 +10,11 @@ small script (``engine/service/static/``, shipped in the wheel: no CDN, works of
 - ``/jobs/{id}``: the job's story (:mod:`.story`) and its admin buttons.
 
 Pure renderers (:mod:`.format`, :mod:`.html`, :mod:`.overview`, :mod:`.calls`,
-:mod:`.story`, :mod:`engine.service.charts`) are separate from the routes
+:mod:`.story`, :mod:`callwarden.service.charts`) are separate from the routes
 (:mod:`.handlers`). Every value shown passes through :func:`html.escape`.
 """
 
-from engine.service.dashboard.handlers import Dashboard
-from engine.service.dashboard.html import page
+from callwarden.service.dashboard.handlers import Dashboard
+from callwarden.service.dashboard.html import page
 
 __all__ = ["Dashboard", "page"]

@@ -18,10 +18,10 @@ from urllib.parse import urlencode
 
 import msgspec
 
-from engine.service.dashboard.format import duration
-from engine.service.dashboard.html import table
-from engine.service.dashboard.overview import OPEN_STATES
-from providers.kinds import KINDS
+from callwarden.providers.kinds import KINDS
+from callwarden.service.dashboard.format import duration
+from callwarden.service.dashboard.html import table
+from callwarden.service.dashboard.overview import OPEN_STATES
 
 __all__ = ["ACTORS", "STATES", "BadFilter", "Filters", "calls_page", "ilike_pattern",
            "parse_filters"]

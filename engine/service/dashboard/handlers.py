@@ -1,5 +1,5 @@
 """The dashboard's routes (the I/O half): run the named queries, hand their rows to the
-pure renderers, answer HTML. Read-only; the admin actions are ``engine.service.app``'s POST
+pure renderers, answer HTML. Read-only; the admin actions are ``callwarden.service.app``'s POST
 endpoints, which the job page's buttons call. Pages carry a Content-Security-Policy that
 allows only this origin's script and stylesheet, and no framing."""
 
@@ -14,18 +14,18 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.errors import JobNotFound
-from engine.reconciler.stale import StaleRule
-from engine.replay.audit import audit_job
-from engine.service.dashboard.calls import BadFilter, calls_page, parse_filters, sql_params
-from engine.service.dashboard.html import page, table
-from engine.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview
-from engine.service.dashboard.rollup import Rollup, latency_rows
-from engine.service.dashboard.story import job_page
-from engine.store.boundary import connection
-from engine.store.db import Pool
-from engine.store.write import execute
-from events.codec import EventDecodeError
+from callwarden.errors import JobNotFound
+from callwarden.events.codec import EventDecodeError
+from callwarden.reconciler.stale import StaleRule
+from callwarden.replay.audit import audit_job
+from callwarden.service.dashboard.calls import BadFilter, calls_page, parse_filters, sql_params
+from callwarden.service.dashboard.html import page, table
+from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview
+from callwarden.service.dashboard.rollup import Rollup, latency_rows
+from callwarden.service.dashboard.story import job_page
+from callwarden.store.boundary import connection
+from callwarden.store.db import Pool
+from callwarden.store.write import execute
 
 __all__ = ["Dashboard"]
 
@@ -49,7 +49,7 @@ class Dashboard:
         self.pool, self.stale, self.now = pool, stale, now
         self.recent_window_s = recent_window_s
         self.rollup = Rollup()
-        folder = resources.files("engine.service").joinpath("static")
+        folder = resources.files("callwarden.service").joinpath("static")
         self.assets = {name: folder.joinpath(name).read_bytes() for name in STATIC}
 
     def routes(self) -> list[web.RouteDef]:

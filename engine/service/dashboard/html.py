@@ -12,7 +12,7 @@ from datetime import datetime
 from html import escape
 from urllib.parse import quote
 
-from engine.service.dashboard.format import when
+from callwarden.service.dashboard.format import when
 
 __all__ = ["Cell", "job_href", "page", "raw", "table"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from engine.reconciler.stale import StaleRule
-from engine.service import charts
-from engine.service.dashboard.format import credits, duration
-from engine.service.dashboard.html import table
+from callwarden.reconciler.stale import StaleRule
+from callwarden.service import charts
+from callwarden.service.dashboard.format import credits, duration
+from callwarden.service.dashboard.html import table
 
 __all__ = ["OPEN_STATES", "ORIGIN", "TERMINAL", "WINDOWS", "Overview", "Window", "overview"]
 

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from engine.replay.audit import AuditReport
-from engine.service.charts import PALETTE
-from engine.service.dashboard.format import credits, duration, when
-from engine.service.dashboard.html import table
-from engine.service.dashboard.links import provider_task_url
-from projections.timeline import TimelineRow
+from callwarden.projections.timeline import TimelineRow
+from callwarden.replay.audit import AuditReport
+from callwarden.service.charts import PALETTE
+from callwarden.service.dashboard.format import credits, duration, when
+from callwarden.service.dashboard.html import table
+from callwarden.service.dashboard.links import provider_task_url
 
 __all__ = ["gap_layout", "job_page", "lanes_svg"]
 

@@ -8,9 +8,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from providers.anthropic.client import AnthropicClient, anthropic_client_for
-from providers.base import Endpoint
-from providers.errors import (
+from callwarden.providers.anthropic.client import AnthropicClient, anthropic_client_for
+from callwarden.providers.base import Endpoint
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     MalformedResponse,
@@ -18,9 +18,9 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.outcomes import Failed, Succeeded
-from providers.simulator.core import Fault, RunningSimulator
-from providers.transport import RetryPolicy
+from callwarden.providers.outcomes import Failed, Succeeded
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.transport import RetryPolicy
 
 POLICY = RetryPolicy(timeout_s=5.0, base_delay_s=0.01)
 REQUEST: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 64,

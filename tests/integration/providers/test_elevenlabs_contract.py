@@ -9,15 +9,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from providers.base import Endpoint
-from providers.elevenlabs.client import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.elevenlabs.client import (
     ElevenLabsDubbingClient,
     ElevenLabsSyncClient,
     elevenlabs_client_for,
 )
-from providers.elevenlabs.operations import media_auth_headers
-from providers.elevenlabs.wire import classify_elevenlabs
-from providers.errors import (
+from callwarden.providers.elevenlabs.operations import media_auth_headers
+from callwarden.providers.elevenlabs.wire import classify_elevenlabs
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -26,10 +26,10 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.simulator.core import Fault, RunningSimulator
-from providers.simulator.elevenlabs import CHARACTER_COST
-from providers.transport import RetryPolicy, send
+from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.simulator.elevenlabs import CHARACTER_COST
+from callwarden.providers.transport import RetryPolicy, send
 from tests.support import poll_until_done
 
 POLICY = RetryPolicy(timeout_s=5.0, base_delay_s=0.01)

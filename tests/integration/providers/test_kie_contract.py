@@ -14,18 +14,23 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     MalformedResponse,
     ProviderTimeout,
     TransientError,
 )
-from providers.kie.client import RECORD_PENDING, KieLlmClient, KieTaskClient, kie_client_for
-from providers.kie.webhook import verify_kie
-from providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from providers.simulator.core import Fault, RunningSimulator, Script, Step
-from providers.transport import RetryPolicy
+from callwarden.providers.kie.client import (
+    RECORD_PENDING,
+    KieLlmClient,
+    KieTaskClient,
+    kie_client_for,
+)
+from callwarden.providers.kie.webhook import verify_kie
+from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from callwarden.providers.simulator.core import Fault, RunningSimulator, Script, Step
+from callwarden.providers.transport import RetryPolicy
 from tests.support import poll_until_done
 
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0, max_total_s=5.0,

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from providers.errors import (
+from callwarden.providers.errors import (
     MediaError,
     MediaExpired,
     MediaTooLarge,
@@ -22,8 +22,8 @@ from providers.errors import (
     RateLimited,
     TransientError,
 )
-from providers.media import download
-from providers.media_guard import MediaPolicy
+from callwarden.providers.media import download
+from callwarden.providers.media_guard import MediaPolicy
 
 # The tiny media server runs on 127.0.0.1: allowed as if it were the provider's endpoint.
 POLICY = MediaPolicy(hosts=frozenset({"127.0.0.1"}),

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from providers.base import Endpoint
-from providers.errors import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     MalformedResponse,
@@ -19,11 +19,11 @@ from providers.errors import (
     ProviderTimeout,
     TransientError,
 )
-from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.replicate.client import ReplicatePredictionClient, ReplicateTrainingClient
-from providers.replicate.webhook import verify_replicate
-from providers.simulator.core import Fault, RunningSimulator
-from providers.transport import RetryPolicy
+from callwarden.providers.outcomes import Failed, NotFound, Running, Succeeded
+from callwarden.providers.replicate.client import ReplicatePredictionClient, ReplicateTrainingClient
+from callwarden.providers.replicate.webhook import verify_replicate
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.transport import RetryPolicy
 from tests.support import poll_until_done
 
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"

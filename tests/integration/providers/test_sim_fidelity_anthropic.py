@@ -22,12 +22,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from providers.anthropic.client import AnthropicClient, anthropic_client_for
-from providers.errors import InsufficientCredits
-from providers.outcomes import Failed, Succeeded
-from providers.simulator.anthropic import REFUSAL_CATEGORIES
-from providers.simulator.core import Fault, RunningSimulator
-from providers.transport import RetryPolicy
+from callwarden.providers.anthropic.client import AnthropicClient, anthropic_client_for
+from callwarden.providers.errors import InsufficientCredits
+from callwarden.providers.outcomes import Failed, Succeeded
+from callwarden.providers.simulator.anthropic import REFUSAL_CATEGORIES
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.transport import RetryPolicy
 from tests.recorded import FIXTURES, load
 from tests.shapes import diff, shape_of
 

@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from providers.elevenlabs.webhook import verify_elevenlabs
-from providers.simulator.core import Fault, RunningSimulator
-from providers.simulator.elevenlabs import CHARACTER_COST, set_workspace_webhook
+from callwarden.providers.elevenlabs.webhook import verify_elevenlabs
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.simulator.elevenlabs import CHARACTER_COST, set_workspace_webhook
 from tests.recorded import FIXTURES, Recorded, load
 from tests.shapes import diff, shape_of
 

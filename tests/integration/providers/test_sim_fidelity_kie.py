@@ -23,10 +23,10 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from providers.kie.webhook import verify_kie
-from providers.simulator.core import Fault, RunningSimulator
-from providers.simulator.kie import RETRY_SCHEDULE_S, signer
-from providers.simulator.kie_render import CREATE_PATHS, POLL_PATHS
+from callwarden.providers.kie.webhook import verify_kie
+from callwarden.providers.simulator.core import Fault, RunningSimulator
+from callwarden.providers.simulator.kie import RETRY_SCHEDULE_S, signer
+from callwarden.providers.simulator.kie_render import CREATE_PATHS, POLL_PATHS
 from tests.recorded import FIXTURES, Recorded, load, vectors
 from tests.shapes import Shape, diff, shape_of
 

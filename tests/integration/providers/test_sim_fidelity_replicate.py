@@ -25,10 +25,10 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from providers.errors import SignatureError
-from providers.replicate.webhook import replicate_sign, verify_replicate
-from providers.simulator.core import Delivery, Fault, RunningSimulator
-from providers.simulator.replicate import RETRY_SCHEDULE_S
+from callwarden.providers.errors import SignatureError
+from callwarden.providers.replicate.webhook import replicate_sign, verify_replicate
+from callwarden.providers.simulator.core import Delivery, Fault, RunningSimulator
+from callwarden.providers.simulator.replicate import RETRY_SCHEDULE_S
 from tests.recorded import FIXTURES, load, vectors
 from tests.shapes import Shape, diff, shape_of
 
@@ -513,7 +513,8 @@ async def test_a_refused_terminal_webhook_is_retried_on_the_backoff_with_its_id(
 
 def svix_signature(secret: str, d: Delivery) -> str:
     """``v1,<base64 HMAC-SHA256(base64-decoded secret, "id.timestamp.body")>``, written
-    from Replicate's verify-webhook docs, independently of ``providers.replicate.webhook``."""
+    from Replicate's verify-webhook docs, independently of
+    ``callwarden.providers.replicate.webhook``."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
     message = f"{d.headers['webhook-id']}.{d.headers['webhook-timestamp']}.".encode() + d.body
     return "v1," + base64.b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode()

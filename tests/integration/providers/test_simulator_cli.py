@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from providers.simulator.core import KEY_HEADERS
+from callwarden.providers.simulator.core import KEY_HEADERS
 
 pytestmark = pytest.mark.asyncio
 
@@ -53,7 +53,7 @@ async def _read_banner(proc: asyncio.subprocess.Process) -> Started:
 @pytest.fixture
 async def started() -> AsyncIterator[Started]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", "simulator", "--port", "0",
+        sys.executable, "-m", "callwarden.cli", "simulator", "--port", "0",
         "--api-key", "key-from-the-command-line", "--seed", "7",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -96,7 +96,7 @@ async def test_the_printed_key_header_is_the_one_each_provider_accepts(
 
 async def test_help_names_every_provider_header() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.cli", "simulator", "--help",
+        sys.executable, "-m", "callwarden.cli", "simulator", "--help",
         stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     text = " ".join(out.decode().split())

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from providers.simulator.core import (
+from callwarden.providers.simulator.core import (
     Fault,
     RunningSimulator,
     Script,
@@ -23,8 +23,8 @@ from providers.simulator.core import (
     load_provider_modules,
     running_simulator,
 )
-from providers.simulator.model import Clock, TaskStore
-from providers.simulator.webhooks import retry_server_errors
+from callwarden.providers.simulator.model import Clock, TaskStore
+from callwarden.providers.simulator.webhooks import retry_server_errors
 
 
 class EchoModule:
@@ -148,7 +148,7 @@ def test_clock_factor_scales_and_advance_offsets() -> None:
 
 
 def test_load_provider_modules_skips_only_missing_modules() -> None:
-    assert load_provider_modules(["providers.simulator.no_such_provider"]) == []
+    assert load_provider_modules(["callwarden.providers.simulator.no_such_provider"]) == []
     with pytest.raises(ImportError):
         load_provider_modules(["no_such_top_level_package.kie"])
 

@@ -12,8 +12,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
 
-from providers.errors import StorageError
-from providers.storage import (
+from callwarden.providers.errors import StorageError
+from callwarden.providers.storage import (
     InvalidMediaKey,
     LocalFolderStore,
     MediaStore,

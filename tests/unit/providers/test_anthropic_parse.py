@@ -7,15 +7,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.anthropic.client import AnthropicClient, anthropic_client_for
-from providers.anthropic.wire import (
+from callwarden.providers.anthropic.client import AnthropicClient, anthropic_client_for
+from callwarden.providers.anthropic.wire import (
     ANTHROPIC_VERSION,
     build_messages_request,
     classify_anthropic,
     parse_message,
 )
-from providers.base import Endpoint
-from providers.errors import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -26,8 +26,8 @@ from providers.errors import (
     UnknownProviderKind,
     is_transient,
 )
-from providers.outcomes import Failed, Succeeded
-from providers.raw import RawResponse
+from callwarden.providers.outcomes import Failed, Succeeded
+from callwarden.providers.raw import RawResponse
 
 REQUEST = {"model": "claude-sonnet-4-5", "max_tokens": 64,
            "messages": [{"role": "user", "content": "Hi"}], "system": "be brief"}

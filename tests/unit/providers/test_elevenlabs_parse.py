@@ -8,13 +8,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.base import Endpoint
-from providers.elevenlabs.client import (
+from callwarden.providers.base import Endpoint
+from callwarden.providers.elevenlabs.client import (
     ElevenLabsDubbingClient,
     ElevenLabsSyncClient,
     elevenlabs_client_for,
 )
-from providers.elevenlabs.operations import (
+from callwarden.providers.elevenlabs.operations import (
     build_dubbing_create_request,
     build_dubbing_poll_request,
     build_sync_request,
@@ -28,8 +28,8 @@ from providers.elevenlabs.operations import (
     parse_voice_clone,
     parse_voice_design,
 )
-from providers.elevenlabs.wire import FilePart, classify_elevenlabs, encode_multipart
-from providers.errors import (
+from callwarden.providers.elevenlabs.wire import FilePart, classify_elevenlabs, encode_multipart
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -39,8 +39,8 @@ from providers.errors import (
     TransientError,
     UnknownProviderKind,
 )
-from providers.outcomes import Failed, Running, Succeeded
-from providers.raw import RawResponse
+from callwarden.providers.outcomes import Failed, Running, Succeeded
+from callwarden.providers.raw import RawResponse
 
 BASE = "https://api.elevenlabs.io"
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -17,11 +17,15 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.kie.llm import parse_llm
-from providers.kie.requests import build_create_request, build_llm_request, build_poll_request
-from providers.kie.wire import classify_kie, classify_kie_poll, parse_poll, parse_task_id
-from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.raw import RawResponse
+from callwarden.providers.kie.llm import parse_llm
+from callwarden.providers.kie.requests import (
+    build_create_request,
+    build_llm_request,
+    build_poll_request,
+)
+from callwarden.providers.kie.wire import classify_kie, classify_kie_poll, parse_poll, parse_task_id
+from callwarden.providers.outcomes import Failed, NotFound, Running, Succeeded
+from callwarden.providers.raw import RawResponse
 
 TID = "5f48a1c0d2e34b5f8a9b0c1d2e3f4a5b"
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.storage import InvalidMediaKey, check_key, extension_for, media_key
+from callwarden.providers.storage import InvalidMediaKey, check_key, extension_for, media_key
 
 SAFE_JOB_ID = r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"
 job_ids = st.from_regex(re.compile(SAFE_JOB_ID, re.ASCII), fullmatch=True)

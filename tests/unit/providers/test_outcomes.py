@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.outcomes import finite, reported_cost, reported_number
+from callwarden.providers.outcomes import finite, reported_cost, reported_number
 
 
 @pytest.mark.parametrize(("value", "cost"), [

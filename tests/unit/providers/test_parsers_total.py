@@ -16,18 +16,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.anthropic import wire as anthropic
-from providers.elevenlabs import operations as elevenlabs
-from providers.elevenlabs.webhook import parse_elevenlabs
-from providers.elevenlabs.wire import classify_elevenlabs
-from providers.errors import ProviderError
-from providers.kie import llm as kie
-from providers.kie import wire as kie_parse
-from providers.kie.webhook import kie_task_id
-from providers.raw import RawResponse
-from providers.replicate import wire as replicate
-from providers.replicate.webhook import parse_replicate
-from providers.webhooks import MalformedDelivery
+from callwarden.providers.anthropic import wire as anthropic
+from callwarden.providers.elevenlabs import operations as elevenlabs
+from callwarden.providers.elevenlabs.webhook import parse_elevenlabs
+from callwarden.providers.elevenlabs.wire import classify_elevenlabs
+from callwarden.providers.errors import ProviderError
+from callwarden.providers.kie import llm as kie
+from callwarden.providers.kie import wire as kie_parse
+from callwarden.providers.kie.webhook import kie_task_id
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.replicate import wire as replicate
+from callwarden.providers.replicate.webhook import parse_replicate
+from callwarden.providers.webhooks import MalformedDelivery
 from tests.recorded import all_fixtures
 
 ELEVENLABS_OPS = sorted(elevenlabs.SYNC_OPERATIONS)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from providers.anthropic.wire import classify_anthropic, parse_message
-from providers.elevenlabs.operations import (
+from callwarden.providers.anthropic.wire import classify_anthropic, parse_message
+from callwarden.providers.elevenlabs.operations import (
     parse_audio,
     parse_dubbing_created,
     parse_dubbing_status,
@@ -19,9 +19,9 @@ from providers.elevenlabs.operations import (
     parse_voice_clone,
     parse_voice_design,
 )
-from providers.elevenlabs.webhook import parse_elevenlabs
-from providers.elevenlabs.wire import classify_elevenlabs
-from providers.errors import (
+from callwarden.providers.elevenlabs.webhook import parse_elevenlabs
+from callwarden.providers.elevenlabs.wire import classify_elevenlabs
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -30,13 +30,13 @@ from providers.errors import (
     TaskNotFound,
     TransientError,
 )
-from providers.kie.llm import parse_llm
-from providers.kie.webhook import kie_task_id
-from providers.kie.wire import classify_kie, parse_poll, parse_task_id
-from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.raw import RawResponse
-from providers.replicate.webhook import parse_replicate
-from providers.replicate.wire import (
+from callwarden.providers.kie.llm import parse_llm
+from callwarden.providers.kie.webhook import kie_task_id
+from callwarden.providers.kie.wire import classify_kie, parse_poll, parse_task_id
+from callwarden.providers.outcomes import Failed, NotFound, Running, Succeeded
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.replicate.webhook import parse_replicate
+from callwarden.providers.replicate.wire import (
     classify_replicate,
     output_urls,
     parse_created,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from providers.base import ProviderSettings
-from providers.errors import UnknownProviderKind
-from providers.kinds import KINDS, is_sync_call
-from providers.media import ANY_FILE
-from providers.registry import client_for
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.errors import UnknownProviderKind
+from callwarden.providers.kinds import KINDS, is_sync_call
+from callwarden.providers.media import ANY_FILE
+from callwarden.providers.registry import client_for
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -54,8 +54,8 @@ def test_fourteen_kinds_with_the_seed_thresholds() -> None:
 
 
 def test_media_fetch_options_come_from_the_kind() -> None:
-    from providers.media import DEFAULT_MEDIA_TYPES
-    from providers.registry import media_fetch_for
+    from callwarden.providers.media import DEFAULT_MEDIA_TYPES
+    from callwarden.providers.registry import media_fetch_for
 
     settings = ProviderSettings.for_simulator("http://127.0.0.1:1", api_key="k")
     assert media_fetch_for("elevenlabs-async", settings).headers == {"xi-api-key": "k"}

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.errors import (
+from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -17,10 +17,10 @@ from providers.errors import (
     TransientError,
     UnknownProviderKind,
 )
-from providers.outcomes import Failed, NotFound, Running, Succeeded
-from providers.raw import RawResponse
-from providers.replicate.client import ReplicatePredictionClient
-from providers.replicate.wire import (
+from callwarden.providers.outcomes import Failed, NotFound, Running, Succeeded
+from callwarden.providers.raw import RawResponse
+from callwarden.providers.replicate.client import ReplicatePredictionClient
+from callwarden.providers.replicate.wire import (
     build_get_request,
     build_prediction_request,
     build_training_request,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from providers.elevenlabs.webhook import elevenlabs_sign, verify_elevenlabs
-from providers.errors import SignatureError
-from providers.kie.webhook import kie_sign, verify_kie
-from providers.replicate.webhook import replicate_sign, verify_replicate
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign, verify_elevenlabs
+from callwarden.providers.errors import SignatureError
+from callwarden.providers.kie.webhook import kie_sign, verify_kie
+from callwarden.providers.replicate.webhook import replicate_sign, verify_replicate
 from tests.recorded import vectors
 
 REPLICATE = vectors("replicate")

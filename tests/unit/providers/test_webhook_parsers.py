@@ -14,15 +14,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from providers.elevenlabs.webhook import SCHEME as ELEVENLABS
-from providers.elevenlabs.webhook import elevenlabs_sign
-from providers.errors import SignatureError, StaleSignature
-from providers.kie.webhook import SCHEME as KIE
-from providers.kie.webhook import kie_sign
-from providers.outcomes import Failed, Running, Succeeded
-from providers.replicate.webhook import SCHEME as REPLICATE
-from providers.replicate.webhook import replicate_sign
-from providers.webhooks import MalformedDelivery, check_timestamp
+from callwarden.providers.elevenlabs.webhook import SCHEME as ELEVENLABS
+from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
+from callwarden.providers.errors import SignatureError, StaleSignature
+from callwarden.providers.kie.webhook import SCHEME as KIE
+from callwarden.providers.kie.webhook import kie_sign
+from callwarden.providers.outcomes import Failed, Running, Succeeded
+from callwarden.providers.replicate.webhook import SCHEME as REPLICATE
+from callwarden.providers.replicate.webhook import replicate_sign
+from callwarden.providers.webhooks import MalformedDelivery, check_timestamp
 from tests.recorded import all_fixtures, load
 
 SVIX_TEST_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # public (Svix's SDK tests)

@@ -1,5 +1,5 @@
 """The providers that call back are described in ``providers/`` alone: each scheme in
-``providers.registry.WEBHOOKS`` names its provider's kinds (from the kind registry), its
+``callwarden.providers.registry.WEBHOOKS`` names its provider's kinds (from the kind registry), its
 secret's variable, whether its body is trusted, and builds its own callback URLs; the
 engine's receiver derives its routes and callback URLs from them (no provider named in
 ``engine/``)."""
@@ -10,9 +10,9 @@ import re
 import uuid
 from pathlib import Path
 
-from engine.service.webhooks import WebhookConfig, callback_url_for
-from providers.kinds import KINDS
-from providers.registry import WEBHOOKS
+from callwarden.providers.kinds import KINDS
+from callwarden.providers.registry import WEBHOOKS
+from callwarden.service.webhooks import WebhookConfig, callback_url_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
