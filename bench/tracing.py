@@ -46,7 +46,7 @@ class _Hide:
 def _setup(mode: str) -> None:
     if mode == "absent":
         sys.meta_path.insert(0, _Hide())
-    from callwarden.service import tracing  # installs the hooks unless absent
+    from callwarden.observe import tracing  # installs the hooks unless absent
 
     assert tracing.ENABLED is (mode != "absent")
     if mode == "SDK":

@@ -13,12 +13,19 @@ Host code that makes the provider request itself records it with ``OwnCalls`` (a
 kinds: ``start`` / ``task_created`` / ``succeeded``; sync kinds and streams: ``async with
 calls.sync_call(...)``), or ``BlockingCalls`` without an event loop (docs/embedding.md).
 
-The names below are loaded on first use (``import callwarden`` alone loads nothing), so a pure
-module such as ``callwarden.reconciler.decide`` imports without the I/O libraries. The layout:
-``store`` (the write path, the database, migrations, the clock), ``calls`` (the worker API,
-finalization, pricing), ``reconciler``, ``service`` (webhooks, metrics, dashboard),
-``replay`` (history, verify, rebuild, audit), ``queue`` (the reference queue and worker),
-``cli`` and ``demo``; ``errors`` draws the error tree; ``machine`` the state diagram.
+The names below are loaded on first use (``import callwarden`` alone loads nothing), so a
+pure module such as ``callwarden.reconciler.decide`` imports without the I/O libraries.
+
+The layers, lowest first (:data:`LAYERS`; ``tests/unit/test_layers.py`` holds every import
+to it: a unit imports only units of lower layers, so there is no cycle and nothing imports
+upward): ``errors`` (the error tree), ``machine`` (the state diagram) and ``rules`` (the
+pure shared rules: staleness, the host's status, what an answer means, the log versus the
+row); ``config`` (how every actor reads its settings); ``store`` (the database: the write
+path, its SQL, the clock, migrations); ``observe`` (metric and trace hooks on the store and
+the transport); ``calls`` (the worker API, the host's own calls, finalization, pricing,
+callback URLs); ``queue``, ``reconciler`` and ``replay`` (the reference queue and the
+Celery and arq integrations, the reconciler, the log read back); and the faces on top:
+``service`` (webhooks, ``/metrics``, the dashboard), ``demo`` and ``cli``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from callwarden.calls.callbacks import CallbackUrls
     from callwarden.calls.config import CallConfig
     from callwarden.calls.finalize import Finalizer
     from callwarden.calls.own import (
@@ -50,13 +58,26 @@ if TYPE_CHECKING:
     from callwarden.reconciler.loop import Reconciler
     from callwarden.replay.verify import verify, verify_job
     from callwarden.service.app import ServiceConfig, build_app
-    from callwarden.service.webhooks import CallbackUrls, WebhookConfig
+    from callwarden.service.webhooks import WebhookConfig
     from callwarden.store.db import Conn, Pool, connect, open_pool
     from callwarden.store.jobs import create_job
     from callwarden.store.migrate import migrate
     from callwarden.store.write import cancel
 
-#: name -> (module, attribute): what ``from engine import <name>`` gives.
+#: engine's units, lowest layer first: a unit may import only units of lower layers.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "machine", "rules"),
+    ("config",),
+    ("store",),
+    ("observe",),
+    ("calls",),
+    ("queue", "reconciler", "replay"),
+    ("service",),
+    ("demo",),
+    ("cli",),
+)
+
+#: name -> (module, attribute): what ``from callwarden import <name>`` gives.
 EXPORTS: dict[str, tuple[str, str]] = {
     "BlockingCall": ("callwarden.calls.own_sync", "BlockingCall"),
     "BlockingCalls": ("callwarden.calls.own_sync", "BlockingCalls"),
@@ -65,7 +86,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "CallConfig": ("callwarden.calls.config", "CallConfig"),
     "CallOutcome": ("callwarden.calls.runner", "CallOutcome"),
     "CallRunner": ("callwarden.calls.runner", "CallRunner"),
-    "CallbackUrls": ("callwarden.service.webhooks", "CallbackUrls"),
+    "CallbackUrls": ("callwarden.calls.callbacks", "CallbackUrls"),
     "CallwardenError": ("callwarden.errors", "CallwardenError"),
     "ChargeReservation": ("callwarden.calls.pricing", "ChargeReservation"),
     "Conn": ("callwarden.store.db", "Conn"),

@@ -4,6 +4,7 @@
 
     ProviderError                     base; carries ``provider`` and the upstream ``message``
     ├── TransientError                retry later: HTTP 5xx, KIE 455/500, reset, timeout
+    │   ├── NotSent                   the connection never opened: nothing reached upstream
     │   ├── RateLimited               HTTP 429 or in-body ``code: 429``; ``retry_after`` (s)
     │   └── ProviderTimeout           no answer within the request timeout
     ├── AuthenticationError           401 / invalid key
@@ -21,7 +22,8 @@
                                       loopback / private / link-local / metadata address
 
     StorageError                      storing media failed (transient by nature)
-    SignatureError                    a webhook signature is missing, wrong or stale
+    SignatureError                    a webhook signature is missing or wrong
+    └── StaleSignature                its timestamp is outside the scheme's tolerance
 
 ``is_transient(err)`` tells a caller whether retrying the same request may succeed.
 """

@@ -25,7 +25,9 @@ __all__ = [
     "kinds_of",
 ]
 
-Provider = Literal["kie", "replicate", "elevenlabs", "anthropic"]
+#: The providers callwarden ships clients for (a kind's ``provider`` names any entry of
+#: :data:`callwarden.providers.registry.PROVIDERS`).
+BuiltinProvider = Literal["kie", "replicate", "elevenlabs", "anthropic"]
 Mode = Literal["async", "sync"]
 
 MIN = 60.0
@@ -41,7 +43,7 @@ ELEVENLABS_DUB_LIFETIME = 24 * HOUR
 
 class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    provider: Provider
+    provider: str
     mode: Mode
     family: str
     stale_threshold_s: float
@@ -59,13 +61,13 @@ class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
 KIE_MEDIA_HOSTS = ("tempfile.aiquickdraw.com", "*.aiquickdraw.com", "tempfile.redpandaai.co",
                    "*.redpandaai.co")
 REPLICATE_MEDIA_HOSTS = ("replicate.delivery", "*.replicate.delivery")
-_MEDIA_HOSTS: dict[Provider, tuple[str, ...]] = {
+_MEDIA_HOSTS: dict[BuiltinProvider, tuple[str, ...]] = {
     "kie": KIE_MEDIA_HOSTS, "replicate": REPLICATE_MEDIA_HOSTS,
     # ElevenLabs serves dubbed audio from its API host (the configured endpoint).
     "elevenlabs": (), "anthropic": ()}
 
 
-def _k(name: str, provider: Provider, mode: Mode, family: str, threshold_min: float,
+def _k(name: str, provider: BuiltinProvider, mode: Mode, family: str, threshold_min: float,
        lifetime_s: float | None, interval_s: float = 3.0, budget_min: float = 15) -> KindSpec:
     return KindSpec(
         name=name, provider=provider, mode=mode, family=family,

@@ -1,21 +1,28 @@
-"""``provider_kind`` -> the client that serves it. The one dispatch point by kind.
+"""``provider_kind`` -> the client that serves it: the one dispatch point by kind, a table.
 
-The engine asks here for a client and gets an :class:`~callwarden.providers.base.AsyncKindClient`
-or a
-:class:`~callwarden.providers.base.SyncKindClient`; an unknown kind is
-:class:`~callwarden.providers.errors.UnknownProviderKind` (the reconciler sweeps such calls).
+:data:`PROVIDERS` holds one :class:`Provider` entry per provider name (its client factory,
+its endpoint in :class:`~callwarden.providers.base.ProviderSettings`, how its media are
+fetched, its webhook scheme); :func:`register` adds one. The engine asks
+:func:`client_for` for a client and gets an
+:class:`~callwarden.providers.base.AsyncKindClient` or a
+:class:`~callwarden.providers.base.SyncKindClient`. A kind that :mod:`callwarden.providers.kinds`
+does not know, or whose provider has no entry here, is
+:class:`~callwarden.providers.errors.UnknownProviderKind` (the reconciler sweeps such
+calls) — never another provider's client.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import aiohttp
 import msgspec
 
 from callwarden.providers.anthropic.client import anthropic_client_for
-from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from callwarden.providers.base import AsyncKindClient, Endpoint, ProviderSettings, SyncKindClient
 from callwarden.providers.elevenlabs import webhook as elevenlabs_webhook
 from callwarden.providers.elevenlabs.client import elevenlabs_client_for
 from callwarden.providers.elevenlabs.operations import media_auth_headers
@@ -31,13 +38,69 @@ from callwarden.providers.replicate.client import replicate_client_for
 from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
-__all__ = ["WEBHOOKS", "MediaFetch", "client_for", "media_fetch_for", "poll_task"]
+__all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
+           "media_fetch_for", "poll_task", "provider_for", "register"]
 
+class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
+    """How to download a kind's result URLs: where from (``policy``: the kind's media
+    hosts and its provider's configured endpoint, plus an operator allow-list), extra
+    headers (ElevenLabs serves dubbed audio only with the API key) and the content types
+    accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
+
+    policy: MediaPolicy = MediaPolicy()
+    headers: dict[str, str] | None = None
+    allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientRequest:
+    """What a :class:`Provider`'s factory gets to build the client of one call."""
+
+    kind: str
+    session: aiohttp.ClientSession
+    settings: ProviderSettings
+    operation: str | None = None
+    callback_url: str | None = None
+    sleep: Sleep = asyncio.sleep
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provider:
+    """One provider's entry: ``client`` builds the client of a call; ``endpoint`` picks its
+    :class:`~callwarden.providers.base.Endpoint` out of the settings (the media guard
+    allows its hosts); ``media`` adjusts how its results are downloaded; ``webhook`` is
+    its callback scheme, if it calls back (the receiver mounts one route per scheme)."""
+
+    name: str
+    client: Callable[[ClientRequest], AsyncKindClient | SyncKindClient]
+    endpoint: Callable[[ProviderSettings], Endpoint]
+    media: Callable[[MediaFetch, ProviderSettings], MediaFetch] = lambda fetch, _: fetch
+    webhook: WebhookScheme | None = None
+
+
+PROVIDERS: dict[str, Provider] = {}
 #: The providers that call back, by name: how their deliveries are authenticated and read
-#: (:mod:`callwarden.providers.webhooks`). The webhook receiver mounts one route per entry.
-WEBHOOKS: dict[str, WebhookScheme] = {
-    s.provider: s for s in (replicate_webhook.SCHEME, kie_webhook.SCHEME,
-                            elevenlabs_webhook.SCHEME)}
+#: (:mod:`callwarden.providers.webhooks`). Kept equal to the schemes in :data:`PROVIDERS`.
+WEBHOOKS: dict[str, WebhookScheme] = {}
+
+
+def register(provider: Provider) -> None:
+    """Add (or replace) ``provider``'s entry, and its webhook scheme."""
+    PROVIDERS[provider.name] = provider
+    WEBHOOKS.pop(provider.name, None)
+    if provider.webhook is not None:
+        WEBHOOKS[provider.name] = provider.webhook
+
+
+def provider_for(kind: str) -> Provider:
+    """The entry serving ``kind``; :class:`UnknownProviderKind` for a kind that is not
+    registered or whose provider has no entry."""
+    spec = get_kind(kind)
+    try:
+        return PROVIDERS[spec.provider]
+    except KeyError:
+        raise UnknownProviderKind(f"{kind}: no client registered for provider "
+                                  f"{spec.provider!r}") from None
 
 
 def client_for(
@@ -51,20 +114,46 @@ def client_for(
 ) -> AsyncKindClient | SyncKindClient:
     """The client for one call of ``kind`` (``operation`` selects an ElevenLabs
     operation; ``callback_url`` is passed to KIE, whose Suno API requires one)."""
-    spec = get_kind(kind)
-    policy = settings.retry
-    if spec.provider == "kie":
-        return kie_client_for(kind, session, settings.kie, policy=policy, sleep=sleep,
-                              callback_url=callback_url,
-                              stop_policy=settings.stop_policy.get(kind))
-    if spec.provider == "replicate":
-        return replicate_client_for(kind, session, settings.replicate, policy=policy,
-                                    sleep=sleep)
-    if spec.provider == "elevenlabs":
-        return elevenlabs_client_for(kind, session, settings.elevenlabs, operation,
-                                     policy=policy, sleep=sleep)
-    return anthropic_client_for(kind, session, settings.anthropic, policy=policy, sleep=sleep,
-                                stop_policy=settings.stop_policy.get(kind))
+    return provider_for(kind).client(ClientRequest(
+        kind=kind, session=session, settings=settings, operation=operation,
+        callback_url=callback_url, sleep=sleep))
+
+
+def _kie(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
+    return kie_client_for(r.kind, r.session, r.settings.kie, policy=r.settings.retry,
+                          sleep=r.sleep, callback_url=r.callback_url,
+                          stop_policy=r.settings.stop_policy.get(r.kind))
+
+
+def _replicate(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
+    return replicate_client_for(r.kind, r.session, r.settings.replicate,
+                                policy=r.settings.retry, sleep=r.sleep)
+
+
+def _elevenlabs(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
+    return elevenlabs_client_for(r.kind, r.session, r.settings.elevenlabs, r.operation,
+                                 policy=r.settings.retry, sleep=r.sleep)
+
+
+def _anthropic(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
+    return anthropic_client_for(r.kind, r.session, r.settings.anthropic,
+                                policy=r.settings.retry, sleep=r.sleep,
+                                stop_policy=r.settings.stop_policy.get(r.kind))
+
+
+for _entry in (
+    Provider(name="kie", client=_kie, endpoint=lambda s: s.kie, webhook=kie_webhook.SCHEME),
+    Provider(name="replicate", client=_replicate, endpoint=lambda s: s.replicate,
+             webhook=replicate_webhook.SCHEME,
+             # a model's output may be any file (not a web page)
+             media=lambda fetch, _: msgspec.structs.replace(fetch, allowed_types=ANY_FILE)),
+    Provider(name="elevenlabs", client=_elevenlabs, endpoint=lambda s: s.elevenlabs,
+             webhook=elevenlabs_webhook.SCHEME,
+             media=lambda fetch, s: msgspec.structs.replace(
+                 fetch, headers=media_auth_headers(s.elevenlabs))),
+    Provider(name="anthropic", client=_anthropic, endpoint=lambda s: s.anthropic),
+):
+    register(_entry)
 
 
 async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
@@ -86,20 +175,8 @@ async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
         return NotFound(message=str(exc))
 
 
-class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
-    """How to download a kind's result URLs: where from (``policy``: the kind's media
-    hosts and its provider's configured endpoint, plus an operator allow-list), extra
-    headers (ElevenLabs serves dubbed audio only with the API key) and the content types
-    accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
-
-    policy: MediaPolicy = MediaPolicy()
-    headers: dict[str, str] | None = None
-    allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES
-
-
-def _endpoint_urls(provider: str, settings: ProviderSettings) -> tuple[str, ...]:
-    endpoint = {"kie": settings.kie, "replicate": settings.replicate,
-                "elevenlabs": settings.elevenlabs, "anthropic": settings.anthropic}[provider]
+def _endpoint_urls(provider: Provider, settings: ProviderSettings) -> tuple[str, ...]:
+    endpoint = provider.endpoint(settings)
     return tuple(u for u in (endpoint.base_url, endpoint.media_base_url) if u)
 
 
@@ -109,14 +186,11 @@ def media_fetch_for(kind: str | None, settings: ProviderSettings,
     ``extra_hosts`` (the operator's allow-list)."""
     try:
         spec = get_kind(kind) if kind is not None else None
+        provider = provider_for(kind) if kind is not None else None
     except UnknownProviderKind:
-        spec = None
-    if spec is None:
+        spec = provider = None
+    if spec is None or provider is None:
         return MediaFetch(policy=MediaPolicy.build(extra_hosts, ()))
     policy = MediaPolicy.build((*spec.media_hosts, *extra_hosts),
-                               _endpoint_urls(spec.provider, settings))
-    if spec.provider == "elevenlabs":
-        return MediaFetch(policy=policy, headers=media_auth_headers(settings.elevenlabs))
-    if spec.provider == "replicate":  # a model's output may be any file (not a web page)
-        return MediaFetch(policy=policy, allowed_types=ANY_FILE)
-    return MediaFetch(policy=policy)
+                               _endpoint_urls(provider, settings))
+    return provider.media(MediaFetch(policy=policy), settings)

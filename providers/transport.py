@@ -43,7 +43,7 @@ DEFAULT_POLICY = RetryPolicy()
 Classify = Callable[[RawResponse], ProviderError | None]
 Sleep = Callable[[float], Awaitable[None]]
 #: ``(provider, method, url, attempt)`` -> a context around one HTTP attempt, yielding the
-#: function called with the response when one came (``callwarden.service.tracing``: a span).
+#: function called with the response when one came (``callwarden.observe.tracing``: a span).
 TraceRequest = Callable[[str, str, str, int],
                         AbstractContextManager[Callable[[RawResponse], None]]]
 _trace: TraceRequest | None = None

@@ -62,9 +62,9 @@ from callwarden.providers.media import download
 from callwarden.providers.media_guard import media_session
 from callwarden.providers.registry import media_fetch_for
 from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
+from callwarden.rules.host import host_ended
 from callwarden.store.clock import Clock, DatabaseClock
 from callwarden.store.db import Pool
-from callwarden.store.host import host_ended
 from callwarden.store.port import Store
 from callwarden.store.postgres import PostgresStore
 from callwarden.store.write import AppendResult, Decide

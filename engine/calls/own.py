@@ -53,7 +53,7 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
-from callwarden.calls.runner import ACTIVE, CallOutcome, Result, call_outcome, upstream_event
+from callwarden.calls.runner import ACTIVE, CallOutcome, Result, call_outcome
 from callwarden.errors import CallwardenError, ConfigError, DatabaseError
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, Event, TaskCreated
@@ -70,6 +70,7 @@ from callwarden.providers.outcomes import (
     Usage,
 )
 from callwarden.providers.storage import MediaStore, StoredObject
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import Clock, DatabaseClock
 from callwarden.store.db import Pool
 from callwarden.store.port import Store

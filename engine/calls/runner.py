@@ -21,7 +21,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any, Literal, cast
 
 import aiohttp
@@ -38,12 +37,10 @@ from callwarden.events.states import CallState
 from callwarden.events.types import (
     CallStarted,
     Event,
-    Swept,
     TaskCreated,
     UpstreamFailed,
-    UpstreamResult,
-    UpstreamSucceeded,
 )
+from callwarden.observe.tracing import call_context
 from callwarden.projections.fold import EMPTY, CallProjection
 from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
 from callwarden.providers.errors import (
@@ -55,17 +52,17 @@ from callwarden.providers.errors import (
     TransientError,
 )
 from callwarden.providers.kinds import get_kind, is_sync_call
-from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
+from callwarden.providers.outcomes import Failed, PollOutcome, Running
 from callwarden.providers.registry import client_for
 from callwarden.providers.storage import MediaStore
-from callwarden.service.tracing import call_context
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import Clock, DatabaseClock
 from callwarden.store.db import Pool
 from callwarden.store.port import Store
 from callwarden.store.postgres import PostgresStore
 from callwarden.store.write import Decide
 
-__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome", "upstream_event"]
+__all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome"]
 
 log = logging.getLogger("callwarden.calls")
 Sleep = Callable[[float], Awaitable[None]]
@@ -89,22 +86,6 @@ def call_outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None
     """The outcome a caller sees for ``p`` (``pending``: the result while it is open)."""
     result = _TERMINAL_RESULT.get(p.state, pending) if p.state is not None else pending
     return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
-
-
-def upstream_event(outcome: PollOutcome, actor: str, now: datetime, *,
-                   stored_keys: tuple[str, ...] = ()) -> Event | None:
-    """The event recording a poll/call outcome (``None`` while still running);
-    ``stored_keys``: inline media the worker already stored under the job's keys."""
-    if isinstance(outcome, Succeeded):
-        return UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
-            media_urls=outcome.media_urls, text=outcome.text, cost=outcome.cost,
-            raw=outcome.raw, stored_keys=stored_keys, usage=outcome.usage,
-            stop_reason=outcome.stop_reason))
-    if isinstance(outcome, Failed):
-        return UpstreamFailed(at=now, actor=actor, error=outcome.error, code=outcome.code)
-    if isinstance(outcome, NotFound):
-        return Swept(at=now, actor=actor, reason="upstream_task_not_found")
-    return None
 
 
 class CallRunner:

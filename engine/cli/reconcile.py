@@ -32,11 +32,11 @@ from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
 from callwarden.cli.process import setup_logging
+from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import store_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
-from callwarden.service.metrics import start_metrics_server
 from callwarden.store.db import default_data_dir, open_pool
 from callwarden.store.outage import configured_limit_s
 

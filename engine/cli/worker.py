@@ -25,12 +25,12 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.errors import ConfigError
+from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.storage import store_from_env
 from callwarden.queue.claims import input_data
 from callwarden.queue.worker import run_worker
-from callwarden.service.metrics import start_metrics_server
 from callwarden.store.db import connect, default_data_dir
 from callwarden.store.jobs import create_job
 

@@ -32,6 +32,7 @@ from typing import Any, cast
 
 import aiohttp
 
+from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
@@ -39,7 +40,6 @@ from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
 from callwarden.providers.storage import MediaStore, store_from_env
-from callwarden.service.webhooks import CallbackUrls
 from callwarden.store.boundary import connection
 from callwarden.store.db import default_data_dir, open_pool
 from callwarden.store.write import cancel, load

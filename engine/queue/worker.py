@@ -28,6 +28,7 @@ import uuid
 
 import aiohttp
 
+from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig
 from callwarden.calls.pricing import Pricing
 from callwarden.calls.runner import CallOutcome, CallRunner
@@ -35,7 +36,6 @@ from callwarden.errors import CallwardenError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import MediaStore
 from callwarden.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
-from callwarden.service.webhooks import CallbackUrls
 from callwarden.store.boundary import connection
 from callwarden.store.db import Pool, open_pool
 from callwarden.store.outage import Outage

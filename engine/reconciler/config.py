@@ -20,7 +20,7 @@ import msgspec
 from callwarden.config import load
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 
 __all__ = ["ENV_PREFIX", "ReconcileConfig", "load_config"]
 

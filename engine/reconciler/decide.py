@@ -54,7 +54,7 @@ from callwarden.projections.columns import from_row
 from callwarden.projections.fold import CallProjection, apply
 from callwarden.providers.kinds import KINDS
 from callwarden.reconciler.config import ReconcileConfig
-from callwarden.store.host import host_status_ended
+from callwarden.rules.host import host_status_ended
 
 __all__ = [
     "LEGACY_KIND",
@@ -174,7 +174,7 @@ def _age_threshold(row: Candidate, config: ReconcileConfig) -> tuple[datetime | 
 
 
 def is_stale(row: Candidate, now: datetime, config: ReconcileConfig) -> bool:
-    """Whether the call looks abandoned (:class:`~callwarden.reconciler.stale.StaleRule`)."""
+    """Whether the call looks abandoned (:class:`~callwarden.rules.stale.StaleRule`)."""
     kind = row.call.provider_kind if _known(row.call.provider_kind) else None
     return config.stale.is_stale(now=now, kind=kind,
                                  call_started_at=row.call.provider_call_started_at,

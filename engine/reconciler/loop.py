@@ -42,10 +42,11 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
-from callwarden.calls.runner import upstream_event
 from callwarden.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
+from callwarden.observe.metrics import record_reconcile
+from callwarden.observe.tracing import call_context
 from callwarden.projections.columns import ProjectionUnreadable
 from callwarden.projections.fold import CallProjection
 from callwarden.providers.base import ProviderSettings
@@ -68,12 +69,11 @@ from callwarden.reconciler.decide import (
     decide,
     next_scan_delay,
 )
-from callwarden.replay.history import fold_checked
-from callwarden.service.metrics import record_reconcile
-from callwarden.service.tracing import call_context
+from callwarden.rules.fold import fold_for_row
+from callwarden.rules.host import host_status_ended
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import DatabaseClock
 from callwarden.store.db import Pool
-from callwarden.store.host import host_status_ended
 from callwarden.store.outage import Outage
 from callwarden.store.port import ClaimRequest, ReconcilerStore, Row
 from callwarden.store.postgres import PostgresStore
@@ -232,11 +232,7 @@ class Reconciler:
                 return Candidate.from_row(row)
             except ProjectionUnreadable as exc:
                 log.warning("job %s: %s; reading the call from its log", job, exc)
-        folded = fold_checked(job, events)
-        if folded.version != now["call_version"]:
-            raise EventDecodeError(job, min(folded.version, now["call_version"]) + 1,
-                                   f"row at version {now['call_version']} but the log has "
-                                   f"{folded.version} events")
+        folded = fold_for_row(job, events, now["call_version"])
         return Candidate.from_row(row, msgspec.structs.replace(
             folded, status=folded.status if folded.terminal else now["status"],
             settled_reservations=int(now["settled_reservations"] or 0)))

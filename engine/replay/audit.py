@@ -24,7 +24,7 @@ from callwarden.projections.stats import (
     sweeps,
 )
 from callwarden.projections.timeline import IllegalHistory, TimelineRow, timeline
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 from callwarden.store.db import Conn
 from callwarden.store.write import execute, load_events
 

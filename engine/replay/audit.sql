@@ -1,11 +1,6 @@
 -- Audit, verify, rebuild, stats and status: every query of engine/replay/, each under a
 -- "-- name: <name>" header (loaded into callwarden.store.queries.QUERIES).
 
--- name: audit_snapshot
--- First statement of each verify/rebuild read: one consistent snapshot of rows + events
--- for the whole batch; read only, so it takes no lock a writer waits for.
-SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
-
 -- name: audit_job
 SELECT id, status, call_state, call_version, provider_kind
 FROM jobs

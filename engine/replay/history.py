@@ -16,8 +16,7 @@ raises :class:`EventDecodeError` naming the job and seq.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,18 +24,17 @@ import msgspec
 from psycopg.rows import DictRow
 
 from callwarden.events.codec import EventDecodeError
-from callwarden.events.states import InvalidTransition
 from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
 from callwarden.projections.columns import from_row
-from callwarden.projections.fold import CallProjection, fold
-from callwarden.projections.timeline import IllegalHistory, steps
-from callwarden.store.boundary import transaction
+from callwarden.projections.fold import CallProjection
+from callwarden.rules.fold import fold_checked
 from callwarden.store.db import Conn
+from callwarden.store.snapshot import snapshot
 from callwarden.store.write import execute, load_events
 
 __all__ = [
-    "FIRST_ID", "History", "JobError", "decode_fast", "fold_checked", "next_ids",
-    "read_histories", "signatures", "snapshot",
+    "FIRST_ID", "History", "JobError", "decode_fast", "next_ids", "read_histories",
+    "signatures", "snapshot",
 ]
 
 FIRST_ID = uuid.UUID(int=0)
@@ -61,14 +59,6 @@ class History(msgspec.Struct, kw_only=True):
     folded: CallProjection | None = None
     events: int = 0
     error: JobError | None = None
-
-
-@asynccontextmanager
-async def snapshot(conn: Conn) -> AsyncIterator[Conn]:
-    """A REPEATABLE READ READ ONLY transaction on ``conn`` (an autocommit connection)."""
-    async with transaction(conn):
-        await execute(conn, "audit_snapshot", {})
-        yield conn
 
 
 async def next_ids(conn: Conn, after: uuid.UUID, batch: int,
@@ -102,19 +92,6 @@ def decode_fast(row: DictRow | dict[str, Any], sigs: dict[type, str]) -> list[Ev
     if " ".join([sigs[type(e)] for e in events]) != row["sig"]:
         return None
     return events
-
-
-def fold_checked(job_id: uuid.UUID, events: Sequence[Event]) -> CallProjection:
-    """The fold; an illegal sequence becomes :class:`EventDecodeError` naming its seq."""
-    try:
-        return fold(events)
-    except InvalidTransition:
-        try:
-            for _ in steps(events):
-                pass
-        except IllegalHistory as exc:
-            raise EventDecodeError(job_id, exc.seq, f"cannot replay: {exc.cause}") from exc
-        raise
 
 
 async def _events(conn: Conn, row: DictRow, sigs: dict[type, str]) -> list[Event]:

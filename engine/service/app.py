@@ -42,7 +42,7 @@ from callwarden.events.types import Event, ReconcileAttempted
 from callwarden.projections.fold import CallProjection
 from callwarden.providers.registry import WEBHOOKS
 from callwarden.reconciler.config import ReconcileConfig
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard import Dashboard
 from callwarden.service.metrics import CallGauges, exposition
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig

@@ -33,14 +33,6 @@ WHERE provider = %(provider)s::text AND delivery_id = %(delivery_id)s::text;
 DELETE FROM webhook_deliveries
 WHERE received_at < %(before)s::timestamptz;
 
--- name: callback_token_ensure
--- The job's callback token, set once (a redelivered job keeps the token its upstream task
--- was created with).
-UPDATE jobs
-SET callback_token = COALESCE(callback_token, %(token)s::text)
-WHERE id = %(job_id)s::uuid
-RETURNING callback_token;
-
 -- name: metrics_open_calls
 -- Open calls by kind and state: served by the partial index jobs_open_calls_idx, so the
 -- cost grows with the number of in-flight calls, never with the size of jobs.

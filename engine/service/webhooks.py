@@ -30,7 +30,6 @@ import asyncio
 import hmac
 import logging
 import math
-import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -44,25 +43,23 @@ from aiohttp import web
 from callwarden import config as actor_config
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.inline import store_inline
-from callwarden.calls.runner import ACTIVE, upstream_event
+from callwarden.calls.runner import ACTIVE
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from callwarden.events.states import CallState
+from callwarden.observe.metrics import record_webhook
+from callwarden.observe.tracing import call_context
 from callwarden.providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
-from callwarden.providers.kinds import KINDS
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import WEBHOOKS
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
-from callwarden.service.metrics import record_webhook
-from callwarden.service.tracing import call_context
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import DatabaseClock
-from callwarden.store.db import Conn, Pool
+from callwarden.store.db import Pool
 from callwarden.store.outage import Outage
 from callwarden.store.port import WebhookStore
 from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import execute
 
-__all__ = ["CallbackUrls", "Receiver", "Reject", "TaskPoll", "WebhookConfig",
-           "callback_url_for", "ensure_callback_token", "load_webhook_config"]
+__all__ = ["Receiver", "Reject", "TaskPoll", "WebhookConfig", "load_webhook_config"]
 
 log = logging.getLogger("callwarden.webhooks")
 T = TypeVar("T")
@@ -112,45 +109,6 @@ def load_webhook_config(path: Path | None, env: Mapping[str, str]) -> WebhookCon
     secrets = {name: env[s.secret_env] for name, s in WEBHOOKS.items() if env.get(s.secret_env)}
     return actor_config.load(WebhookConfig, path=path, env=env, prefix="CALLWARDEN_WEBHOOK_",
                 section="webhooks", overrides={"secrets": secrets})
-
-
-# -- callback URLs ---------------------------------------------------------------------------
-
-def callback_url_for(base_url: str, job_id: uuid.UUID, kind: str, token: str | None
-                     ) -> str | None:
-    """The URL a provider should call back for ``job_id``'s call of ``kind`` (``None``:
-    the provider has no per-request callback, or KIE without a token)."""
-    spec = KINDS.get(kind)
-    scheme = WEBHOOKS.get(spec.provider) if spec is not None and spec.mode == "async" else None
-    return scheme.callback_url(base_url, job_id, token) if scheme is not None else None
-
-
-async def ensure_callback_token(conn: Conn, job_id: uuid.UUID) -> str | None:
-    """The job's callback token, created once (a redelivered job keeps its token);
-    ``None`` if there is no such job."""
-    rows = await execute(conn, "callback_token_ensure", {
-        "job_id": job_id, "token": secrets.token_urlsafe(24)})
-    return str(rows[0]["callback_token"]) if rows else None
-
-
-class CallbackUrls:
-    """``CallRunner(callback_url=urls)``: call ``await urls.prepare(conn, job_id)`` before
-    ``runner.run(job_id, ...)``; a job never prepared gets no callback (it is polled)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self._tokens: dict[uuid.UUID, str] = {}
-
-    async def prepare(self, conn: Conn, job_id: uuid.UUID) -> None:
-        token = await ensure_callback_token(conn, job_id)
-        if token is not None:
-            self._tokens[job_id] = token
-
-    def forget(self, job_id: uuid.UUID) -> None:
-        self._tokens.pop(job_id, None)
-
-    def __call__(self, job_id: uuid.UUID, kind: str) -> str | None:
-        return callback_url_for(self.base_url, job_id, kind, self._tokens.get(job_id))
 
 
 # -- receiving -------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from callwarden.events.states import OPEN_STATUSES
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 from callwarden.store.appending import (
     _SETTLES,
     AppendResult,

@@ -39,7 +39,7 @@ _observers: list[Callable[[Outage, bool], None]] = []
 
 def observe(fn: Callable[[Outage, bool], None]) -> None:
     """Call ``fn(outage, started)`` when any outage of this process starts (``True``) or
-    ends (``False``); metrics hook in here (``callwarden.service.metrics``)."""
+    ends (``False``); metrics hook in here (``callwarden.observe.metrics``)."""
     if fn not in _observers:
         _observers.append(fn)
 

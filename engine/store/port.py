@@ -19,7 +19,7 @@ on a simulated clock: the deterministic simulation's store). Both pass one contr
 
 A fence's outcome is the same on both: a lost race is ``ok=False`` with the winner's
 projection; the host's ended status is recorded as ``HostEnded``
-(:func:`callwarden.store.host.host_ended`); a task id another job holds raises
+(:func:`callwarden.rules.host.host_ended`); a task id another job holds raises
 :class:`~callwarden.errors.TaskAlreadyClaimed`; an unknown job raises
 :class:`~callwarden.errors.JobNotFound`.
 """
@@ -37,9 +37,9 @@ import msgspec
 from callwarden.errors import ConflictExhausted
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.fold import CallProjection
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.host import host_ended, job_ended_by_host
+from callwarden.rules.stale import StaleRule
 from callwarden.store.appending import AppendResult, Decide
-from callwarden.store.host import host_ended, job_ended_by_host
 
 __all__ = ["AppendResult", "Before", "ClaimRequest", "Clock", "Decide", "HostStore",
            "ReconcilerStore",

@@ -23,6 +23,7 @@ from callwarden.store.clock import Clock
 from callwarden.store.clock import sync_clock as _sync_clock
 from callwarden.store.db import Pool
 from callwarden.store.port import Before, ClaimRequest, Row
+from callwarden.store.snapshot import snapshot
 from callwarden.store.write import AppendResult, Decide
 from callwarden.store.write import execute as _execute
 
@@ -100,8 +101,6 @@ class PostgresStore:
             return list(await _execute(conn, "reconcile_claim", request.sql_params()))
 
     async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
-        from callwarden.replay.history import snapshot  # the replay package imports the store
-
         async with connection(self.pool) as conn, snapshot(conn):
             rows = await _execute(conn, "load_projection", {"job_id": job_id})
             events = await write.load_events(conn, job_id)

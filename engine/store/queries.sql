@@ -199,3 +199,8 @@ SELECT pg_advisory_lock(%(key)s);
 
 -- name: migrations_unlock
 SELECT pg_advisory_unlock(%(key)s);
+
+-- name: read_snapshot
+-- First statement of a snapshot read (verify, rebuild, the reconciler's candidate): one
+-- consistent snapshot of rows + events; read only, so it takes no lock a writer waits for.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;

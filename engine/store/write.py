@@ -9,7 +9,7 @@ with the projection that won; ``transition`` re-decides on it, never re-sending 
 event blindly.
 
 The host's decision wins (DESIGN §10): when the row's ``status`` says host code ended the
-job (:func:`callwarden.store.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
+job (:func:`callwarden.rules.host.host_ended`), ``transition`` records :class:`HostEnded` instead of
 the actor's event — the call ends as the host decided, settling only what the host left
 reserved — and answers ``ok=False, host_ended=True``: an outcome, not a conflict.
 
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: ``(job_id, current, event)`` -> a context around one append, yielding the function the
-#: append calls with its result (``callwarden.service.tracing`` opens a span here).
+#: append calls with its result (``callwarden.observe.tracing`` opens a span here).
 TraceAppend = Callable[[uuid.UUID, CallProjection, Event],
                        AbstractContextManager[Callable[[AppendResult], None]]]
 _trace: TraceAppend | None = None

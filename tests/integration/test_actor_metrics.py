@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from callwarden.calls.runner import CallRunner
 from callwarden.events.types import CallStarted
+from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
-from callwarden.service.metrics import start_metrics_server
 from callwarden.store.db import Conn, Pool
 from callwarden.store.jobs import create_job
 from callwarden.store.write import append, load

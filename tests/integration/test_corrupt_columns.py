@@ -32,7 +32,6 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from callwarden.calls.runner import upstream_event
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.states import CallState, InvalidTransition
 from callwarden.events.types import EVENT_TYPES
@@ -43,6 +42,7 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.reconciler.loop import Counts
 from callwarden.replay.audit import AuditReport, audit_job
 from callwarden.replay.verify import BatchResult, verify, verify_job
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import utcnow
 from callwarden.store.db import Conn
 from callwarden.store.migrate import available

@@ -5,11 +5,11 @@
   alert fires on its series and stays quiet on the ones beside them; the same unit tests
   fail against rules that never fire (so they can fail);
 - every metric and label the rules' and the dashboard's PromQL name is one that
-  engine/service/metrics.py exports: the names come from scraping a running service's
-  /metrics (after a little traffic: webhook deliveries, appends, a reconcile pass, an
-  outage), which carries the SQL-backed gauges and, as HELP/TYPE lines at least, every
-  family of the process registry (checked against ``REGISTRY``); a matched label value
-  must be one the code writes;
+  engine/observe/metrics.py and engine/service/metrics.py export: the names come from
+  scraping a running service's /metrics (after a little traffic: webhook deliveries,
+  appends, a reconcile pass, an outage), which carries the SQL-backed gauges and, as
+  HELP/TYPE lines at least, every family of the process registry (checked against
+  ``REGISTRY``); a matched label value must be one the code writes;
 - the Grafana JSON parses, has a schemaVersion, and every panel and variable reads its
   datasource from the ``DS_PROMETHEUS`` variable;
 - the gauge ``callwarden_reservations_leaked_recent`` counts reservations left reserved on
@@ -40,8 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from callwarden.errors import DatabaseUnavailable
 from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.observe.metrics import REGISTRY
 from callwarden.service.app import ServiceConfig
-from callwarden.service.metrics import REGISTRY
 from callwarden.store.db import Conn, Pool
 from callwarden.store.jobs import create_job
 from callwarden.store.outage import Outage

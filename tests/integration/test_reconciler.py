@@ -14,7 +14,6 @@ import aiohttp
 import msgspec
 import pytest
 
-from callwarden.calls.runner import upstream_event
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, FinalizeClaimed, TaskCreated
 from callwarden.providers.base import AsyncKindClient
@@ -22,6 +21,7 @@ from callwarden.providers.registry import client_for
 from callwarden.providers.simulator.core import Fault, RunningSimulator
 from callwarden.reconciler.loop import Counts
 from callwarden.replay.verify import verify_job
+from callwarden.rules.upstream import upstream_event
 from callwarden.store.clock import utcnow
 from callwarden.store.db import Conn
 from callwarden.store.jobs import create_job

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from callwarden.events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
+from callwarden.observe.metrics import record_reconcile, start_metrics_server
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig
-from callwarden.service.metrics import record_reconcile, start_metrics_server
 from callwarden.store.db import Conn, Pool, open_pool
 from callwarden.store.jobs import create_job
 from callwarden.store.write import append, load, load_events

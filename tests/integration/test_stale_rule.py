@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from callwarden.providers.kinds import KINDS
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 SQL = """SELECT callwarden_is_stale(%(call)s, %(host)s, %(created)s, %(heartbeat)s, %(kind)s,

@@ -4,7 +4,7 @@ host's current span; a fenced-out write and a refused one are marked. Without
 ``opentelemetry`` nothing is hooked and nothing of it is imported.
 
 The spans go to an SDK ``TracerProvider`` with an ``InMemorySpanExporter`` handed to
-``callwarden.service.tracing.use`` for the test (the process-wide provider can be set only
+``callwarden.observe.tracing.use`` for the test (the process-wide provider can be set only
 once; OpenTelemetry's own test utilities reset its private globals to get around that,
 which a provider passed explicitly does not need). The global provider is exercised in a
 fresh process instead."""
@@ -29,10 +29,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from callwarden.events.states import InvalidTransition
 from callwarden.events.types import CallStarted, Completed
+from callwarden.observe import tracing
+from callwarden.observe.tracing import REQUEST_SPAN, TRANSITION_SPAN
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.simulator.model import Fault
-from callwarden.service import tracing
-from callwarden.service.tracing import REQUEST_SPAN, TRANSITION_SPAN
 from callwarden.store.db import Conn
 from callwarden.store.jobs import create_job
 from callwarden.store.write import append, load, load_events
@@ -196,7 +196,7 @@ def test_without_opentelemetry_nothing_is_hooked_or_imported(db_url: str) -> Non
         sys.meta_path.insert(0, Hide())
         import callwarden.store.write, callwarden.providers.transport
         import callwarden.calls.runner, callwarden.reconciler.loop, callwarden.service.webhooks
-        from callwarden.service import tracing
+        from callwarden.observe import tracing
         """, APPEND, """
         asyncio.run(one_append())
         print(tracing.ENABLED, callwarden.store.write._trace, callwarden.providers.transport._trace,

@@ -47,6 +47,7 @@ from aiohttp import web
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from callwarden.calls.callbacks import ensure_callback_token
 from callwarden.calls.finalize import Finalizer
 from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
 from callwarden.providers.kie.webhook import kie_sign
@@ -57,7 +58,7 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, ServiceConfig, build_app
-from callwarden.service.webhooks import WebhookConfig, ensure_callback_token
+from callwarden.service.webhooks import WebhookConfig
 from callwarden.store.db import Conn, Pool
 from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.integration.test_webhooks import AUTH, start_call, stt_body, task_created

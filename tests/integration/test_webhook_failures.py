@@ -31,7 +31,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from callwarden.calls.callbacks import ensure_callback_token
 from callwarden.calls.finalize import Finalizer
+from callwarden.observe.metrics import REGISTRY
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
 from callwarden.providers.simulator.core import Delivery, RunningSimulator
@@ -39,8 +41,7 @@ from callwarden.providers.storage import LocalFolderStore, MediaStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig, build_app
-from callwarden.service.metrics import REGISTRY
-from callwarden.service.webhooks import WebhookConfig, ensure_callback_token
+from callwarden.service.webhooks import WebhookConfig
 from callwarden.store.clock import utcnow
 from callwarden.store.db import Conn, Pool
 from callwarden.store.write import load

@@ -23,6 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from callwarden.calls.callbacks import CallbackUrls, callback_url_for, ensure_callback_token
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.runner import CallRunner
 from callwarden.events.types import CallStarted, TaskCreated
@@ -35,12 +36,7 @@ from callwarden.providers.simulator.core import Delivery, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
-from callwarden.service.webhooks import (
-    CallbackUrls,
-    WebhookConfig,
-    callback_url_for,
-    ensure_callback_token,
-)
+from callwarden.service.webhooks import WebhookConfig
 from callwarden.store.db import Conn, Pool
 from callwarden.store.jobs import create_job
 from callwarden.store.write import append, cancel, load, load_events

@@ -10,13 +10,14 @@ tracked and new files, as they are in the working tree) are copied once to a tem
 folder, never touching the checkout. For each mutant, its edits (exact old text -> new
 text; an old text that is not found exactly once is an error, so the table stays in step
 with the code) are applied to the copy, its tests are run there with the venv's Python
-(``cwd`` and ``PYTHONPATH`` = the copy, so the copy's packages shadow the editable install
-that points at the checkout; processes the tests start inherit ``PYTHONPATH``), and the
-edits are undone. A mutant is *caught* when pytest exits 1 (tests failed); any other
-non-zero exit (collection error, usage error, timeout) is reported as an error, not as
-caught. Two sanity rows run first: the unmutated copy must pass every test file the table
-names, and a trivially broken fold must be caught, which shows the copy's code is what the
-tests import.
+(``cwd`` = the copy, ``PYTHONPATH`` = a link tree of the copy laid out as the wheel lays
+``callwarden`` (:func:`tests.layout.link_tree`), then the copy itself, so the copy's code
+shadows the editable install that points at the checkout; processes the tests start
+inherit ``PYTHONPATH``), and the edits are undone. A mutant is *caught* when pytest
+exits 1 (tests failed); any other non-zero exit (collection error, usage error, timeout)
+is reported as an error, not as caught. Two sanity rows run first: the unmutated copy
+must pass every test file the table names, and a trivially broken fold must be caught,
+which shows the copy's code is what the tests import.
 
 The tests named per mutant are the smallest set of the default run's files that catches it,
 all run in the ``ci`` Hypothesis profile (derandomized, so a result reproduces).
@@ -37,6 +38,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from tests.layout import link_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 PER_MUTANT_TIMEOUT_S = 600
@@ -138,7 +141,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "fresh-heartbeat-ignored",
         "the reconciler's stale rule ignores a fresh heartbeat (ages the call from its "
         "start only)",
-        (Edit("engine/reconciler/stale.py",
+        (Edit("engine/rules/stale.py",
               "        if heartbeat_at is not None:\n",
               "        if False:\n"),),
         (DECIDE,)),
@@ -243,7 +246,7 @@ def apply_edits(copy: Path, edits: Sequence[Edit]) -> dict[Path, str]:
 def run_tests(copy: Path, tests: Sequence[str], tmp: Path) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_PROFILE",
                                                             "PYTEST_ADDOPTS")}
-    env["PYTHONPATH"] = str(copy)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "build" / "package"), str(copy)])
     env["HYPOTHESIS_PROFILE"] = "ci"
     basetemp = tmp / "bt"
     shutil.rmtree(basetemp, ignore_errors=True)
@@ -314,6 +317,7 @@ def main(argv: Sequence[str]) -> int:
         tmp = Path(folder)
         copy = tmp / "src"
         copy_checkout(ROOT, copy)
+        link_tree(copy / "build" / "package", copy)
         for mutant in chosen:  # every edit must still match before anything runs
             for path, text in apply_edits(copy, mutant.edits).items():
                 path.write_text(text, encoding="utf-8")

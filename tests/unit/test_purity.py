@@ -20,7 +20,7 @@ from tests.layout import module_of, source_of
 ROOT = Path(__file__).parents[2]
 WIRE = ("wire", "requests", "llm", "operations", "webhook")
 NAMED = ["callwarden.errors", "callwarden.machine", "callwarden.reconciler.decide",
-         "callwarden.reconciler.stale", "callwarden.store.appending", "callwarden.store.host",
+         "callwarden.rules.stale", "callwarden.store.appending", "callwarden.rules.host",
          "callwarden.store.memory", "callwarden.store.port", "callwarden.providers.errors",
          "callwarden.providers.kinds", "callwarden.providers.llm_stop",
          "callwarden.providers.outcomes", "callwarden.providers.raw",

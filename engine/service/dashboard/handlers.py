@@ -16,8 +16,8 @@ from aiohttp import web
 
 from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
-from callwarden.reconciler.stale import StaleRule
 from callwarden.replay.audit import audit_job
+from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard.calls import BadFilter, calls_page, parse_filters, sql_params
 from callwarden.service.dashboard.html import page, table
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from callwarden.reconciler.stale import StaleRule
+from callwarden.rules.stale import StaleRule
 from callwarden.service import charts
 from callwarden.service.dashboard.format import credits, duration
 from callwarden.service.dashboard.html import table

@@ -3,14 +3,24 @@ errors."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import aiohttp
+import msgspec
 import pytest
 
-from callwarden.providers.base import ProviderSettings
+from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
 from callwarden.providers.errors import UnknownProviderKind
-from callwarden.providers.kinds import KINDS, is_sync_call
+from callwarden.providers.kinds import KINDS, KindSpec, is_sync_call
 from callwarden.providers.media import ANY_FILE
-from callwarden.providers.registry import client_for
+from callwarden.providers.registry import (
+    PROVIDERS,
+    WEBHOOKS,
+    ClientRequest,
+    Provider,
+    client_for,
+    provider_for,
+)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -64,3 +74,42 @@ def test_media_fetch_options_come_from_the_kind() -> None:
     plain = media_fetch_for("kie-standard", settings)
     assert (plain.headers, plain.allowed_types) == (None, DEFAULT_MEDIA_TYPES)
     assert media_fetch_for("midjourney", settings).headers is None
+
+
+def _acme_spec() -> KindSpec:
+    """A kind of a provider the table does not hold (``provider`` is a Literal of the
+    built-in names, so the spec is decoded, as a host's declaration would be)."""
+    raw = msgspec.to_builtins(KINDS["anthropic-sync"])
+    return msgspec.convert({**raw, "name": "acme-sync", "provider": "acme"}, KindSpec,
+                           strict=False)
+
+
+def test_every_provider_of_a_kind_has_an_entry_and_webhooks_follow_the_table() -> None:
+    assert {spec.provider for spec in KINDS.values()} <= set(PROVIDERS)
+    assert {name: p.webhook for name, p in PROVIDERS.items()
+                        if p.webhook is not None} == WEBHOOKS
+
+
+async def test_a_kind_whose_provider_has_no_entry_is_a_typed_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never another provider's client (the old if-chain fell through to Anthropic's)."""
+    monkeypatch.setitem(KINDS, "acme-sync", _acme_spec())
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(UnknownProviderKind, match="acme"):
+            client_for("acme-sync", session, ProviderSettings())
+
+
+async def test_a_registered_provider_serves_its_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[ClientRequest] = []
+
+    def acme(request: ClientRequest) -> AsyncKindClient | SyncKindClient:
+        made.append(request)
+        return PROVIDERS["anthropic"].client(replace(request, kind="anthropic-sync"))
+
+    entry = Provider(name="acme", client=acme, endpoint=lambda s: s.anthropic)
+    monkeypatch.setitem(KINDS, "acme-sync", _acme_spec())
+    monkeypatch.setitem(PROVIDERS, "acme", entry)
+    assert provider_for("acme-sync") is entry
+    async with aiohttp.ClientSession() as session:
+        client_for("acme-sync", session, ProviderSettings(), callback_url="u")
+    assert [(r.kind, r.callback_url) for r in made] == [("acme-sync", "u")]

@@ -10,9 +10,10 @@ import re
 import uuid
 from pathlib import Path
 
+from callwarden.calls.callbacks import callback_url_for
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.registry import WEBHOOKS
-from callwarden.service.webhooks import WebhookConfig, callback_url_for
+from callwarden.service.webhooks import WebhookConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 

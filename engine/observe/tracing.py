@@ -1,6 +1,6 @@
 """OpenTelemetry spans when the ``callwarden[otel]`` extra is installed (operations.md, "Traces").
 
-Importing this module hooks two spans into the I/O edges, as :mod:`callwarden.service.metrics`
+Importing this module hooks two spans into the I/O edges, as :mod:`callwarden.observe.metrics`
 hooks its counters: ``callwarden.provider.request`` around each HTTP attempt
 (:func:`callwarden.providers.transport.trace_requests`) and ``callwarden.transition`` around each
 append (:func:`callwarden.store.write.trace_appends`). Both are children of the current span

@@ -1,0 +1,1 @@
+"""callwarden.rules"""
