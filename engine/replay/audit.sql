@@ -85,35 +85,7 @@ UPDATE jobs SET
     status = CASE WHEN COALESCE(status, 'pending') NOT IN ('pending', 'processing')
                        AND NOT %(terminal)s::boolean THEN status
                   ELSE COALESCE(%(status)s::text, status) END,
-    provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
-                         ELSE provider_kind END,
-    provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text
-                            ELSE provider_task_id END,
-    provider_call_started_at = CASE WHEN %(owns_seed)s::boolean
-                                    THEN %(provider_call_started_at)s::timestamptz
-                                    ELSE provider_call_started_at END,
-    call_sync = %(call_sync)s::boolean,
-    reconcile_attempts = CASE WHEN %(owns_seed)s::boolean THEN %(reconcile_attempts)s::int
-                              ELSE reconcile_attempts END,
-    reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
-                                THEN %(reconcile_last_error)s::text
-                                ELSE reconcile_last_error END,
-    reconcile_next_at = %(reconcile_next_at)s::timestamptz,
-    error_message = COALESCE(%(error_message)s::text, error_message),
-    finalize_owner = %(finalize_owner)s::text,
-    finalize_lease_until = %(finalize_lease_until)s::timestamptz,
-    upstream_result = %(upstream_result)s::jsonb,
-    call_output = %(call_output)s::jsonb,
-    output_data = CASE
-        WHEN %(call_output)s::jsonb IS NULL THEN output_data
-        WHEN jsonb_typeof(output_data) = 'object' THEN output_data || %(call_output)s::jsonb
-        ELSE %(call_output)s::jsonb END,
-    provider_cost = %(provider_cost)s::numeric,
-    call_finished_at = %(call_finished_at)s::timestamptz,
-    call_settlement = %(call_settlement)s::text,
-    completed_at = CASE WHEN %(is_completion)s::boolean
-                        THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
-    progress = CASE WHEN %(is_completion)s::boolean THEN 100 ELSE progress END,
+    {{projection_set}}
     updated_at = now()
 WHERE id = %(job_id)s::uuid
   AND call_version = %(expected_version)s::int

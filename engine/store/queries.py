@@ -1,5 +1,9 @@
 """Named SQL queries, loaded once from the ``.sql`` files beside the code that runs them
-(``engine/<package>/*.sql``, ``-- name: x`` headers; a name is defined once)."""
+(``engine/<package>/*.sql``, ``-- name: x`` headers; a name is defined once).
+
+A ``-- fragment: x`` block is a piece of SQL written once and spliced into every query
+that says ``{{x}}`` (the projection columns' ``SET`` list, shared by the append and the
+rebuild); a query naming an unknown fragment fails at import."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from typing import LiteralString
 __all__ = ["QUERIES", "load_queries"]
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_FRAGMENT = re.compile(r"^-- fragment: (\w+)\s*$", re.MULTILINE)
+_USE = re.compile(r"\{\{(\w+)\}\}")
 
 
 def load_queries(text: str) -> dict[str, LiteralString]:
@@ -27,18 +33,50 @@ def load_queries(text: str) -> dict[str, LiteralString]:
 PACKAGES = ("store", "calls", "reconciler", "service", "replay", "queue", "demo")
 
 
+def _fragments(text: str) -> tuple[str, dict[str, str]]:
+    """``text`` without its ``-- fragment:`` blocks (each runs to the next header), and
+    the fragments by name."""
+    found: dict[str, str] = {}
+    kept: list[str] = []
+    blocks = re.split(r"^(?=-- (?:name|fragment): )", text, flags=re.MULTILINE)
+    for block in blocks:
+        m = _FRAGMENT.match(block)
+        if m is None:
+            kept.append(block)
+            continue
+        body = block[m.end():]
+        found[m[1]] = "\n".join(ln for ln in body.splitlines()
+                                if not ln.lstrip().startswith("--")).strip()
+    return "".join(kept), found
+
+
+def _splice(name: str, sql: str, fragments: dict[str, str]) -> LiteralString:
+    def one(m: re.Match[str]) -> str:
+        if m[1] not in fragments:
+            raise RuntimeError(f"query {name!r} uses an unknown fragment {{{{{m[1]}}}}}")
+        return fragments[m[1]]
+
+    return _USE.sub(one, sql)  # text of our own .sql files, as every query
+
+
 def _load_all() -> dict[str, LiteralString]:
     out: dict[str, LiteralString] = {}
+    texts: list[str] = []
+    fragments: dict[str, str] = {}
     for package in PACKAGES:
         for entry in sorted(resources.files("callwarden").joinpath(package).iterdir(),
                             key=lambda e: e.name):
             if not entry.name.endswith(".sql"):
                 continue
-            found = load_queries(entry.read_text(encoding="utf-8"))
-            twice = sorted(set(found) & set(out))
-            if twice:
-                raise RuntimeError(f"queries defined twice: {', '.join(twice)}")
-            out.update(found)
+            text, found_fragments = _fragments(entry.read_text(encoding="utf-8"))
+            fragments.update(found_fragments)
+            texts.append(text)
+    for text in texts:
+        found = load_queries(text)
+        twice = sorted(set(found) & set(out))
+        if twice:
+            raise RuntimeError(f"queries defined twice: {', '.join(twice)}")
+        out.update({name: _splice(name, sql, fragments) for name, sql in found.items()})
     return out
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from callwarden.projections.columns import READ_COLUMNS, from_row, to_columns
 from callwarden.projections.fold import EMPTY
-from callwarden.store.queries import QUERIES
+from callwarden.store.queries import QUERIES, _splice
+from tests.layout import FOLDERS
 
 _ASSIGN = re.compile(r"^\s*(\w+) = ", re.MULTILINE)
 
@@ -51,3 +52,20 @@ def test_every_projection_read_returns_every_column(name: str) -> None:
     missing = [c for c in READ_COLUMNS if not re.search(rf"(\.|\s|AS ){c}\b", listed)]
     assert missing == []
 
+
+
+def test_the_projection_set_list_is_written_once() -> None:
+    """The append and the rebuild splice one fragment; no .sql file spells the list out
+    again (``call_settlement = ...`` is one of its lines)."""
+    root = FOLDERS["callwarden"]
+    texts = {p.name: p.read_text(encoding="utf-8") for p in root.rglob("*.sql")}
+    assert "{{projection_set}}" in texts["queries.sql"]
+    assert "{{projection_set}}" in texts["audit.sql"]
+    spelled = [n for n, t in texts.items() for _ in re.finditer(r"call_settlement = %\(", t)]
+    assert spelled == ["queries.sql"]  # once: in the fragment itself
+    assert "{{" not in QUERIES["append_event"] + QUERIES["audit_rebuild_projection"]
+
+
+def test_an_unknown_fragment_fails_at_load() -> None:
+    with pytest.raises(RuntimeError, match="unknown fragment"):
+        _splice("q", "UPDATE jobs SET {{nope}}", {})
