@@ -20,7 +20,7 @@ from tests.layout import module_of, source_of
 ROOT = Path(__file__).parents[2]
 WIRE = ("wire", "requests", "llm", "operations", "webhook")
 NAMED = ["callwarden.errors", "callwarden.machine", "callwarden.reconciler.decide",
-         "callwarden.rules.stale", "callwarden.store.appending", "callwarden.rules.host",
+         "callwarden.store.appending",
          "callwarden.store.memory", "callwarden.store.port", "callwarden.providers.errors",
          "callwarden.providers.kinds", "callwarden.providers.llm_stop",
          "callwarden.providers.outcomes", "callwarden.providers.raw",
@@ -41,6 +41,7 @@ def _module(path: Path) -> str:
 
 def pure_modules() -> list[str]:
     found = [*ROOT.glob("events/*.py"), *ROOT.glob("projections/*.py"),
+             *ROOT.glob("engine/rules/*.py"),
              *(p for p in ROOT.glob("providers/*/*.py") if p.stem in WIRE
                and p.parent.name != "simulator")]
     return sorted({_module(p) for p in found} | set(NAMED))
@@ -58,6 +59,8 @@ def test_the_pure_set_is_what_the_layout_says() -> None:
     assert {"callwarden.providers.kie.requests", "callwarden.providers.kie.llm",
             "callwarden.providers.kie.webhook", "callwarden.providers.elevenlabs.operations",
             "callwarden.providers.replicate.webhook"} <= set(mods)
+    assert {"callwarden.rules.stale", "callwarden.rules.host", "callwarden.rules.upstream",
+            "callwarden.rules.fold"} <= set(mods)  # the whole leaf, by where it lives
     assert len(mods) >= 30
 
 
