@@ -13,10 +13,10 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-from callwarden.store.databases import create_database, drop_database
-from callwarden.store.db import EmbeddedServer, connect
-from callwarden.store.migrate import migrate
-from callwarden.store.queries import load_queries
+from callwarden.database.databases import create_database, drop_database
+from callwarden.database.db import EmbeddedServer, connect
+from callwarden.database.migrate import migrate
+from callwarden.database.queries import load_queries
 
 #: The benchmarks' own statements (bench/bench.sql).
 SQL = load_queries((Path(__file__).parent / "bench.sql").read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@ All three write to the same Postgres with the same settings, in one run:
   psycopg in one explicit transaction, parameters precomputed, no engine logic;
 - ``floor (1 statement)``: the engine's own single CTE statement with precomputed
   parameters (what the engine would cost with zero Python work);
-- ``callwarden append``: ``callwarden.store.write.append`` — fold, encode, one statement;
+- ``callwarden append``: ``callwarden.database.write.append`` — fold, encode, one statement;
 - ``eventsourcing``: the ``eventsourcing`` library (a ``bench`` extra) saving one event per
   aggregate, from threads (it is a synchronous library).
 Each job goes through five state changes (the last one settles its reservation).
@@ -30,6 +30,10 @@ from _common import SQL, conninfo_parts, fresh_database
 from rich.console import Console
 from rich.table import Table
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.queries import QUERIES
+from callwarden.database.write import append, append_params
 from callwarden.events import codec
 from callwarden.events.types import (
     CallStarted,
@@ -41,10 +45,6 @@ from callwarden.events.types import (
     UpstreamSucceeded,
 )
 from callwarden.projections.fold import EMPTY, CallProjection, apply, fold
-from callwarden.store.db import Conn, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.queries import QUERIES
-from callwarden.store.write import append, append_params
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 Op = Callable[[Conn, uuid.UUID], Awaitable[None]]

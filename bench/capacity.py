@@ -31,7 +31,7 @@ change to each page in a window writes the whole page to the WAL (a full-page im
 on tables much larger than what one checkpoint interval touches. The default (small, fresh
 tables, no checkpoint in the window) is the cheap end.
 
-Then the commit rate: ``callwarden.store.write.append`` (the transition statement, one
+Then the commit rate: ``callwarden.database.write.append`` (the transition statement, one
 transaction each), 1 and 8 connections, as bench/append.py measures it. Below the table,
 the capacity that follows: calls/s = commit rate at c=8 / transactions per call, per day,
 the WAL and table growth at that rate, the connections it keeps busy, and the same for a
@@ -62,11 +62,12 @@ from rich.table import Table
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Pool, connect, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.postgres import PostgresDatabase
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.simulator.core import running_simulator
 from callwarden.providers.storage import LocalFolderStore
-from callwarden.store.db import Pool, connect, open_pool
-from callwarden.store.jobs import create_job
 
 KIND = "kie-standard"
 POOL_SIZE = 8
@@ -172,7 +173,9 @@ class Phase:
 
 async def one_call(phase: Phase) -> uuid.UUID:
     """A complete call: the host's create_job (job row + reservation), then the runner."""
-    async with phase.runner.pool.connection() as conn:
+    db = phase.runner.db
+    assert isinstance(db, PostgresDatabase)
+    async with db.pool.connection() as conn:
         job = await create_job(conn, credits=5)
     out = await phase.runner.run(job, KIND, phase.request)
     if out.result != "completed":

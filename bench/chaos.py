@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from callwarden.cli.process import setup_logging
+from callwarden.database.db import EmbeddedServer
 from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
-from callwarden.store.db import EmbeddedServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fault harness in tests/
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy

@@ -31,12 +31,12 @@ from rich.console import Console
 from rich.table import Table
 from webhooks import start_service
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.queries import load_queries
+from callwarden.database.write import execute
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.service.dashboard.calls import Filters, encode_cursor, sql_params
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS
-from callwarden.store.db import Conn, connect
-from callwarden.store.queries import load_queries
-from callwarden.store.write import execute
 
 LOAD = load_queries((Path(__file__).parent / "dashboard.sql").read_text(encoding="utf-8"))
 console = Console()

@@ -1,5 +1,5 @@
 -- Bulk rows for the dashboard's scale checks (bench/dashboard.py and
--- tests/integration/test_dashboard_plans.py load them with callwarden.store.queries.load_queries).
+-- tests/integration/test_dashboard_plans.py load them with callwarden.database.queries.load_queries).
 -- Set-based: %(rows)s jobs spread over the 30 days before now(), oldest first (as a live
 -- system writes them: the time indexes fill in order), in four kinds; the %(open)s newest
 -- are still polling, the rest ended (mostly completed; some failed, cancelled by an admin,

@@ -59,17 +59,18 @@ from sqlalchemy.engine import URL
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.databases import drop_database
+from callwarden.database.db import Pool, connect, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.postgres import PostgresDatabase
+from callwarden.database.queries import QUERIES
+from callwarden.database.write import execute, load
 from callwarden.providers.base import AsyncKindClient, ProviderSettings
 from callwarden.providers.media import download
 from callwarden.providers.outcomes import Running, Succeeded
 from callwarden.providers.registry import client_for, media_fetch_for
 from callwarden.providers.simulator.core import running_simulator
 from callwarden.providers.storage import LocalFolderStore, media_key
-from callwarden.store.databases import drop_database
-from callwarden.store.db import Pool, connect, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.queries import QUERIES
-from callwarden.store.write import execute, load
 
 KIND = "kie-standard"
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}
@@ -212,6 +213,13 @@ class Measured:
         return value / self.jobs
 
 
+def pool_of(runner: CallRunner) -> Pool:
+    """The pool the runner's database handle was built on."""
+    db = runner.db
+    assert isinstance(db, PostgresDatabase)
+    return db.pool
+
+
 def make_runner(pool: Pool, http: aiohttp.ClientSession, settings: ProviderSettings,
                 media: Path) -> CallRunner:
     return CallRunner(pool, http, settings, LocalFolderStore(media), sleep=no_sleep,
@@ -228,14 +236,14 @@ async def callwarden_round(db: Db, runner: CallRunner, peer_pool: Pool, jobs: li
                            concurrency: int, into: Measured) -> None:
     """One timed round, with its transactions (the peer's pool is idle meanwhile, and
     flushed before, so nothing of it is counted) and round trips."""
-    before = await db.flushed_xacts(peer_pool, runner.pool)
+    before = await db.flushed_xacts(peer_pool, pool_of(runner))
     CountingConnection.reset()
     into.seconds += await timed(lambda j: run_callwarden(runner, j), jobs, concurrency)
     into.jobs += len(jobs)
     into.round_trips += CountingConnection.round_trips
     into.client_xacts += CountingConnection.transactions
     into.statements.update(CountingConnection.statements)
-    into.xacts += await db.flushed_xacts(runner.pool) - before - POOL_SIZE
+    into.xacts += await db.flushed_xacts(pool_of(runner)) - before - POOL_SIZE
 
 
 # -- DBOS: create, poll, finalize as three steps of one workflow -------------------------

@@ -41,6 +41,10 @@ from rich.console import Console
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.clock import utcnow
+from callwarden.database.db import connect, open_pool
+from callwarden.database.queries import QUERIES
+from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.base import AsyncKindClient, ProviderSettings
 from callwarden.providers.registry import client_for
@@ -48,10 +52,6 @@ from callwarden.providers.simulator.core import running_simulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Counts, Reconciler
-from callwarden.store.clock import utcnow
-from callwarden.store.db import connect, open_pool
-from callwarden.store.queries import QUERIES
-from callwarden.store.write import append, load
 
 console = Console()
 SUCCEED: dict[str, Any] = {"steps": [], "end": "succeeded"}

@@ -33,6 +33,8 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
+from callwarden.database.db import connect
+from callwarden.database.queries import load_queries
 from callwarden.events.codec import encode
 from callwarden.events.types import (
     CallStarted,
@@ -52,8 +54,6 @@ from callwarden.projections.fold import fold
 from callwarden.projections.stats import percentile
 from callwarden.replay.history import decode_fast, signatures
 from callwarden.replay.verify import verify
-from callwarden.store.db import connect
-from callwarden.store.queries import load_queries
 
 SQL = load_queries((Path(__file__).parent / "replay.sql").read_text(encoding="utf-8"))
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

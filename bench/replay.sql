@@ -1,4 +1,4 @@
--- Bulk loading for bench/replay.py (loaded with callwarden.store.queries.load_queries).
+-- Bulk loading for bench/replay.py (loaded with callwarden.database.queries.load_queries).
 
 -- name: copy_jobs
 COPY jobs (id, user_id, job_type, status, call_state, call_version, provider_kind,

@@ -71,8 +71,8 @@ def _span_cost_us(n: int) -> float:
     """Microseconds per append spent in the tracing hook (none: the ``None`` check)."""
     from append import lifecycle
 
+    from callwarden.database import write
     from callwarden.projections.fold import EMPTY, apply
-    from callwarden.store import write
 
     job = uuid.uuid4()
     event = lifecycle(job)[0]

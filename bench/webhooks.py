@@ -29,11 +29,11 @@ from _common import fresh_database
 from rich.console import Console
 from rich.table import Table
 
+from callwarden.database.db import connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.replicate.webhook import replicate_sign
-from callwarden.store.db import connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 Delivery = tuple[bytes, dict[str, str]]

@@ -2,11 +2,11 @@
 
 The embedding API, in one import::
 
-    from callwarden import CallConfig, CallRunner, ProviderSettings, open_pool, store_from_env
+    from callwarden import CallConfig, CallRunner, ProviderSettings, open_pool, media_from_env
 
     async with open_pool(url) as pool, aiohttp.ClientSession() as session:
         runner = CallRunner(pool, session, ProviderSettings.from_env(),
-                            store_from_env(os.environ, default_dir=Path("media")))
+                            media_from_env(os.environ, default_dir=Path("media")))
         outcome = await runner.run(job_id, "kie-standard", request)
 
 Host code that makes the provider request itself records it with ``OwnCalls`` (async
@@ -20,11 +20,12 @@ The layers, lowest first (:data:`LAYERS`; ``tests/unit/test_layers.py`` holds ev
 to it: a unit imports only units of lower layers, so there is no cycle and nothing imports
 upward): ``errors`` (the error tree), ``machine`` (the state diagram) and ``rules`` (the
 pure shared rules: staleness, the host's status, what an answer means, the log versus the
-row); ``config`` (how every actor reads its settings); ``store`` (the database: the write
-path, its SQL, the clock, migrations); ``observe`` (metric and trace hooks on the store and
-the transport); ``calls`` (the worker API, the host's own calls, finalization, pricing,
-callback URLs); ``queue``, ``reconciler`` and ``replay`` (the reference queue and the
-Celery and arq integrations, the reconciler, the log read back); and the faces on top:
+row); ``config`` (how every actor reads its settings); ``database`` (the write path, its
+SQL, the clock, migrations, the port every actor's ``db`` handle speaks); ``observe``
+(metric and trace hooks on the database and the transport); ``calls`` (the worker API,
+the host's own calls, finalization, pricing, callback URLs); ``queue``, ``reconciler``
+and ``replay`` (the reference queue and the Celery and arq integrations, the reconciler,
+the log read back); and the faces on top:
 ``service`` (webhooks, ``/metrics``, the dashboard), ``demo`` and ``cli``.
 """
 
@@ -50,25 +51,25 @@ if TYPE_CHECKING:
     from callwarden.calls.own_sync import BlockingCall, BlockingCalls, SyncCall
     from callwarden.calls.pricing import ChargeReservation, Pricing, Rate, RateTable, load_pricing
     from callwarden.calls.runner import CallOutcome, CallRunner
+    from callwarden.database.db import Conn, Pool, connect, open_pool
+    from callwarden.database.jobs import create_job
+    from callwarden.database.migrate import migrate
+    from callwarden.database.write import cancel
     from callwarden.errors import CallwardenError
     from callwarden.providers.base import ProviderSettings
-    from callwarden.providers.storage import LocalFolderStore, MediaStore, S3Store, store_from_env
+    from callwarden.providers.storage import LocalFolderStore, MediaStore, S3Store, media_from_env
     from callwarden.reconciler.config import ReconcileConfig
     from callwarden.reconciler.config import load_config as load_reconcile_config
     from callwarden.reconciler.loop import Reconciler
     from callwarden.replay.verify import verify, verify_job
     from callwarden.service.app import ServiceConfig, build_app
     from callwarden.service.webhooks import WebhookConfig
-    from callwarden.store.db import Conn, Pool, connect, open_pool
-    from callwarden.store.jobs import create_job
-    from callwarden.store.migrate import migrate
-    from callwarden.store.write import cancel
 
 #: engine's units, lowest layer first: a unit may import only units of lower layers.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "machine", "rules"),
     ("config",),
-    ("store",),
+    ("database",),
     ("observe",),
     ("calls",),
     ("queue", "reconciler", "replay"),
@@ -89,14 +90,14 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "CallbackUrls": ("callwarden.calls.callbacks", "CallbackUrls"),
     "CallwardenError": ("callwarden.errors", "CallwardenError"),
     "ChargeReservation": ("callwarden.calls.pricing", "ChargeReservation"),
-    "Conn": ("callwarden.store.db", "Conn"),
+    "Conn": ("callwarden.database.db", "Conn"),
     "Finalizer": ("callwarden.calls.finalize", "Finalizer"),
     "LocalFolderStore": ("callwarden.providers.storage", "LocalFolderStore"),
     "MediaStore": ("callwarden.providers.storage", "MediaStore"),
     "OwnCall": ("callwarden.calls.own", "OwnCall"),
     "OwnCallError": ("callwarden.calls.own", "OwnCallError"),
     "OwnCalls": ("callwarden.calls.own", "OwnCalls"),
-    "Pool": ("callwarden.store.db", "Pool"),
+    "Pool": ("callwarden.database.db", "Pool"),
     "Pricing": ("callwarden.calls.pricing", "Pricing"),
     "ProviderSettings": ("callwarden.providers.base", "ProviderSettings"),
     "Rate": ("callwarden.calls.pricing", "Rate"),
@@ -111,26 +112,62 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "WebhookConfig": ("callwarden.service.webhooks", "WebhookConfig"),
     "WrongKind": ("callwarden.calls.own", "WrongKind"),
     "build_app": ("callwarden.service.app", "build_app"),
-    "cancel": ("callwarden.store.write", "cancel"),
-    "connect": ("callwarden.store.db", "connect"),
-    "create_job": ("callwarden.store.jobs", "create_job"),
+    "cancel": ("callwarden.database.write", "cancel"),
+    "connect": ("callwarden.database.db", "connect"),
+    "create_job": ("callwarden.database.jobs", "create_job"),
     "load_pricing": ("callwarden.calls.pricing", "load_pricing"),
     "load_reconcile_config": ("callwarden.reconciler.config", "load_config"),
-    "migrate": ("callwarden.store.migrate", "migrate"),
-    "open_pool": ("callwarden.store.db", "open_pool"),
-    "store_from_env": ("callwarden.providers.storage", "store_from_env"),
+    "migrate": ("callwarden.database.migrate", "migrate"),
+    "open_pool": ("callwarden.database.db", "open_pool"),
+    "media_from_env": ("callwarden.providers.storage", "media_from_env"),
     "verify": ("callwarden.replay.verify", "verify"),
     "verify_job": ("callwarden.replay.verify", "verify_job"),
 }
 
-__all__ = ["BlockingCall", "BlockingCalls", "CallAlreadyStarted", "CallConfig", "CallNotStarted",
-           "CallOutcome", "CallRunner", "CallbackUrls", "CallwardenError", "ChargeReservation",
-           "Conn", "Finalizer", "LocalFolderStore", "MediaStore", "OwnCall", "OwnCallError",
-           "OwnCalls", "Pool", "Pricing", "ProviderSettings", "Rate", "RateTable",
-           "ReconcileConfig", "Reconciler", "Reported", "S3Store", "ServiceConfig", "SyncCall",
-           "TaskIdConflict", "WebhookConfig", "WrongKind", "build_app", "cancel", "connect",
-           "create_job", "load_pricing", "load_reconcile_config", "migrate", "open_pool",
-           "store_from_env", "verify", "verify_job"]
+__all__ = [
+    "BlockingCall",
+    "BlockingCalls",
+    "CallAlreadyStarted",
+    "CallConfig",
+    "CallNotStarted",
+    "CallOutcome",
+    "CallRunner",
+    "CallbackUrls",
+    "CallwardenError",
+    "ChargeReservation",
+    "Conn",
+    "Finalizer",
+    "LocalFolderStore",
+    "MediaStore",
+    "OwnCall",
+    "OwnCallError",
+    "OwnCalls",
+    "Pool",
+    "Pricing",
+    "ProviderSettings",
+    "Rate",
+    "RateTable",
+    "ReconcileConfig",
+    "Reconciler",
+    "Reported",
+    "S3Store",
+    "ServiceConfig",
+    "SyncCall",
+    "TaskIdConflict",
+    "WebhookConfig",
+    "WrongKind",
+    "build_app",
+    "cancel",
+    "connect",
+    "create_job",
+    "load_pricing",
+    "load_reconcile_config",
+    "media_from_env",
+    "migrate",
+    "open_pool",
+    "verify",
+    "verify_job",
+]
 
 
 def __getattr__(name: str) -> Any:

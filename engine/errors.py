@@ -1,5 +1,5 @@
 """The engine's error tree, drawn once. Driver errors become these in one place,
-:mod:`callwarden.store.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
+:mod:`callwarden.database.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
 else catches a driver error.
 
 ::

@@ -21,7 +21,7 @@ Both run their blocking I/O in :func:`asyncio.to_thread`. Errors::
     ObjectNotFound (LookupError)   get/head of a key that holds no object
     StorageError                   any backend failure (OSError, botocore); ``__cause__`` kept
 
-:func:`store_from_env` picks the adapter from ``CALLWARDEN_MEDIA_*`` settings.
+:func:`media_from_env` picks the adapter from ``CALLWARDEN_MEDIA_*`` settings.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ __all__ = [
     "check_key",
     "extension_for",
     "make_s3_client",
+    "media_from_env",
     "media_key",
-    "store_from_env",
 ]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -370,7 +370,7 @@ class S3Store:
 # --------------------------------------------------------------------------- configuration
 
 
-def store_from_env(env: Mapping[str, str], *, default_dir: Path) -> MediaStore:
+def media_from_env(env: Mapping[str, str], *, default_dir: Path) -> MediaStore:
     """``CALLWARDEN_MEDIA_S3_BUCKET`` set -> :class:`S3Store` (with
     ``CALLWARDEN_MEDIA_S3_ENDPOINT_URL``, ``CALLWARDEN_MEDIA_S3_PREFIX``, ``AWS_REGION`` /
     ``AWS_DEFAULT_REGION`` and ``AWS_*`` credentials); else a :class:`LocalFolderStore` in

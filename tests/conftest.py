@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from psycopg.conninfo import make_conninfo
 
-from callwarden.store.databases import create_database, drop_database
-from callwarden.store.db import Conn, EmbeddedServer, connect
-from callwarden.store.migrate import migrate
+from callwarden.database.databases import create_database, drop_database
+from callwarden.database.db import Conn, EmbeddedServer, connect
+from callwarden.database.migrate import migrate
 from tests.pgbouncer import running_pgbouncer
 
 # Hypothesis profiles (docs/testing.md, "Hypothesis profiles"); HYPOTHESIS_PROFILE picks

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from callwarden.store.db import EmbeddedServer
+from callwarden.database.db import EmbeddedServer
 
 __all__ = ["FAULTS", "DatabaseFaults", "FaultLog", "FaultProxy"]
 

@@ -24,7 +24,7 @@ FOLDERS = folders(ROOT)
 
 
 def module_of(path: Path) -> str:
-    """``engine/store/write.py`` -> ``callwarden.store.write`` (the deepest mapping wins)."""
+    """``engine/database/write.py`` -> ``callwarden.database.write`` (the deepest mapping wins)."""
     path = path.resolve()
     best = max((n for n, f in FOLDERS.items() if f == path or f in path.parents),
                key=lambda n: len(FOLDERS[n].parts))
@@ -33,7 +33,7 @@ def module_of(path: Path) -> str:
 
 
 def source_of(module: str) -> Path:
-    """``callwarden.store.write`` -> ``engine/store/write.py`` (a package: its __init__)."""
+    """``callwarden.database.write`` -> ``engine/database/write.py`` (a package: its __init__)."""
     best = max((n for n in FOLDERS if module == n or module.startswith(n + ".")), key=len)
     rest = module[len(best):].strip(".")
     path = FOLDERS[best].joinpath(*rest.split(".")) if rest else FOLDERS[best]

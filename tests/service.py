@@ -12,10 +12,10 @@ from pathlib import Path
 from aiohttp import web
 
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.db import Pool
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.service.app import ServiceConfig, build_app
-from callwarden.store.db import Pool
 
 __all__ = ["running_service"]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import secrets
 import uuid
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.registry import WEBHOOKS
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
 
 __all__ = ["CallbackUrls", "callback_url_for", "ensure_callback_token"]
 

@@ -38,6 +38,11 @@ import msgspec
 from callwarden.calls.config import CallConfig
 from callwarden.calls.failpoints import failpoint
 from callwarden.calls.pricing import ChargeReservation, Pricing, checked_charge
+from callwarden.database.clock import Clock, DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.port import Database
+from callwarden.database.postgres import as_database
+from callwarden.database.write import AppendResult, Decide
 from callwarden.errors import WriteConflict
 from callwarden.events.states import CallState
 from callwarden.events.types import (
@@ -63,11 +68,6 @@ from callwarden.providers.media_guard import media_session
 from callwarden.providers.registry import media_fetch_for
 from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
 from callwarden.rules.host import host_ended
-from callwarden.store.clock import Clock, DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.port import Store
-from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import AppendResult, Decide
 
 __all__ = ["Clock", "FinalizeResult", "Finalizer"]
 
@@ -91,19 +91,14 @@ class _GiveUp(Exception):
 class Finalizer:
     """Runs finalizations for one process incarnation (``owner``)."""
 
-    def __init__(self, pool: Pool | None, store: MediaStore, settings: ProviderSettings, *,
+    def __init__(self, db: Pool | Database, media: MediaStore, settings: ProviderSettings, *,
                  owner: str, clock: Clock | None = None,
-                 config: CallConfig | None = None, pricing: Pricing | None = None,
-                 db: Store | None = None) -> None:
-        """``pricing``: what a completed call is charged (default: its reservation;
-        :mod:`callwarden.calls.pricing`). ``db``: the store (:mod:`callwarden.store.port`;
-        default: :class:`PostgresStore` on ``pool``)."""
-        self.pool, self.store, self.settings = pool, store, settings
-        if db is None:
-            if pool is None:
-                raise TypeError("a pool, or a store (db=...), is required")
-            db = PostgresStore(pool)
-        self.db: Store = db
+                 config: CallConfig | None = None, pricing: Pricing | None = None) -> None:
+        """``db``: the database (a pool, or a :class:`~callwarden.database.port.Database`);
+        ``media``: where media results are stored; ``pricing``: what a completed call is
+        charged (default: its reservation; :mod:`callwarden.calls.pricing`)."""
+        self.db: Database = as_database(db)
+        self.media, self.settings = media, settings
         self.owner = owner
         self.clock = clock if clock is not None else DatabaseClock()
         self.config = config or CallConfig()
@@ -189,7 +184,7 @@ class Finalizer:
                                      timeout_s=self.config.media_timeout_s,
                                      headers=fetch.headers, allowed_types=fetch.allowed_types)
                 key = media_key(str(job_id), index, got.content_type)
-                obj = await self.store.put(key, got.data, got.content_type)
+                obj = await self.media.put(key, got.data, got.content_type)
                 out.append(StoredMedia(key=obj.key, url=obj.uri,
                                        content_type=obj.content_type, size=obj.size))
         return tuple(out)
@@ -199,7 +194,7 @@ class Finalizer:
         if not key.startswith(media_key(str(job_id), 0, "").rsplit("/", 1)[0] + "/"):
             raise MediaRefused(f"stored key {key!r} is not under job {job_id}'s prefix")
         try:
-            obj = await self.store.head(key)
+            obj = await self.media.head(key)
         except ObjectNotFound as exc:
             raise MediaExpired(f"inline result {key} was never stored") from exc
         return StoredMedia(key=obj.key, url=obj.uri, content_type=obj.content_type,

@@ -53,7 +53,7 @@ def _inline_blobs(kind: str, outcome: Succeeded, settings: ProviderSettings,
     return blobs, tuple(urls)
 
 
-async def store_inline(store: MediaStore, job_id: uuid.UUID, kind: str,
+async def store_inline(media: MediaStore, job_id: uuid.UUID, kind: str,
                        outcome: PollOutcome, *, settings: ProviderSettings,
                        config: CallConfig) -> tuple[PollOutcome, tuple[str, ...]]:
     """``outcome`` with its inline results stored: (the outcome to record, the stored
@@ -68,7 +68,7 @@ async def store_inline(store: MediaStore, job_id: uuid.UUID, kind: str,
                       raw=outcome.raw), ()
     keys = []
     for index, blob in enumerate(blobs):
-        obj = await store.put(media_key(str(job_id), index, blob.content_type), blob.data,
+        obj = await media.put(media_key(str(job_id), index, blob.content_type), blob.data,
                               blob.content_type)
         keys.append(obj.key)
     return msgspec.structs.replace(outcome, blobs=(), media_urls=urls), tuple(keys)

@@ -5,7 +5,7 @@ an event loop, in :mod:`callwarden.calls.own_sync`. docs/embedding.md has worked
 
 Async kinds (the seed's image handler with ``onTaskCreated``)::
 
-    calls = OwnCalls(pool, store=store, settings=settings)   # one per process
+    calls = OwnCalls(pool, media=media, settings=settings)   # one per process
     call = await calls.start(job_id, "kie-standard")          # CallStarted, before the create
     if call.action == "create":
         await call.task_created(await my_kie.create_task(...))  # TaskCreated
@@ -54,6 +54,11 @@ from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
 from callwarden.calls.runner import ACTIVE, CallOutcome, Result, call_outcome
+from callwarden.database.clock import Clock, DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.port import Database
+from callwarden.database.postgres import as_database
+from callwarden.database.write import AppendResult, Decide
 from callwarden.errors import CallwardenError, ConfigError, DatabaseError
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, Event, TaskCreated
@@ -71,11 +76,6 @@ from callwarden.providers.outcomes import (
 )
 from callwarden.providers.storage import MediaStore, StoredObject
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import Clock, DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.port import Store
-from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import AppendResult, Decide
 
 if TYPE_CHECKING:
     from callwarden.calls.own_sync import SyncCallContext
@@ -131,11 +131,11 @@ def _reported(ok: bool, job_id: uuid.UUID, p: CallProjection, detail: str | None
     return Reported(ok=ok, job_id=job_id, result=o.result, projection=p, detail=o.detail)
 
 
-class _NoStore:
-    """The finalizer's store when the host gave none: only text results can be kept."""
+class _NoMedia:
+    """The finalizer's media store when the host gave none: only text results can be kept."""
 
     async def put(self, key: str, data: bytes, content_type: str) -> StoredObject:
-        raise ConfigError("no media store: OwnCalls(store=...) keeps media results")
+        raise ConfigError("no media store: OwnCalls(media=...) keeps media results")
 
     async def get(self, key: str) -> bytes:
         raise ConfigError("no media store")
@@ -148,27 +148,26 @@ class _NoStore:
 
 
 class OwnCalls:
-    """Records host-made calls for one process incarnation (``owner``). ``store`` and
-    ``settings`` are the finalizer's (media results are downloaded from the kind's media
-    hosts and stored); ``pricing`` charges completed calls (default: the reservation);
-    ``db``: the store the calls are recorded in (:mod:`callwarden.store.port`; default:
-    :class:`PostgresStore` on ``pool``)."""
+    """Records host-made calls for one process incarnation (``owner``). ``db``: the
+    database the calls are recorded in (a pool, or a
+    :class:`~callwarden.database.port.Database`); ``media`` and ``settings`` are the
+    finalizer's (media results are downloaded from the kind's media hosts and stored in
+    ``media``); ``pricing`` charges completed calls (default: the reservation)."""
 
-    def __init__(self, pool: Pool, *, store: MediaStore | None = None,
+    def __init__(self, db: Pool | Database, *, media: MediaStore | None = None,
                  settings: ProviderSettings | None = None, owner: str | None = None,
                  clock: Clock | None = None, config: CallConfig | None = None,
                  pricing: Pricing | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 db: Store | None = None) -> None:
-        self.pool, self.store = pool, store
-        self.db: Store = db if db is not None else PostgresStore(pool)
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.db: Database = as_database(db)
+        self.media = media
         self.settings = settings or ProviderSettings()
         self.owner = owner or incarnation("worker")
         self.clock = clock if clock is not None else DatabaseClock()
         self.config, self.sleep = config or CallConfig(), sleep
-        self.finalizer = Finalizer(pool, store or _NoStore(), self.settings, owner=self.owner,
-                                   clock=self.clock, config=self.config, pricing=pricing,
-                                   db=self.db)
+        self.finalizer = Finalizer(self.db, media or _NoMedia(), self.settings,
+                                   owner=self.owner, clock=self.clock, config=self.config,
+                                   pricing=pricing)
         self._settling: set[asyncio.Task[Reported]] = set()
 
     async def start(self, job_id: uuid.UUID, kind: str, *,
@@ -205,8 +204,8 @@ class OwnCalls:
                      current: CallProjection | None = None) -> Reported:
         """Record an upstream outcome on an open call, then finalize a success."""
         if isinstance(outcome, Succeeded):
-            self.check_store(outcome.media_urls, outcome.blobs)
-        outcome, keys = await store_inline(self.store or _NoStore(), job_id, kind, outcome,
+            self.check_media(outcome.media_urls, outcome.blobs)
+        outcome, keys = await store_inline(self.media or _NoMedia(), job_id, kind, outcome,
                                            settings=self.settings, config=self.config)
         event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         if event is None or isinstance(outcome, Running):  # a heartbeat, no event
@@ -220,9 +219,9 @@ class OwnCalls:
             return _reported(r.ok, job_id, done.projection, done.error or done.outcome)
         return _reported(r.ok, job_id, r.projection)
 
-    def check_store(self, media_urls: Sequence[str], blobs: Sequence[Blob]) -> None:
-        if self.store is None and (media_urls or blobs):
-            raise ConfigError("a media result needs a media store: OwnCalls(store=...)")
+    def check_media(self, media_urls: Sequence[str], blobs: Sequence[Blob]) -> None:
+        if self.media is None and (media_urls or blobs):
+            raise ConfigError("a media result needs a media store: OwnCalls(media=...)")
 
     async def heartbeat(self, job_id: uuid.UUID, progress: float | None = None) -> None:
         """Projection-only: the call is alive (never an event; a failure is logged)."""

@@ -54,13 +54,13 @@ from callwarden.calls.own import (
     WrongKind,
 )
 from callwarden.calls.pricing import Pricing
+from callwarden.database.boundary import translated
+from callwarden.database.db import Pool, open_pool
 from callwarden.projections.fold import CallProjection
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import is_sync_call
 from callwarden.providers.outcomes import Blob, Failed, PollOutcome, Succeeded, Usage
 from callwarden.providers.storage import MediaStore
-from callwarden.store.boundary import translated
-from callwarden.store.db import Pool, open_pool
 
 __all__ = ["BlockingCall", "BlockingCalls", "BlockingSyncCallContext", "SyncCall",
            "SyncCallContext", "enter_sync", "exit_sync"]
@@ -85,7 +85,7 @@ class SyncCall:
                   blobs: Sequence[Blob] = ()) -> None:
         """The answer, recorded on exit; ``usage`` (normalised keys) is merged into
         :attr:`usage`, which the pricing hook charges."""
-        self._calls.check_store(media_urls, blobs)
+        self._calls.check_media(media_urls, blobs)
         self.usage.update(usage or {})
         self._result = Succeeded(media_urls=tuple(media_urls), text=text, cost=cost,
                                  stop_reason=stop_reason, raw=dict(raw or {}),
@@ -172,7 +172,7 @@ class BlockingCalls:
     daemon thread and a pool of ``max_size`` connections to ``url`` on it. Use it as a
     context manager (or :meth:`close` it). Not from inside its own loop's thread."""
 
-    def __init__(self, url: str, *, store: MediaStore | None = None,
+    def __init__(self, url: str, *, media: MediaStore | None = None,
                  settings: ProviderSettings | None = None, owner: str | None = None,
                  config: CallConfig | None = None, pricing: Pricing | None = None,
                  max_size: int = 4) -> None:
@@ -185,7 +185,7 @@ class BlockingCalls:
         except BaseException:
             self._stop()
             raise
-        self.calls = OwnCalls(self.pool, store=store, settings=settings, owner=owner,
+        self.calls = OwnCalls(self.pool, media=media, settings=settings, owner=owner,
                               config=config, pricing=pricing)
 
     @staticmethod

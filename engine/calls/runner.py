@@ -1,6 +1,6 @@
 """The worker API: run one job's external call durably, in a few lines of any handler.
 
-    runner = CallRunner(pool, session, settings, store)
+    runner = CallRunner(pool, session, settings, media)
     outcome = await runner.run(job_id, "kie-standard", {"model": ..., "input": {...}})
 
 Async kinds: record ``CallStarted`` *before* the create request, create, record
@@ -32,6 +32,11 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
+from callwarden.database.clock import Clock, DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.port import Database
+from callwarden.database.postgres import as_database
+from callwarden.database.write import Decide
 from callwarden.errors import DatabaseError
 from callwarden.events.states import CallState
 from callwarden.events.types import (
@@ -56,11 +61,6 @@ from callwarden.providers.outcomes import Failed, PollOutcome, Running
 from callwarden.providers.registry import client_for
 from callwarden.providers.storage import MediaStore
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import Clock, DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.port import Store
-from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import Decide
 
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome"]
 
@@ -89,34 +89,27 @@ def call_outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None
 
 
 class CallRunner:
-    """Runs calls for one process incarnation (``owner``). ``db``: the store the calls are
-    recorded in (:mod:`callwarden.store.port`; default: :class:`PostgresStore` on ``pool``);
-    ``monotonic``: the clock the poll budget and the heartbeat cadence are measured on
-    (the deterministic simulation passes its simulated one)."""
+    """Runs calls for one process incarnation (``owner``). ``db``: the database the calls are
+    recorded in (a :data:`~callwarden.database.db.Pool`, or a
+    :class:`~callwarden.database.port.Database`); ``media``: where media results are stored;
+    ``monotonic``: the clock the poll budget and the heartbeat cadence are measured on."""
 
-    def __init__(self, pool: Pool | None, session: aiohttp.ClientSession,
-                 settings: ProviderSettings, store: MediaStore, *, owner: str | None = None,
+    def __init__(self, db: Pool | Database, session: aiohttp.ClientSession,
+                 settings: ProviderSettings, media: MediaStore, *, owner: str | None = None,
                  clock: Clock | None = None, config: CallConfig | None = None,
                  sleep: Sleep = asyncio.sleep,
                  callback_url: Callable[[uuid.UUID, str], str | None] | None = None,
-                 pricing: Pricing | None = None, db: Store | None = None,
+                 pricing: Pricing | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        # None only with a store that is not Postgres (db=...): nothing reads it then.
-        self.pool = cast(Pool, pool)
-        self.session, self.settings, self.store = session, settings, store
-        if db is None:
-            if pool is None:
-                raise TypeError("a pool, or a store (db=...), is required")
-            db = PostgresStore(pool)
-        self.db: Store = db
+        self.db: Database = as_database(db)
+        self.session, self.settings, self.media = session, settings, media
         self.monotonic = monotonic
         self.owner = owner or incarnation("worker")
         self.clock = clock if clock is not None else DatabaseClock()
         self.config, self.sleep = config or CallConfig(), sleep
         self.callback_url = callback_url
-        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
-                                   clock=self.clock, config=self.config, pricing=pricing,
-                                   db=self.db)
+        self.finalizer = Finalizer(self.db, media, settings, owner=self.owner,
+                                   clock=self.clock, config=self.config, pricing=pricing)
         self._last_beat: dict[uuid.UUID, float] = {}
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
@@ -239,7 +232,7 @@ class CallRunner:
     async def inline(self, job_id: uuid.UUID, kind: str,
                      outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:
         """Inline results stored before the outcome is recorded (:mod:`callwarden.calls.inline`)."""
-        return await store_inline(self.store, job_id, kind, outcome,
+        return await store_inline(self.media, job_id, kind, outcome,
                                   settings=self.settings, config=self.config)
 
     # -- shared -----------------------------------------------------------------------

@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
 from callwarden.cli.args import positive_int
+from callwarden.database.clock import DatabaseClock, utcnow
+from callwarden.database.db import Conn, connect
 from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.projections.stats import parse_window
@@ -29,8 +31,6 @@ from callwarden.replay import render
 from callwarden.replay.audit import audit_job, stats
 from callwarden.replay.rebuild import rebuild
 from callwarden.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
-from callwarden.store.clock import DatabaseClock, utcnow
-from callwarden.store.db import Conn, connect
 
 __all__ = ["parse_since", "register"]
 

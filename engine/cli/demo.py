@@ -19,13 +19,13 @@ from rich.table import Table
 
 from callwarden.cli.args import nonnegative_float, positive_float, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.database.databases import create_database, drop_database
+from callwarden.database.db import EmbeddedServer, default_data_dir
+from callwarden.database.outage import Outage
 from callwarden.demo.queues import QUEUES, check_queue
 from callwarden.demo.report import render_report
 from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
 from callwarden.errors import DatabaseUnavailable
-from callwarden.store.databases import create_database, drop_database
-from callwarden.store.db import EmbeddedServer, default_data_dir
-from callwarden.store.outage import Outage
 
 __all__ = ["register"]
 

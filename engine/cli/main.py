@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from callwarden.cli.process import env_help
+from callwarden.database.db import connect, resolve_database_url
+from callwarden.database.migrate import migrate
 from callwarden.errors import CallwardenError
 from callwarden.providers.simulator.core import KEY_HELP
 from callwarden.providers.simulator.core import add_arguments as add_simulator_arguments
 from callwarden.replay.status import print_status
-from callwarden.store.db import connect, resolve_database_url
-from callwarden.store.migrate import migrate
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 

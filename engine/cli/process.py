@@ -3,7 +3,7 @@
 callwarden's own loggers (``callwarden.*``) go to ``stream`` (stderr) or a file. The
 connection pool's reconnect warnings (one per failed attempt while the database is down)
 are kept to errors: the actors log an outage once, when it starts and when it ends
-(:mod:`callwarden.store.outage`).
+(:mod:`callwarden.database.outage`).
 """
 
 from __future__ import annotations

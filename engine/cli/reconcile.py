@@ -32,13 +32,13 @@ from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
 from callwarden.cli.process import setup_logging
+from callwarden.database.db import default_data_dir, open_pool
+from callwarden.database.outage import configured_limit_s
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.base import ProviderSettings
-from callwarden.providers.storage import store_from_env
+from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
-from callwarden.store.db import default_data_dir, open_pool
-from callwarden.store.outage import configured_limit_s
 
 __all__ = ["register"]
 
@@ -74,13 +74,13 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     setup_logging()
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
-    store = store_from_env(os.environ, default_dir=default_data_dir() / "media")
+    media = media_from_env(os.environ, default_dir=default_data_dir() / "media")
     # --once retries a short wait for a connection until the outage limit (then exit 1).
     wait_s = min(5.0, configured_limit_s()) if args.once else 30.0
     async with open_pool(url, max_size=config.concurrency + 2, check=True,
                          wait_s=wait_s) as pool, \
             aiohttp.ClientSession() as session:
-        reconciler = Reconciler(pool, session, ProviderSettings.from_env(), store,
+        reconciler = Reconciler(pool, session, ProviderSettings.from_env(), media,
                                 config=config,
                                 call_config=call_config,
                                 pricing=pricing)

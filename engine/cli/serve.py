@@ -5,7 +5,7 @@ Configuration (environment): ``CALLWARDEN_REPLICATE_WEBHOOK_SECRET`` (``whsec_..
 by the per-job token in their URL), ``CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET``, the admin
 token in the variable named by ``--admin-token-env`` (default ``CALLWARDEN_ADMIN_TOKEN``;
 unset: read-only), provider endpoints as for the worker (``ProviderSettings.from_env``)
-and media storage as for the worker (``store_from_env``: S3 or ``--media-dir``).
+and media storage as for the worker (``media_from_env``: S3 or ``--media-dir``).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from callwarden.calls.identity import incarnation
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.database.db import default_data_dir, open_pool
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
-from callwarden.providers.storage import store_from_env
+from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
 from callwarden.service.webhooks import load_webhook_config
-from callwarden.store.db import default_data_dir, open_pool
 
 __all__ = ["register"]
 
@@ -74,7 +74,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     env = dict(os.environ)
     if args.media_dir is not None:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
-    store = store_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
+    media = media_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
     config = service_config(args)
     call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)
@@ -84,7 +84,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with open_pool(url, max_size=args.pool_size, check=True) as pool, \
             aiohttp.ClientSession() as session:
-        finalizer = Finalizer(pool, store, settings, owner=incarnation("webhook"),
+        finalizer = Finalizer(pool, media, settings, owner=incarnation("webhook"),
                               config=call_config,
                               pricing=pricing)
 

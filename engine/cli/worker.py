@@ -2,7 +2,7 @@
 
 Provider endpoints and keys come from the environment (``ProviderSettings.from_env``:
 ``CALLWARDEN_<PROVIDER>_URL``, ``KIE_API_KEY``, ...); media go to
-``callwarden.providers.storage.store_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set),
+``callwarden.providers.storage.media_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set),
 else
 to ``--media-dir`` (default ``<data dir>/media``).
 """
@@ -24,15 +24,15 @@ from callwarden.calls.config import AmbiguousCreate, CallConfig, load_call_confi
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.database.db import connect, default_data_dir
+from callwarden.database.jobs import create_job
 from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS
-from callwarden.providers.storage import store_from_env
+from callwarden.providers.storage import media_from_env
 from callwarden.queue.claims import input_data
 from callwarden.queue.worker import run_worker
-from callwarden.store.db import connect, default_data_dir
-from callwarden.store.jobs import create_job
 
 __all__ = ["call_config", "register"]
 
@@ -150,12 +150,12 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
         _, port = start_metrics_server(args.metrics_port)
         logging.getLogger("callwarden.worker").info("metrics on 127.0.0.1:%d/metrics", port)
     data_dir = args.data_dir or default_data_dir()
-    store = store_from_env(_media_env(args), default_dir=data_dir / "media")
+    media = media_from_env(_media_env(args), default_dir=data_dir / "media")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    return await run_worker(url, ProviderSettings.from_env(), store,
+    return await run_worker(url, ProviderSettings.from_env(), media,
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,
                             grace_s=args.grace, max_deliveries=args.max_deliveries,

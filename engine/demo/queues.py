@@ -36,14 +36,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from callwarden.calls.config import ENV_PREFIX, CallConfig
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 from callwarden.demo.fleet import WORKER_FLAGS, WorkerFleet
 from callwarden.demo.lost import LostMessages
 from callwarden.demo.redis_server import redis_binary, running_redis
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 from callwarden.queue.claims import JobSpec, parse_job
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
 
 __all__ = ["QUEUES", "REDIS_ENV", "QueueFleet", "call_env", "check_queue", "job_specs",
            "queue_fleet"]

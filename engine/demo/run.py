@@ -25,6 +25,12 @@ from psycopg.rows import DictRow
 from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
+from callwarden.database.boundary import connection, transaction
+from callwarden.database.db import Conn, Pool, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.migrate import migrate
+from callwarden.database.outage import Outage, until_up
+from callwarden.database.write import execute
 from callwarden.demo.fleet import Fleet, WorkerFleet
 from callwarden.demo.lost import LostMessages
 from callwarden.demo.queues import QueueFleet, call_env, job_specs, queue_fleet
@@ -43,12 +49,6 @@ from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.boundary import connection, transaction
-from callwarden.store.db import Conn, Pool, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.migrate import migrate
-from callwarden.store.outage import Outage, until_up
-from callwarden.store.write import execute
 
 __all__ = ["DEMO_RECONCILE", "Chaos", "DemoOptions", "DemoRun", "Tick", "run_demo"]
 

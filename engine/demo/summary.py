@@ -8,11 +8,11 @@ from decimal import Decimal
 
 import msgspec
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute, execute_script
 from callwarden.events.states import TERMINAL
 from callwarden.projections.columns import as_float
 from callwarden.replay.verify import verify
-from callwarden.store.db import Conn
-from callwarden.store.write import execute, execute_script
 
 __all__ = ["Credits", "DemoSummary", "install_audit", "summarize"]
 

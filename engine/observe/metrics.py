@@ -2,8 +2,8 @@
 histogram in :data:`REGISTRY` (our own ``CollectorRegistry``, never the global default).
 
 Importing this module hooks two observers into the store: every append of this process
-is counted once, whoever made it (:func:`callwarden.store.write.observe`), and every
-loop's database outage as it starts and ends (:func:`callwarden.store.outage.observe`).
+is counted once, whoever made it (:func:`callwarden.database.write.observe`), and every
+loop's database outage as it starts and ends (:func:`callwarden.database.outage.observe`).
 The reconciler and the webhook receiver record their own outcomes with
 :func:`record_reconcile` and :func:`record_webhook`; a worker or reconciler exposes the
 registry on a port of its own with :func:`start_metrics_server`. The gauges read from the
@@ -25,9 +25,9 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from callwarden.store.outage import Outage
-from callwarden.store.outage import observe as observe_outages
-from callwarden.store.write import AppendResult, observe
+from callwarden.database.outage import Outage
+from callwarden.database.outage import observe as observe_outages
+from callwarden.database.write import AppendResult, observe
 
 __all__ = [
     "REGISTRY",
@@ -95,7 +95,8 @@ def record_transition(kind: str | None, event: str, actor: str,
 
 
 def record_append(result: AppendResult) -> None:
-    """Count an :func:`callwarden.store.write.append`/``transition`` result (nothing if it lost)."""
+    """Count a :func:`callwarden.database.write.append`/``transition`` result (nothing if
+    it lost)."""
     if not result.ok or result.event is None:
         return
     p = result.projection

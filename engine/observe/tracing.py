@@ -3,7 +3,7 @@
 Importing this module hooks two spans into the I/O edges, as :mod:`callwarden.observe.metrics`
 hooks its counters: ``callwarden.provider.request`` around each HTTP attempt
 (:func:`callwarden.providers.transport.trace_requests`) and ``callwarden.transition`` around each
-append (:func:`callwarden.store.write.trace_appends`). Both are children of the current span
+append (:func:`callwarden.database.write.trace_appends`). Both are children of the current span
 (the host's) and record the exception that escapes them; they come from the tracer
 ``callwarden`` of the global provider, or of the one given to :func:`use`. Without
 ``opentelemetry`` nothing is hooked: an append or a request checks one module attribute.
@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from callwarden.database import write
+from callwarden.database.write import AppendResult
 from callwarden.events.types import Event
 from callwarden.projections.fold import CallProjection
 from callwarden.providers import transport
 from callwarden.providers.raw import RawResponse
-from callwarden.store import write
-from callwarden.store.write import AppendResult
 
 try:
     from opentelemetry import trace

@@ -24,10 +24,10 @@ from typing import Any
 
 import msgspec
 
+from callwarden.database.boundary import transaction
+from callwarden.database.db import Conn
+from callwarden.database.write import AppendResult, cancel, execute
 from callwarden.providers.kinds import KINDS
-from callwarden.store.boundary import transaction
-from callwarden.store.db import Conn
-from callwarden.store.write import AppendResult, cancel, execute
 
 __all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
            "reject"]

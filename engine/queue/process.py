@@ -6,7 +6,7 @@ process starts, and close it when it stops; every job the process runs shares it
 By default everything comes from the environment, the way ``callwarden worker`` reads it:
 ``DATABASE_URL`` (required: a worker process never starts an embedded server),
 ``CALLWARDEN_<PROVIDER>_URL`` and the providers' keys (:meth:`ProviderSettings.from_env`),
-the media store (:func:`~callwarden.providers.storage.store_from_env`: S3 when
+the media store (:func:`~callwarden.providers.storage.media_from_env`: S3 when
 ``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else ``CALLWARDEN_MEDIA_DIR`` or
 ``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~callwarden.calls.config.CallConfig`),
 ``CALLWARDEN_PRICING_FILE`` and ``CALLWARDEN_CALLBACK_BASE_URL``.
@@ -36,13 +36,13 @@ from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
+from callwarden.database.boundary import connection
+from callwarden.database.db import default_data_dir, open_pool
+from callwarden.database.write import cancel, load
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
-from callwarden.providers.storage import MediaStore, store_from_env
-from callwarden.store.boundary import connection
-from callwarden.store.db import default_data_dir, open_pool
-from callwarden.store.write import cancel, load
+from callwarden.providers.storage import MediaStore, media_from_env
 
 __all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
            "open_runner", "options_from_env", "outcome_dict"]
@@ -60,7 +60,7 @@ class RunnerOptions:
 
     database_url: str
     settings: ProviderSettings
-    store: MediaStore
+    media: MediaStore
     config: CallConfig = field(default_factory=CallConfig)
     pricing: Pricing | None = None
     callback_base_url: str | None = None
@@ -78,7 +78,7 @@ def options_from_env(env: Mapping[str, str] | None = None, *,
                           "database its jobs are in")
     return RunnerOptions(
         database_url=url, settings=ProviderSettings.from_env(env),
-        store=store_from_env(env, default_dir=default_data_dir() / "media"),
+        media=media_from_env(env, default_dir=default_data_dir() / "media"),
         config=load_call_config(env=env), pricing=pricing_from_env(env),
         callback_base_url=env.get("CALLWARDEN_CALLBACK_BASE_URL") or None,
         concurrency=concurrency)
@@ -107,7 +107,7 @@ class ProcessRunner:
         await self.pool.open()  # connects in the background: a database down at start
         self._session = aiohttp.ClientSession()  # is an outage, not a crash
         self._runner = CallRunner(self.pool, self._session, self.options.settings,
-                                  self.options.store, owner=self.owner,
+                                  self.options.media, owner=self.owner,
                                   config=self.options.config, pricing=self.options.pricing,
                                   callback_url=self.callbacks)
         log.info("callwarden: process %d ready (owner %s)", self.pid, self.owner)

@@ -32,14 +32,14 @@ from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig
 from callwarden.calls.pricing import Pricing
 from callwarden.calls.runner import CallOutcome, CallRunner
+from callwarden.database.boundary import connection
+from callwarden.database.db import Pool, open_pool
+from callwarden.database.outage import Outage
+from callwarden.database.write import load
 from callwarden.errors import CallwardenError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import MediaStore
 from callwarden.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
-from callwarden.store.boundary import connection
-from callwarden.store.db import Pool, open_pool
-from callwarden.store.outage import Outage
-from callwarden.store.write import load
 
 __all__ = ["Worker", "run_worker"]
 
@@ -47,7 +47,7 @@ log = logging.getLogger("callwarden.worker")
 DB_ERRORS = (CallwardenError,)  # the store translates every driver error (pool timeouts too)
 
 
-async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
+async def run_worker(url: str, settings: ProviderSettings, media: MediaStore, *,
                      concurrency: int, visibility_s: float, poll_empty_s: float,
                      stop: asyncio.Event, config: CallConfig | None = None,
                      grace_s: float = 30.0, max_deliveries: int = 5,
@@ -60,7 +60,7 @@ async def run_worker(url: str, settings: ProviderSettings, store: MediaStore, *,
     callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
     async with open_pool(url, max_size=concurrency + 2, check=True) as pool, \
             aiohttp.ClientSession() as session:
-        runner = CallRunner(pool, session, settings, store, config=config,
+        runner = CallRunner(pool, session, settings, media, config=config,
                             callback_url=callbacks, pricing=pricing)
         worker = Worker(pool, runner, concurrency=concurrency, visibility_s=visibility_s,
                         poll_empty_s=poll_empty_s, grace_s=grace_s,

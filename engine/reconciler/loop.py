@@ -42,6 +42,12 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
+from callwarden.database.clock import DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.outage import Outage
+from callwarden.database.port import ClaimRequest, ReconcilerDatabase, Row
+from callwarden.database.postgres import as_database
+from callwarden.database.write import AppendResult
 from callwarden.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
@@ -72,12 +78,6 @@ from callwarden.reconciler.decide import (
 from callwarden.rules.fold import fold_for_row
 from callwarden.rules.host import host_status_ended
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.outage import Outage
-from callwarden.store.port import ClaimRequest, ReconcilerStore, Row
-from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import AppendResult
 
 __all__ = ["Counts", "Reconciler", "Signal"]
 
@@ -119,23 +119,19 @@ class Counts(msgspec.Struct, kw_only=True):
 
 
 class Reconciler:
-    """Reconciles for one process incarnation (``owner``). ``db``: the store
-    (:mod:`callwarden.store.port`; default: :class:`PostgresStore` on ``pool``)."""
+    """Reconciles for one process incarnation (``owner``). ``db``: the database (a pool, or a
+    :class:`~callwarden.database.port.ReconcilerDatabase`); ``media``: where media results
+    are stored."""
 
-    def __init__(self, pool: Pool | None, session: aiohttp.ClientSession,
-                 settings: ProviderSettings, store: MediaStore, *,
+    def __init__(self, db: Pool | ReconcilerDatabase, session: aiohttp.ClientSession,
+                 settings: ProviderSettings, media: MediaStore, *,
                  config: ReconcileConfig | None = None,
                  owner: str | None = None, clock: Clock | None = None,
                  call_config: CallConfig | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 signal: Signal | None = None, pricing: Pricing | None = None,
-                 db: ReconcilerStore | None = None) -> None:
-        self.pool, self.session, self.settings = pool, session, settings
-        if db is None:
-            if pool is None:
-                raise TypeError("a pool, or a store (db=...), is required")
-            db = PostgresStore(pool)
-        self.db: ReconcilerStore = db
+                 signal: Signal | None = None, pricing: Pricing | None = None) -> None:
+        self.db: ReconcilerDatabase = as_database(db)
+        self.session, self.settings = session, settings
         self.config = config or ReconcileConfig()
         self.owner = owner or incarnation("reconciler")
         self.clock = clock if clock is not None else DatabaseClock()
@@ -143,9 +139,9 @@ class Reconciler:
         self._pass_start = (self.clock(), time.monotonic())
         self._logical = False
         self.outage, self._backoff = Outage(log, f"reconciler {self.owner}"), 0.0
-        self.finalizer = Finalizer(pool, store, settings, owner=self.owner,
+        self.finalizer = Finalizer(self.db, media, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config,
-                                   pricing=pricing, db=db)
+                                   pricing=pricing)
 
     def _event_clock(self) -> datetime:
         """Now, during a pass: the clock itself, or — when the pass was given a logical
@@ -389,7 +385,7 @@ class Reconciler:
             return
         try:
             outcome, keys = await store_inline(
-                self.finalizer.store, job, action.kind, outcome, settings=self.settings,
+                self.finalizer.media, job, action.kind, outcome, settings=self.settings,
                 config=self.finalizer.config)
         except StorageError as exc:  # re-polled next time: the answer is still there
             await self._attempted(job, p, "error", f"storing an inline result: {exc}", now,

@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 import msgspec
 from psycopg.rows import DictRow
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute, load_events
 from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.projections.columns import as_float
@@ -25,8 +27,6 @@ from callwarden.projections.stats import (
 )
 from callwarden.projections.timeline import IllegalHistory, TimelineRow, timeline
 from callwarden.rules.stale import StaleRule
-from callwarden.store.db import Conn
-from callwarden.store.write import execute, load_events
 
 __all__ = ["AuditReport", "Reservation", "audit_job", "jobs_without_call", "stats"]
 

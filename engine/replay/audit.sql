@@ -1,5 +1,5 @@
 -- Audit, verify, rebuild, stats and status: every query of engine/replay/, each under a
--- "-- name: <name>" header (loaded into callwarden.store.queries.QUERIES).
+-- "-- name: <name>" header (loaded into callwarden.database.queries.QUERIES).
 
 -- name: audit_job
 SELECT id, status, call_state, call_version, provider_kind

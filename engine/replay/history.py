@@ -9,7 +9,7 @@ Each job's log arrives as one JSON array built in SQL and is decoded with a sing
 ``msgspec`` call when every event is of its current version and ``seq`` has no gap (the
 fast path, checked against the ``type/version`` signature the query also returns).
 Anything else — an old version to upcast, a gap, a corrupt payload, an unknown type —
-goes through :func:`callwarden.store.write.load_events` in the same snapshot, which upcasts or
+goes through :func:`callwarden.database.write.load_events` in the same snapshot, which upcasts or
 raises :class:`EventDecodeError` naming the job and seq.
 """
 
@@ -23,14 +23,14 @@ from typing import Any
 import msgspec
 from psycopg.rows import DictRow
 
+from callwarden.database.db import Conn
+from callwarden.database.snapshot import snapshot
+from callwarden.database.write import execute, load_events
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
 from callwarden.projections.columns import from_row
 from callwarden.projections.fold import CallProjection
 from callwarden.rules.fold import fold_checked
-from callwarden.store.db import Conn
-from callwarden.store.snapshot import snapshot
-from callwarden.store.write import execute, load_events
 
 __all__ = [
     "FIRST_ID", "History", "JobError", "decode_fast", "next_ids", "read_histories",

@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute_batch
 from callwarden.errors import JobNotFound
 from callwarden.events.states import OPEN_STATUSES
 from callwarden.projections.columns import to_columns
@@ -30,8 +32,6 @@ from callwarden.replay.history import (
     read_histories,
     snapshot,
 )
-from callwarden.store.db import Conn
-from callwarden.store.write import execute_batch
 
 __all__ = ["RebuildReport", "Write", "apply_writes", "plan", "rebuild", "rebuild_job"]
 

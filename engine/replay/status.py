@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from callwarden.store.db import Conn
-from callwarden.store.migrate import applied_versions, available
-from callwarden.store.write import execute
+from callwarden.database.db import Conn
+from callwarden.database.migrate import applied_versions, available
+from callwarden.database.write import execute
 
 __all__ = ["print_status"]
 

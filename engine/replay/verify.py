@@ -18,6 +18,8 @@ from datetime import datetime
 
 import msgspec
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 from callwarden.projections.verify import Mismatch, compare, compare_settlement
 from callwarden.replay.history import (
     FIRST_ID,
@@ -27,8 +29,6 @@ from callwarden.replay.history import (
     read_histories,
     snapshot,
 )
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
 
 __all__ = ["BatchResult", "VerifySummary", "check", "count_jobs", "verify", "verify_batches",
            "verify_job"]

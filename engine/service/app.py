@@ -37,6 +37,12 @@ from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.boundary import connection
+from callwarden.database.clock import Clock, DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.migrate import pending
+from callwarden.database.outage import Outage
+from callwarden.database.write import AppendResult, cancel, execute, transition
 from callwarden.errors import DatabaseError, DatabaseUnavailable
 from callwarden.events.types import Event, ReconcileAttempted
 from callwarden.projections.fold import CallProjection
@@ -46,12 +52,6 @@ from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard import Dashboard
 from callwarden.service.metrics import CallGauges, exposition
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
-from callwarden.store.boundary import connection
-from callwarden.store.clock import Clock, DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.migrate import pending
-from callwarden.store.outage import Outage
-from callwarden.store.write import AppendResult, cancel, execute, transition
 
 __all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
            "redact_path"]

@@ -21,10 +21,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 from callwarden.observe.metrics import REGISTRY
 from callwarden.rules.stale import StaleRule
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
 
 __all__ = ["REGISTRY", "CallGauges", "exposition"]
 

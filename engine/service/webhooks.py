@@ -44,6 +44,11 @@ from callwarden import config as actor_config
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.inline import store_inline
 from callwarden.calls.runner import ACTIVE
+from callwarden.database.clock import DatabaseClock
+from callwarden.database.db import Pool
+from callwarden.database.outage import Outage
+from callwarden.database.port import WebhookDatabase
+from callwarden.database.postgres import as_database
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from callwarden.events.states import CallState
 from callwarden.observe.metrics import record_webhook
@@ -53,11 +58,6 @@ from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import WEBHOOKS
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import DatabaseClock
-from callwarden.store.db import Pool
-from callwarden.store.outage import Outage
-from callwarden.store.port import WebhookStore
-from callwarden.store.postgres import PostgresStore
 
 __all__ = ["Receiver", "Reject", "TaskPoll", "WebhookConfig", "load_webhook_config"]
 
@@ -157,20 +157,16 @@ class Receiver:
     ``clock`` (unix seconds) checks signature timestamps, ``now`` stamps events (default:
     the database's clock); ``poll`` checks a task when a signal scheme's callback names
     it (without one, such callbacks are acknowledged and left to the workers' and the
-    reconciler's polls). ``db``: the store (:mod:`callwarden.store.port`; default:
-    :class:`PostgresStore` on ``pool``)."""
+    reconciler's polls). ``db``: the database (a pool, or a
+    :class:`~callwarden.database.port.WebhookDatabase`)."""
 
-    def __init__(self, pool: Pool | None, finalizer: Finalizer, config: WebhookConfig, *,
+    def __init__(self, db: Pool | WebhookDatabase, finalizer: Finalizer,
+                 config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
                  now: Callable[[], datetime] | None = None,
-                 poll: TaskPoll | None = None, outage: Outage | None = None,
-                 db: WebhookStore | None = None) -> None:
-        self.pool, self.finalizer, self.config = pool, finalizer, config
-        if db is None:
-            if pool is None:
-                raise TypeError("a pool, or a store (db=...), is required")
-            db = PostgresStore(pool)
-        self.db: WebhookStore = db
+                 poll: TaskPoll | None = None, outage: Outage | None = None) -> None:
+        self.db: WebhookDatabase = as_database(db)
+        self.finalizer, self.config = finalizer, config
         self.outage = outage if outage is not None else Outage(log, "service")
         self.clock = clock
         self.now = now if now is not None else DatabaseClock()
@@ -383,7 +379,7 @@ class Receiver:
                       parsed: Parsed) -> tuple[str, str]:
         kind = (await self.db.load(job_id)).provider_kind or ""
         outcome, keys = await store_inline(
-            self.finalizer.store, job_id, kind, parsed.outcome,
+            self.finalizer.media, job_id, kind, parsed.outcome,
             settings=self.finalizer.settings, config=self.finalizer.config)
         event = upstream_event(outcome, f"webhook:{provider}", self.now(), stored_keys=keys)
         result = await self.db.transition(

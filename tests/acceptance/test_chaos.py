@@ -27,7 +27,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 import pytest
 
-from callwarden.store.db import EmbeddedServer
+from callwarden.database.db import EmbeddedServer
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy
 
 # One process runs every fleet test (README: the tests run in two), so two fleets of

@@ -24,14 +24,14 @@ import pytest
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Pool, connect, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamFailed
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.service.app import ServiceConfig
-from callwarden.store.db import Pool, connect, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 from tests.browser import Page, chromium, open_page
 from tests.service import running_service
 from tests.support import no_sleep

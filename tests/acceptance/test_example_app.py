@@ -29,13 +29,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, open_pool
 from callwarden.providers.simulator.core import RunningSimulator, Script
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, open_pool
 from tests.acceptance.conftest import KEY_VARS, ROOT
 from tests.support import no_sleep
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from callwarden.store.migrate import available
+from callwarden.database.migrate import available
 
 HOST_FILES = {
     "events.py": "WHO = 'host events'\n",
@@ -59,7 +59,7 @@ def test_a_host_with_generic_module_names_keeps_them(host_root: Path) -> None:
         sys.path.insert(0, '')  # as web frameworks and Celery put the working directory
         import callwarden, events, providers, projections, engine, migrations
         from callwarden import CallRunner  # the embedding API loads
-        from callwarden.store.migrate import available
+        from callwarden.database.migrate import available
         print(events.WHO, providers.WHO, projections.WHO, engine.WHO, sep='|')
         print([m.name for m in available()][:2])
         print(CallRunner.__module__)

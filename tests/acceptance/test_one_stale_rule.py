@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from callwarden.database.db import connect
 from callwarden.providers.simulator.core import RunningSimulator
-from callwarden.store.db import connect
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_outside_in import cli, environment, seed_call
 

@@ -18,9 +18,9 @@ import aiohttp
 import msgspec
 from psycopg import sql
 
+from callwarden.database.db import Conn, connect
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn, connect
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 
 CONFIG = """

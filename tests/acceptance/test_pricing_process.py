@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
 from callwarden.queue.claims import input_data
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
 from tests.acceptance.conftest import Workers
 
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}

@@ -36,14 +36,14 @@ from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 from celery import Celery
 
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import execute_script
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
 from callwarden.queue.arq import enqueue_call
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.replay.verify import verify, verify_job
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.write import execute_script
 from tests.acceptance.conftest import ROOT, Workers
 from tests.redis import running_redis
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import aiohttp
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 
 N = 6

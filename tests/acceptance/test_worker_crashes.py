@@ -35,13 +35,13 @@ import msgspec
 import pytest
 
 from callwarden.calls.failpoints import POINTS
+from callwarden.database.db import Conn, open_pool
+from callwarden.database.jobs import create_job
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.claims import input_data
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn, open_pool
-from callwarden.store.jobs import create_job
 from tests.acceptance.conftest import Workers
 
 VISIBILITY_S = 1.0

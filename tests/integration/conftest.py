@@ -15,11 +15,11 @@ from psycopg.conninfo import make_conninfo
 from callwarden.calls.config import CallConfig
 from callwarden.calls.pricing import Pricing
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Pool, open_pool
 from callwarden.providers.simulator.core import RunningSimulator, running_simulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler, Signal
-from callwarden.store.db import Pool, open_pool
 from tests.support import no_sleep
 
 APPLICATION_NAME = "cw-integration-test"  # lets a test find (and kill) the pool's backends

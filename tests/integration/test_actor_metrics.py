@@ -11,14 +11,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 from tests.support import no_sleep
 
 

@@ -54,6 +54,8 @@ from callwarden.calls import failpoints
 from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Conn, Pool, connect, open_pool
+from callwarden.database.jobs import create_job
 from callwarden.providers.base import Endpoint, ProviderSettings, RetryPolicy
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.simulator.core import Fault, RunningSimulator, running_simulator
@@ -63,8 +65,6 @@ from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.db import Conn, Pool, connect, open_pool
-from callwarden.store.jobs import create_job
 from tests.integration.test_races_stateful import HOST_TERMINAL, HOST_WRITES
 
 KIND, PROVIDER = "replicate-prediction", "replicate"

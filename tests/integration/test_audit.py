@@ -13,6 +13,9 @@ from typing import TypeVar
 import pytest
 
 from callwarden.cli.main import main
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.types import (
@@ -29,9 +32,6 @@ from callwarden.events.types import (
 from callwarden.projections.stats import percentile
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.replay.audit import audit_job, stats
-from callwarden.store.db import Conn, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 from tests.unit.test_timeline import PATHS, completed_path
 
 X = TypeVar("X")

@@ -12,15 +12,15 @@ import aiohttp
 import pytest
 
 from callwarden.calls.runner import CallRunner
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamSucceeded
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}

@@ -32,6 +32,10 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn
+from callwarden.database.migrate import available
+from callwarden.database.write import append, load, load_events, load_stored
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.states import CallState, InvalidTransition
 from callwarden.events.types import EVENT_TYPES
@@ -43,10 +47,6 @@ from callwarden.reconciler.loop import Counts
 from callwarden.replay.audit import AuditReport, audit_job
 from callwarden.replay.verify import BatchResult, verify, verify_job
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn
-from callwarden.store.migrate import available
-from callwarden.store.write import append, load, load_events, load_stored
 from tests.integration.conftest import MakeReconciler
 from tests.integration.test_audit import new_job
 from tests.integration.test_host_boundary import seed_row

@@ -38,16 +38,16 @@ import pytest
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallOutcome, CallRunner
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import load_events
 from callwarden.events.states import CallState
 from callwarden.events.types import UpstreamFailed
 from callwarden.providers.base import ProviderSettings, RetryPolicy
 from callwarden.providers.simulator.core import Fault, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import load_events
 from tests.integration.conftest import MakeReconciler
 from tests.support import no_sleep
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from callwarden.database.db import Conn, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted, Cancelled, TaskCreated, UpstreamFailed
 from callwarden.service.app import ServiceConfig
 from callwarden.service.dashboard.overview import ORIGIN, WINDOWS
 from callwarden.service.dashboard.rollup import Rollup
-from callwarden.store.db import Conn, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load
 from tests.service import running_service
 
 TOKEN = "dash-admin"

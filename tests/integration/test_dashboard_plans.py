@@ -19,12 +19,12 @@ import pytest
 from psycopg import AsyncClientCursor
 from psycopg.rows import dict_row
 
+from callwarden.database.db import Conn
+from callwarden.database.queries import QUERIES, load_queries
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.service.dashboard.calls import Filters, sql_params
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS
 from callwarden.service.dashboard.rollup import QUERIES as ROLLED
-from callwarden.store.db import Conn
-from callwarden.store.queries import QUERIES, load_queries
 
 ROWS = int(os.environ.get("CALLWARDEN_DASHBOARD_ROWS", "1000000"))
 LOAD = load_queries((Path(__file__).parents[2] / "bench" / "dashboard.sql")

@@ -16,6 +16,11 @@ import aiohttp
 import msgspec
 from psycopg import sql
 
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.migrate import available
+from callwarden.database.write import append, cancel, load, load_events, transition
 from callwarden.events.states import CallState
 from callwarden.events.types import (
     CallStarted,
@@ -30,11 +35,6 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.replay.audit import stats
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.migrate import available
-from callwarden.store.write import append, cancel, load, load_events, transition
 from tests.integration.conftest import MakeReconciler, MakeRunner
 from tests.integration.test_reconciler import (
     NOW_SCRIPT,

@@ -23,16 +23,16 @@ from aiohttp import web
 from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.pricing import Rate, RateTable
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, FinalizeClaimed, UpstreamResult, UpstreamSucceeded
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.integration.conftest import MakeRunner
 from tests.integration.test_reconciler import dead_worker_call, row, upstream_task
 from tests.support import no_sleep

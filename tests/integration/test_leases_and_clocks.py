@@ -20,6 +20,10 @@ from aiohttp import web
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.clock import DatabaseClock, utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, execute, load, load_events
 from callwarden.events.types import (
     CallStarted,
     FinalizeClaimed,
@@ -32,10 +36,6 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
-from callwarden.store.clock import DatabaseClock, utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, execute, load, load_events
 from tests.support import no_sleep
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)

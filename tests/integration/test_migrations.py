@@ -6,8 +6,8 @@ import asyncio
 import re
 from pathlib import Path
 
-from callwarden.store.db import Conn, connect
-from callwarden.store.migrate import available, migrate
+from callwarden.database.db import Conn, connect
+from callwarden.database.migrate import available, migrate
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "schema.md"
 TABLES = ("jobs", "usage_logs", "workflow_executions", "assets", "call_events",

@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.db import Conn, Pool, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, Cancelled
 from callwarden.providers.storage import LocalFolderStore
-from callwarden.store.db import Conn, Pool, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.integration.test_leases_and_clocks import (
     CONFIG,
     HeldMedia,

@@ -38,15 +38,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.outage import Outage
+from callwarden.database.queries import QUERIES
+from callwarden.database.write import append, load
 from callwarden.errors import DatabaseUnavailable
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.observe.metrics import REGISTRY
 from callwarden.service.app import ServiceConfig
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.outage import Outage
-from callwarden.store.queries import QUERIES
-from callwarden.store.write import append, load
 from tests.debian import binary
 from tests.integration.conftest import MakeReconciler
 from tests.service import running_service

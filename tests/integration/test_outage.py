@@ -19,16 +19,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from callwarden.database.databases import create_database
+from callwarden.database.db import EmbeddedServer, Pool, connect, open_pool
+from callwarden.database.migrate import migrate
+from callwarden.database.write import load_events
 from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.service.app import ServiceConfig
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.databases import create_database
-from callwarden.store.db import EmbeddedServer, Pool, connect, open_pool
-from callwarden.store.migrate import migrate
-from callwarden.store.write import load_events
 from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, upstream_task
 from tests.integration.test_webhooks import (
     post,

@@ -37,6 +37,10 @@ from callwarden import (
     WrongKind,
 )
 from callwarden.calls.config import CallConfig
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, cancel, load
 from callwarden.errors import TaskAlreadyClaimed
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
 from callwarden.providers.errors import UnknownProviderKind
@@ -44,10 +48,6 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, cancel, load
 from tests.integration.conftest import MakeReconciler, MakeRunner
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
@@ -63,7 +63,7 @@ MakeOwn = Callable[..., OwnCalls]
 @pytest.fixture
 def own(pool: Pool, sim: RunningSimulator, tmp_path: Path) -> MakeOwn:
     def make(**kw: Any) -> OwnCalls:
-        return OwnCalls(pool, store=LocalFolderStore(tmp_path / "media"),
+        return OwnCalls(pool, media=LocalFolderStore(tmp_path / "media"),
                         settings=sim.settings, **kw)
     return make
 
@@ -578,7 +578,7 @@ def _blocking_kie_handler(url: str, sim: RunningSimulator, media: Path,
         with urllib.request.urlopen(req, timeout=30) as resp:
             return dict(json.load(resp))
 
-    with BlockingCalls(url, store=LocalFolderStore(media), settings=sim.settings) as calls:
+    with BlockingCalls(url, media=LocalFolderStore(media), settings=sim.settings) as calls:
         call = calls.start(job, "kie-standard")
         first = call.action
         call.task_created(kie("/api/v1/jobs/createTask", KIE_REQ)["data"]["taskId"])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from callwarden.store.boundary import transaction
-from callwarden.store.db import connect
-from callwarden.store.write import execute
+from callwarden.database.boundary import transaction
+from callwarden.database.db import connect
+from callwarden.database.write import execute
 
 pytestmark = pytest.mark.pgbouncer
 

@@ -19,15 +19,15 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
 from callwarden.events.states import CallState
 from callwarden.providers.base import RetryPolicy
 from callwarden.providers.simulator.core import Fault, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Counts, Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
 from tests.integration.conftest import MakeReconciler, MakeRunner
 from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, row, upstream_task
 

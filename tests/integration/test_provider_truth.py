@@ -25,9 +25,9 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Conn
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
-from callwarden.store.db import Conn
 from tests.support import no_sleep
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 120

@@ -18,13 +18,13 @@ import pytest
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Conn, Pool, connect
+from callwarden.database.jobs import create_job
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.claims import JobSpec, ack, claim, input_data, parse_job
 from callwarden.queue.worker import Worker
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn, Pool, connect
-from callwarden.store.jobs import create_job
 from tests.support import no_sleep
 
 KIE = input_data("kie-standard", {"model": "nano-banana-pro", "input": {"prompt": "a cat"}})

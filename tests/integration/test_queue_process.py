@@ -9,15 +9,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append
 from callwarden.events.types import CallStarted
 from callwarden.projections.fold import EMPTY
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue import celery as celery_runtime
 from callwarden.queue.process import RunnerOptions, open_runner
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append
 
 REQUEST = {"model": "nano-banana-pro",
            "input": {"prompt": "a cat", "_sim": {"steps": [{"phase": "running", "polls": 2}],
@@ -35,7 +35,7 @@ async def _credits(conn: Conn, job: uuid.UUID) -> Any:
 
 def _options(db_url: str, sim: RunningSimulator, tmp_path: Path) -> RunnerOptions:
     return RunnerOptions(database_url=db_url, settings=sim.settings,
-                         store=LocalFolderStore(tmp_path / "media"))
+                         media=LocalFolderStore(tmp_path / "media"))
 
 
 async def test_the_celery_runtime_runs_a_blocking_tasks_call_on_its_own_loop(

@@ -29,6 +29,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, transition
 from callwarden.events.states import SETTLEMENT, CallState
 from callwarden.events.types import (
     CallStarted,
@@ -47,9 +50,6 @@ from callwarden.events.types import (
 )
 from callwarden.projections.fold import CallProjection
 from callwarden.replay.verify import verify_job
-from callwarden.store.db import Conn, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, transition
 
 S = CallState
 T0 = datetime(2026, 5, 19, 9, 0, tzinfo=UTC)

@@ -14,6 +14,11 @@ import aiohttp
 import msgspec
 import pytest
 
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.queries import QUERIES
+from callwarden.database.write import append, execute, load, load_events
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, FinalizeClaimed, TaskCreated
 from callwarden.providers.base import AsyncKindClient
@@ -22,11 +27,6 @@ from callwarden.providers.simulator.core import Fault, RunningSimulator
 from callwarden.reconciler.loop import Counts
 from callwarden.replay.verify import verify_job
 from callwarden.rules.upstream import upstream_event
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.queries import QUERIES
-from callwarden.store.write import append, execute, load, load_events
 from tests.integration.conftest import MakeReconciler
 
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
@@ -307,7 +307,7 @@ def _terminator(db_url: str, jobs: set[uuid.UUID]) -> Callable[[str, uuid.UUID],
         if point != "write" or job not in jobs:
             return
         jobs.discard(job)
-        from callwarden.store.db import connect
+        from callwarden.database.db import connect
 
         async with await connect(db_url) as admin:
             await admin.execute(

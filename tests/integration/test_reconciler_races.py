@@ -16,6 +16,10 @@ import aiohttp
 import pytest
 
 from callwarden.calls.runner import CallRunner
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.base import AsyncKindClient
 from callwarden.providers.registry import client_for
@@ -24,10 +28,6 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Counts, Reconciler, Signal
 from callwarden.replay.verify import verify_job
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.support import no_sleep
 
 KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro",

@@ -10,6 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import load_events
 from callwarden.events import codec
 from callwarden.events.codec import encode
 from callwarden.events.types import VERSIONS, Event, UpstreamFailed
@@ -17,9 +20,6 @@ from callwarden.projections.fold import fold
 from callwarden.replay.audit import audit_job
 from callwarden.replay.rebuild import rebuild
 from callwarden.replay.verify import verify
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.write import load_events
 from tests.integration.test_audit import new_job
 from tests.unit.test_timeline import completed_path, failed_path
 

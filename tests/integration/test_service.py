@@ -14,13 +14,13 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from callwarden.database.db import Conn, Pool, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
 from callwarden.observe.metrics import record_reconcile, start_metrics_server
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig
-from callwarden.store.db import Conn, Pool, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.service import running_service
 
 TOKEN = "s3cret-admin"

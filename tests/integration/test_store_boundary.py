@@ -1,4 +1,4 @@
-"""The one error boundary (engine/store/boundary.py), driven with a real server: a pool
+"""The one error boundary (engine/database/boundary.py), driven with a real server: a pool
 that cannot lend a connection, a dropped connection, and a failing statement all
 come out as the engine's types, the driver's error
 kept as ``__cause__``, and nothing is written."""
@@ -10,11 +10,11 @@ import psycopg_pool
 import pytest
 
 from callwarden.cli.main import main
+from callwarden.database.boundary import connection, transaction, translated
+from callwarden.database.db import Conn, Pool, connect, open_pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import execute
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable, WriteConflict
-from callwarden.store.boundary import connection, transaction, translated
-from callwarden.store.db import Conn, Pool, connect, open_pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import execute
 
 
 async def test_a_pool_that_cannot_lend_a_connection_is_unavailable(db_url: str) -> None:

@@ -27,15 +27,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load, load_events
 from callwarden.events.states import InvalidTransition
 from callwarden.events.types import CallStarted, Completed
 from callwarden.observe import tracing
 from callwarden.observe.tracing import REQUEST_SPAN, TRANSITION_SPAN
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.simulator.model import Fault
-from callwarden.store.db import Conn
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, load, load_events
 from tests.integration.conftest import MakeRunner
 
 ROOT = Path(__file__).parents[2]
@@ -170,9 +170,9 @@ def _python(db_url: str, *parts: str) -> str:
 APPEND = """
     import asyncio, os
     from datetime import UTC, datetime
-    from callwarden.store.db import connect
-    from callwarden.store.jobs import create_job
-    from callwarden.store.write import append, load
+    from callwarden.database.db import connect
+    from callwarden.database.jobs import create_job
+    from callwarden.database.write import append, load
     from callwarden.events.types import CallStarted
 
     async def one_append():
@@ -194,12 +194,13 @@ def test_without_opentelemetry_nothing_is_hooked_or_imported(db_url: str) -> Non
                     raise ModuleNotFoundError(f"No module named {name!r}")
 
         sys.meta_path.insert(0, Hide())
-        import callwarden.store.write, callwarden.providers.transport
+        import callwarden.database.write, callwarden.providers.transport
         import callwarden.calls.runner, callwarden.reconciler.loop, callwarden.service.webhooks
         from callwarden.observe import tracing
         """, APPEND, """
         asyncio.run(one_append())
-        print(tracing.ENABLED, callwarden.store.write._trace, callwarden.providers.transport._trace,
+        print(tracing.ENABLED, callwarden.database.write._trace,
+              callwarden.providers.transport._trace,
               sorted(m for m in sys.modules if m.startswith("opentelemetry")))
         """)
     assert out == "False None None []"

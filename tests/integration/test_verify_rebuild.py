@@ -10,14 +10,14 @@ import uuid
 import msgspec
 import pytest
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.snapshot import snapshot
+from callwarden.database.write import Decide, load, load_events, transition
 from callwarden.events.types import Event, TaskCreated
 from callwarden.projections.fold import CallProjection, fold
 from callwarden.replay.history import read_histories
 from callwarden.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
 from callwarden.replay.verify import verify, verify_job
-from callwarden.store.db import Conn, connect
-from callwarden.store.snapshot import snapshot
-from callwarden.store.write import Decide, load, load_events, transition
 from tests.integration.test_audit import cli, new_job, run_sync
 from tests.unit.test_timeline import PATHS, at, completed_path
 

@@ -49,6 +49,7 @@ from hypothesis import strategies as st
 
 from callwarden.calls.callbacks import ensure_callback_token
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.db import Conn, Pool
 from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
 from callwarden.providers.kie.webhook import kie_sign
 from callwarden.providers.outcomes import PollOutcome
@@ -59,7 +60,6 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.db import Conn, Pool
 from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.integration.test_webhooks import AUTH, start_call, stt_body, task_created
 

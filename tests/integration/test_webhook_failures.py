@@ -33,6 +33,9 @@ from aiohttp import web
 
 from callwarden.calls.callbacks import ensure_callback_token
 from callwarden.calls.finalize import Finalizer
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.write import load
 from callwarden.observe.metrics import REGISTRY
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
@@ -42,9 +45,6 @@ from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.clock import utcnow
-from callwarden.store.db import Conn, Pool
-from callwarden.store.write import load
 from tests.integration.test_webhooks import (
     KIE_FAMILIES,
     Service,

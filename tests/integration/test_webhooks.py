@@ -26,6 +26,9 @@ from aiohttp import web
 from callwarden.calls.callbacks import CallbackUrls, callback_url_for, ensure_callback_token
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.runner import CallRunner
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, cancel, load, load_events
 from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
 from callwarden.providers.kie.webhook import kie_sign
@@ -37,9 +40,6 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from callwarden.store.db import Conn, Pool
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, cancel, load, load_events
 from tests.recorded import load as load_fixture
 
 AUTH = {"Authorization": "Bearer sim-key"}

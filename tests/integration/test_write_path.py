@@ -8,6 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, cancel, load, transition
 from callwarden.errors import DatabaseUnavailable, JobNotFound, TaskAlreadyClaimed
 from callwarden.events import (
     CallStarted,
@@ -21,9 +24,6 @@ from callwarden.events import (
 )
 from callwarden.events.states import CallState, InvalidTransition, TerminalStateError
 from callwarden.projections.fold import CallProjection
-from callwarden.store.db import Conn, connect
-from callwarden.store.jobs import create_job
-from callwarden.store.write import append, cancel, load, transition
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

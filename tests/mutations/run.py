@@ -75,10 +75,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "settle-without-cas",
         "a settling append moves the job's reservations whatever their status (no "
         "compare-and-set on status = 'reserved')",
-        (Edit("engine/store/queries.sql",
+        (Edit("engine/database/queries.sql",
               "    WHERE u.job_id = %(job_id)s::uuid AND u.status = 'reserved'\n), settle AS (",
               "    WHERE u.job_id = %(job_id)s::uuid\n), settle AS ("),
-         Edit("engine/store/queries.sql",
+         Edit("engine/database/queries.sql",
               "    WHERE u.id = o.id\n      AND u.status = 'reserved'\n",
               "    WHERE u.id = o.id\n")),
         (WRITE,)),
@@ -87,7 +87,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "only the settle's own compare-and-set (status = 'reserved' re-checked on the row "
         "it locks) is gone: a reservation the host settles while the append waits is moved "
         "again",
-        (Edit("engine/store/queries.sql",
+        (Edit("engine/database/queries.sql",
               "    WHERE u.id = o.id\n      AND u.status = 'reserved'\n",
               "    WHERE u.id = o.id\n"),),
         (GUARDS,)),
@@ -108,7 +108,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "commit-ignores-cost",
         "a commit charges the whole reservation, not the Completed event's cost",
-        (Edit("engine/store/appending.py", "        cost=_cost(new),\n", "        cost=None,\n"),),
+        (Edit("engine/database/appending.py", "        cost=_cost(new),\n",
+              "        cost=None,\n"),),
         (WRITE,)),
     Mutant(
         "fold-takes-live-lease",
@@ -165,7 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "host-fence-dropped",
         "the append no longer checks the host's status it read (a host's cancel or "
         "completion racing the write is overwritten)",
-        (Edit("engine/store/queries.sql",
+        (Edit("engine/database/queries.sql",
               "      AND CASE WHEN %(host_status)s::text IS NULL\n"
               "               THEN COALESCE(status, 'pending') IN ('pending', 'processing')\n"
               "               ELSE status IS NOT DISTINCT FROM %(host_status)s::text END\n",

@@ -5,8 +5,8 @@ A schedule: a few jobs the host creates (one or two reservations each); the real
 (``reconcile_once``: claim, fold-of-log candidate, the pure decision, act, renew/park/
 release) and the real webhook :class:`Receiver` (signed Replicate deliveries, verified
 and parsed by the real scheme, then ``Receiver.deliver``) run against the provider
-simulator (real HTTP on 127.0.0.1, so the real provider clients run) and a store
-(:class:`MemoryStore`, or Postgres for a replay).
+simulator (real HTTP on 127.0.0.1, so the real provider clients run) and a real Postgres
+database (:class:`PostgresDatabase`).
 
 Determinism: exactly one actor runs at a time. Every store operation and every actor
 ``sleep`` is a *gate* (:class:`Scheduler.gate`): the actor parks there and the seeded
@@ -21,7 +21,7 @@ reservation, the flip to processing).
 
 After every step, and at the horizon, :class:`Checker` checks the invariants
 (:data:`INVARIANTS`); a violation raises :class:`Violation` with the seed, the
-invariant, the step trace and the commands that replay it (memory and Postgres).
+invariant, the step trace and the command that replays it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
+from callwarden.database.port import Before, ClaimRequest, Row, transition_via
+from callwarden.database.postgres import PostgresDatabase
+from callwarden.database.write import AppendResult, Decide
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.fold import CallProjection, fold
 from callwarden.projections.verify import compare, compare_settlement
@@ -57,10 +60,6 @@ from callwarden.providers.storage import ObjectNotFound, StoredObject
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.service.webhooks import Receiver, Reply, WebhookConfig
-from callwarden.store.memory import MemoryStore
-from callwarden.store.port import Before, ClaimRequest, Row, transition_via
-from callwarden.store.postgres import PostgresStore
-from callwarden.store.write import AppendResult, Decide
 from tests.simulation.host import Host, SimClock
 
 __all__ = ["INVARIANTS", "Crashed", "Outcome", "Schedule", "Violation", "replay_commands"]
@@ -96,8 +95,7 @@ class Violation(AssertionError):
 
 
 def replay_commands(seed: int) -> list[str]:
-    return [f"python -m tests.simulation --seed {seed} --store memory",
-            f"python -m tests.simulation --seed {seed} --store postgres"]
+    return [f"python -m tests.simulation --seed {seed}"]
 
 
 # -- the scheduler --------------------------------------------------------------------------
@@ -195,7 +193,7 @@ class Scheduler:
 class Gated:
     """A store whose every operation is a gate of the scheduler (then the real one)."""
 
-    def __init__(self, inner: MemoryStore | PostgresStore, sched: Scheduler,
+    def __init__(self, inner: PostgresDatabase, sched: Scheduler,
                  label: Callable[[str], None] = lambda _: None) -> None:
         self.inner, self.sched, self.label = inner, sched, label
 
@@ -228,10 +226,10 @@ class Gated:
 
     async def claim(self, request: ClaimRequest) -> list[Row]:
         await self.sched.gate("claim")
-        held = ({j: row["reconcile_owner"] for j, row in self.inner.jobs.items()}
-                if isinstance(self.inner, MemoryStore) else {})
-        # SQL leaves a batch's order unspecified: by job id on both stores, so a seed
-        # replays on Postgres as it ran in memory.
+        async with self.inner.pool.connection() as conn:
+            cur = await conn.execute("SELECT id, reconcile_owner FROM jobs")
+            held = {r["id"]: r["reconcile_owner"] for r in await cur.fetchall()}
+        # SQL leaves a batch's order unspecified: by job id, so a seed replays the same.
         rows = sorted(await self.inner.claim(request), key=lambda r: r["id"])
         for r in rows:  # coverage: an expired claim of another reconciler taken over
             if held.get(r["id"]) not in (None, request.owner):
@@ -332,7 +330,7 @@ class Outcome:
     steps: int
     jobs: int
     labels: dict[str, int] = field(default_factory=dict)
-    digest: str = ""  # of the step trace: the same seed gives the same one on every store
+    digest: str = ""  # of the step trace: the same seed gives the same one every run
 
 
 class Schedule:
@@ -343,7 +341,7 @@ class Schedule:
     RECONCILE = ReconcileConfig(attempt_cap=6, repoll_interval_s=900.0, concurrency=1,
                                 batch_size=50, claim_lease_s=120.0, heartbeat_timeout_s=60.0)
 
-    def __init__(self, seed: int, store: MemoryStore | PostgresStore, host: Host,
+    def __init__(self, seed: int, store: PostgresDatabase, host: Host,
                  rs: RunningSimulator, http: aiohttp.ClientSession, clock: SimClock) -> None:
         self.seed, self.store, self.host, self.rs, self.http = seed, store, host, rs, http
         self.rng = random.Random(seed)
@@ -368,15 +366,15 @@ class Schedule:
     # -- actors ------------------------------------------------------------------------
 
     def _runner(self, name: str) -> CallRunner:
-        return CallRunner(None, self.http, self.settings, self.media, owner=name,
+        return CallRunner(self.db, self.http, self.settings, self.media, owner=name,
                           clock=self.clock, config=self.CALLS, sleep=self.sched.sleep,
-                          pricing=self.pricing, db=self.db, monotonic=self.clock.monotonic)
+                          pricing=self.pricing, monotonic=self.clock.monotonic)
 
     def _reconciler(self, name: str) -> Reconciler:
-        return Reconciler(None, self.http, self.settings, self.media, config=self.RECONCILE,
-                          owner=name, clock=self.clock, call_config=self.CALLS,
-                          sleep=self.sched.sleep, pricing=self.pricing,
-                          db=self.db)
+        return Reconciler(self.db, self.http, self.settings, self.media,
+                          config=self.RECONCILE, owner=name, clock=self.clock,
+                          call_config=self.CALLS, sleep=self.sched.sleep,
+                          pricing=self.pricing)
 
     def _request(self, job: Job) -> dict[str, Any]:
         rng = self.rng
@@ -414,9 +412,8 @@ class Schedule:
         secret = self.rs.sim.webhook_secrets["replicate"]
         msg_id = f"msg_{self.rng.getrandbits(64):016x}"
         finalizer = self._runner(f"{ACTOR.get()}-fin").finalizer
-        receiver = Receiver(None, finalizer, WebhookConfig(secrets={"replicate": secret}),
-                            clock=self.clock.unix, now=self.clock,
-                            db=self.db)
+        receiver = Receiver(self.db, finalizer, WebhookConfig(secrets={"replicate": secret}),
+                            clock=self.clock.unix, now=self.clock)
         for _ in range(copies):  # a redelivery: the same id, signed at its own time
             ts = int(self.clock.unix())
             headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts),
@@ -595,10 +592,7 @@ class Checker:
         raise Violation(self.s.seed, invariant, detail, self.s.sched.trace)
 
     async def stored(self, job_id: uuid.UUID) -> CallProjection:
-        store = self.s.store
-        if isinstance(store, MemoryStore):
-            return store.load_stored(job_id)
-        return await store.load_stored(job_id)
+        return await self.s.store.load_stored(job_id)
 
     def fold(self, job_id: uuid.UUID, events: list[Event]) -> CallProjection:
         try:

@@ -1,11 +1,11 @@
-"""The simulation's clock, and the host's side of the database on either adapter.
+"""The simulation's clock, and the host's side of the database.
 
 :class:`SimClock` is the one simulated time of a schedule: the store's clock, every
 actor's clock, and (through :meth:`SimClock.attach`) the provider simulator's, advanced
 together; it never reads real time.
 
-:class:`Host` is what host code does to the shared tables (plain SQL on Postgres, the same
-changes on :class:`~callwarden.store.memory.MemoryStore`), plus the reads the invariants need:
+:class:`Host` is what host code does to the shared tables (plain SQL, as a host application
+writes it), plus the reads the invariants need:
 the job row, its reservations, the reservation audit (every status change of a
 ``usage_logs`` row: INSERT, UPDATE and DELETE; on Postgres a trigger records it).
 """
@@ -19,12 +19,11 @@ from typing import Any, Protocol
 
 from psycopg import sql
 
+from callwarden.database.db import Pool
+from callwarden.database.postgres import PostgresDatabase
 from callwarden.providers.simulator.model import Clock as SimulatorClock
-from callwarden.store.db import Pool
-from callwarden.store.memory import MemoryStore
-from callwarden.store.postgres import PostgresStore
 
-__all__ = ["EPOCH", "Host", "MemoryHost", "PostgresHost", "Reservation", "SimClock"]
+__all__ = ["EPOCH", "Host", "PostgresHost", "Reservation", "SimClock", "adapters"]
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -65,7 +64,7 @@ Reservation = tuple[int, str, Decimal, Decimal | None, int | None]
 
 
 class Host(Protocol):
-    """Host code's writes and the invariants' reads, on one adapter."""
+    """Host code's writes and the invariants' reads."""
 
     async def set_status(self, job_id: uuid.UUID, status: str) -> None: ...
 
@@ -84,31 +83,6 @@ class Host(Protocol):
 
 _ROW = ("status", "call_state", "call_version", "heartbeat_at", "reconcile_owner",
         "reconcile_lease_until", "provider_task_id", "call_settlement", "provider_cost")
-
-
-class MemoryHost:
-    def __init__(self, store: MemoryStore) -> None:
-        self.store = store
-
-    async def set_status(self, job_id: uuid.UUID, status: str) -> None:
-        self.store.host_write(job_id, status=status)
-
-    async def settle(self, job_id: uuid.UUID, to: str) -> int:
-        return self.store.host_settle(job_id, to)
-
-    async def write(self, job_id: uuid.UUID, **columns: Any) -> None:
-        self.store.host_write(job_id, **columns)
-
-    async def row(self, job_id: uuid.UUID) -> dict[str, Any]:
-        row = self.store.row(job_id)
-        return {c: row[c] for c in _ROW}
-
-    async def reservations(self, job_id: uuid.UUID) -> list[Reservation]:
-        return [(u["id"], u["status"], u["credits_reserved"], u["credits_charged"],
-                 u["settled_by_seq"]) for u in self.store.reservations(job_id)]
-
-    async def audit(self) -> list[tuple[int, str | None, str | None]]:
-        return [(a.row_id, a.old, a.new) for a in self.store.audit]
 
 
 _AUDIT_DDL = """
@@ -143,6 +117,13 @@ class PostgresHost:
     async def install_audit(self) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(_AUDIT_DDL)
+
+    async def reset(self) -> None:
+        """Empty every table a schedule writes (one database serves a process's seeds)."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "TRUNCATE jobs, call_events, usage_logs, assets, workflow_executions,"
+                " webhook_deliveries, sim_usage_audit RESTART IDENTITY CASCADE")
 
     async def set_status(self, job_id: uuid.UUID, status: str) -> None:
         await self.write(job_id, status=status)
@@ -185,11 +166,6 @@ class PostgresHost:
             return [(r["row_id"], r["old"], r["new"]) for r in await cur.fetchall()]
 
 
-def adapters(kind: str, *, clock: SimClock, pool: Pool | None
-             ) -> tuple[PostgresStore | MemoryStore, Host]:
-    """The store and host of one adapter (``"memory"`` or ``"postgres"``)."""
-    if kind == "memory":
-        store = MemoryStore(clock, migrated_at=clock() - timedelta(days=1))
-        return store, MemoryHost(store)
-    assert pool is not None
-    return PostgresStore(pool, clock=clock), PostgresHost(pool)
+def adapters(*, clock: SimClock, pool: Pool) -> tuple[PostgresDatabase, PostgresHost]:
+    """The database (stamping heartbeats with ``clock``) and the host on ``pool``."""
+    return PostgresDatabase(pool, clock=clock), PostgresHost(pool)

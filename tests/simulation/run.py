@@ -1,6 +1,5 @@
-"""Running seeds: one simulator and one HTTP session per process, a fresh store per seed
-(a :class:`MemoryStore`, or a fresh migrated Postgres database: ``DATABASE_URL``'s
-server, else an embedded one)."""
+"""Running seeds: one simulator, one HTTP session and one migrated Postgres database per
+process (on ``DATABASE_URL``'s server, else an embedded one), emptied before each seed."""
 
 from __future__ import annotations
 
@@ -13,25 +12,23 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 
 import aiohttp
 
+from callwarden.database.databases import create_database, drop_database
+from callwarden.database.db import EmbeddedServer, connect, open_pool
+from callwarden.database.migrate import migrate
 from callwarden.providers.simulator.core import running_simulator
-from callwarden.store.databases import create_database, drop_database
-from callwarden.store.db import EmbeddedServer, connect, open_pool
-from callwarden.store.memory import MemoryStore
-from callwarden.store.migrate import migrate
-from callwarden.store.postgres import PostgresStore
 from tests.simulation.driver import Outcome, Schedule, Violation
-from tests.simulation.host import EPOCH, MemoryHost, PostgresHost, SimClock
+from tests.simulation.host import EPOCH, SimClock, adapters
 
 __all__ = ["Postgres", "merge_labels", "run_parallel", "run_seeds"]
 
 
 class Postgres:
-    """A server to create one database per seed on, from a migrated template."""
+    """One migrated database for a process's seeds, on ``admin_url``'s server (default:
+    ``DATABASE_URL``, else an embedded server started here)."""
 
     def __init__(self, admin_url: str | None = None) -> None:
         self._embedded: EmbeddedServer | None = None
@@ -41,24 +38,20 @@ class Postgres:
                                             cleanup="delete")
             url = self._embedded.url()
         self.admin_url = url
-        self.template = f"cw_sim_template_{uuid.uuid4().hex[:8]}"
-        self._migrated = False
+        self.name = f"cw_sim_{uuid.uuid4().hex[:12]}"
+        self.url: str | None = None
 
     async def database(self) -> str:
-        if not self._migrated:
-            url = create_database(self.admin_url, self.template)
+        if self.url is None:
+            url = create_database(self.admin_url, self.name)
             async with await connect(url) as conn:
                 await migrate(conn)
-            self._migrated = True
-        name = f"cw_sim_{uuid.uuid4().hex[:12]}"
-        return create_database(self.admin_url, name, template=self.template)
-
-    def drop(self, url: str) -> None:
-        drop_database(self.admin_url, url.rsplit("/", 1)[-1].split("?")[0])
+            self.url = url
+        return self.url
 
     def close(self) -> None:
-        if self._migrated:
-            drop_database(self.admin_url, self.template)
+        if self.url is not None:
+            drop_database(self.admin_url, self.name)
         if self._embedded is not None:
             self._embedded.stop()
 
@@ -77,34 +70,24 @@ async def _quiet() -> AsyncIterator[None]:
             lg.setLevel(level)
 
 
-async def run_seeds(seeds: Iterable[int], *, store: str = "memory",
-                    postgres: Postgres | None = None) -> list[Outcome]:
+async def run_seeds(seeds: Iterable[int], *, postgres: Postgres | None = None
+                    ) -> list[Outcome]:
     """Run each seed's schedule; raises :class:`~tests.simulation.driver.Violation` at the
     first violated invariant."""
     out: list[Outcome] = []
-    own_pg = store == "postgres" and postgres is None
-    pg = Postgres() if own_pg else postgres
+    pg = postgres if postgres is not None else Postgres()
     try:
-        async with _quiet(), running_simulator() as rs, aiohttp.ClientSession() as http:
+        url = await pg.database()
+        async with (_quiet(), running_simulator() as rs, aiohttp.ClientSession() as http,
+                    open_pool(url, max_size=4) as pool):
             for seed in seeds:
                 clock = SimClock(EPOCH)
-                if store == "memory":
-                    mem = MemoryStore(clock, migrated_at=EPOCH - timedelta(days=1))
-                    out.append(await Schedule(seed, mem, MemoryHost(mem), rs, http,
-                                              clock).run())
-                    continue
-                assert pg is not None
-                url = await pg.database()
-                try:
-                    async with open_pool(url, max_size=4) as pool:
-                        host = PostgresHost(pool)
-                        await host.install_audit()
-                        out.append(await Schedule(seed, PostgresStore(pool, clock=clock),
-                                                  host, rs, http, clock).run())
-                finally:
-                    pg.drop(url)
+                db, host = adapters(clock=clock, pool=pool)
+                await host.install_audit()
+                await host.reset()
+                out.append(await Schedule(seed, db, host, rs, http, clock).run())
     finally:
-        if own_pg and pg is not None:
+        if postgres is None:
             pg.close()
     return out
 
@@ -115,11 +98,11 @@ def rate(outcomes: list[Outcome], started: float) -> str:
             f"({len(outcomes) / elapsed if elapsed else 0:.1f}/s)")
 
 
-def _shard(args: tuple[int, int, str]) -> tuple[int, dict[str, int], str | None]:
+def _shard(args: tuple[int, int]) -> tuple[int, dict[str, int], str | None]:
     """One process's share: (schedules run, label counts, the violation's text or None)."""
-    first, count, store = args
+    first, count = args
     try:
-        outcomes = asyncio.run(run_seeds(range(first, first + count), store=store))
+        outcomes = asyncio.run(run_seeds(range(first, first + count)))
     except Violation as v:
         return 0, {}, str(v)
     return len(outcomes), merge_labels(outcomes), None
@@ -133,16 +116,15 @@ def merge_labels(outcomes: Iterable[Outcome]) -> dict[str, int]:
     return labels
 
 
-def run_parallel(first: int, count: int, *, jobs: int, store: str = "memory"
-                 ) -> tuple[int, dict[str, int], list[str]]:
+def run_parallel(first: int, count: int, *, jobs: int) -> tuple[int, dict[str, int], list[str]]:
     """Seeds ``first .. first + count - 1`` split over ``jobs`` processes: (schedules run,
     label counts, the violations found: at most one per process, each with its replay
     commands)."""
     if jobs <= 1:
-        n, labels, bad = _shard((first, count, store))
+        n, labels, bad = _shard((first, count))
         return n, labels, [bad] if bad else []
     size = -(-count // jobs)
-    shards = [(first + i * size, min(size, count - i * size), store) for i in range(jobs)
+    shards = [(first + i * size, min(size, count - i * size)) for i in range(jobs)
               if count - i * size > 0]
     total, labels, found = 0, {}, []
     with ProcessPoolExecutor(max_workers=jobs) as pool:

@@ -1,5 +1,5 @@
 """The layout's rules, read from the source: one error boundary (nothing outside
-``engine/store`` catches or even names a driver error), no inline SQL outside the
+``engine/database`` catches or even names a driver error), no inline SQL outside the
 ``.sql`` files (database names are composed with ``psycopg.sql``), and one staleness
 filter for every reader of it."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from callwarden.store.queries import QUERIES
+from callwarden.database.queries import QUERIES
 
 ROOT = Path(__file__).parents[2]
 SOURCES = sorted(p for top in ("engine", "providers", "events", "projections", "migrations")
                  for p in (ROOT / top).rglob("*.py"))
-STORE = ROOT / "engine" / "store"
+STORE = ROOT / "engine" / "database"
 DRIVER = {"psycopg", "psycopg_pool"}
 SQL_START = re.compile(
     r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|VACUUM|COPY)\s")

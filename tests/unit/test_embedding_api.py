@@ -43,7 +43,7 @@ def test_the_names_mypy_sees_are_the_exported_ones() -> None:
 
 def test_the_embedding_api_names_what_a_worker_needs() -> None:
     for name in ("CallRunner", "CallConfig", "Reconciler", "open_pool", "ProviderSettings",
-                 "store_from_env", "LocalFolderStore", "S3Store", "create_job", "migrate"):
+                 "media_from_env", "LocalFolderStore", "S3Store", "create_job", "migrate"):
         assert name in callwarden.__all__
 
 

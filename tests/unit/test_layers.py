@@ -72,4 +72,4 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from callwarden.reconciler import loop\n", encoding="utf-8")
     assert _imported_units(bad) == [("reconciler", 2)]
-    assert RANK["reconciler"] >= RANK["store"]
+    assert RANK["reconciler"] >= RANK["database"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict
 
-from callwarden.store.db import NETWORK_DEFAULTS, network_defaults
+from callwarden.database.db import NETWORK_DEFAULTS, network_defaults
 
 
 def test_every_default_is_added_to_a_url_without_them() -> None:

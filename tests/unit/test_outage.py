@@ -1,4 +1,4 @@
-"""Riding through an outage (engine/store/outage.py): one log line when it starts and one
+"""Riding through an outage (engine/database/outage.py): one log line when it starts and one
 when it ends however many attempts fail, a bounded jittered backoff, and the process's
 /metrics saying how long the database has been down and whether that is past the limit."""
 
@@ -10,15 +10,15 @@ import random
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from callwarden.errors import ConfigError, DatabaseUnavailable
-from callwarden.service.metrics import exposition
-from callwarden.store.outage import (
+from callwarden.database.outage import (
     DEFAULT_LIMIT_S,
     LIMIT_ENV,
     Outage,
     configured_limit_s,
     until_up,
 )
+from callwarden.errors import ConfigError, DatabaseUnavailable
+from callwarden.service.metrics import exposition
 
 
 class Clock:

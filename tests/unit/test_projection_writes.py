@@ -1,5 +1,5 @@
 """The projection's column list is checked in every place it is spelled out: the two
-statements that write projection columns — the append (engine/store/queries.sql) and the
+statements that write projection columns — the append (engine/database/queries.sql) and the
 rebuild (engine/replay/audit.sql) — assign the same columns, and together cover every
 column the fold produces (callwarden.projections.columns.to_columns); ``from_row`` reads exactly
 ``READ_COLUMNS``, and every statement whose rows become a projection returns all of them.
@@ -14,9 +14,9 @@ import re
 
 import pytest
 
+from callwarden.database.queries import QUERIES, _splice
 from callwarden.projections.columns import READ_COLUMNS, from_row, to_columns
 from callwarden.projections.fold import EMPTY
-from callwarden.store.queries import QUERIES, _splice
 from tests.layout import FOLDERS
 
 _ASSIGN = re.compile(r"^\s*(\w+) = ", re.MULTILINE)

@@ -20,8 +20,8 @@ from tests.layout import module_of, source_of
 ROOT = Path(__file__).parents[2]
 WIRE = ("wire", "requests", "llm", "operations", "webhook")
 NAMED = ["callwarden.errors", "callwarden.machine", "callwarden.reconciler.decide",
-         "callwarden.store.appending",
-         "callwarden.store.memory", "callwarden.store.port", "callwarden.providers.errors",
+         "callwarden.database.appending",
+         "callwarden.database.port", "callwarden.providers.errors",
          "callwarden.providers.kinds", "callwarden.providers.llm_stop",
          "callwarden.providers.outcomes", "callwarden.providers.raw",
          "callwarden.providers.webhooks"]
@@ -102,7 +102,8 @@ def test_pure_module_reads_no_clock(module: str) -> None:
 @pytest.mark.parametrize("snippet", [
     "import time\nx = time.time()", "from datetime import datetime\nx = datetime.now(UTC)",
     "import datetime\nx = datetime.datetime.now()", "from time import monotonic\nmonotonic()",
-    "from callwarden.store.clock import utcnow\nutcnow()", "import datetime\ndatetime.date.today()",
+    "from callwarden.database.clock import utcnow\nutcnow()",
+    "import datetime\ndatetime.date.today()",
 ])
 def test_the_clock_check_catches_each_way_to_read_the_time(snippet: str) -> None:
     assert clock_reads(ast.parse(snippet))

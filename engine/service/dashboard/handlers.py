@@ -14,6 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
+from callwarden.database.boundary import connection
+from callwarden.database.db import Pool
+from callwarden.database.write import execute
 from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.replay.audit import audit_job
@@ -23,9 +26,6 @@ from callwarden.service.dashboard.html import page, table
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview
 from callwarden.service.dashboard.rollup import Rollup, latency_rows
 from callwarden.service.dashboard.story import job_page
-from callwarden.store.boundary import connection
-from callwarden.store.db import Pool
-from callwarden.store.write import execute
 
 __all__ = ["Dashboard"]
 

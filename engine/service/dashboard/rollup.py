@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 
 __all__ = ["Rollup", "latency_rows", "percentile"]
 

@@ -19,8 +19,8 @@ from callwarden.providers.storage import (
     MediaStore,
     ObjectNotFound,
     S3Store,
+    media_from_env,
     media_key,
-    store_from_env,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"first" * 50
@@ -220,15 +220,15 @@ async def test_ensure_bucket_twice_is_harmless(
 def test_store_from_env_prefers_s3_then_media_dir_then_default(
     tmp_path: Path, moto_endpoint: str, aws_env: dict[str, str]
 ) -> None:
-    s3 = store_from_env({"CALLWARDEN_MEDIA_S3_BUCKET": "b1",
+    s3 = media_from_env({"CALLWARDEN_MEDIA_S3_BUCKET": "b1",
                          "CALLWARDEN_MEDIA_S3_ENDPOINT_URL": moto_endpoint, **aws_env},
                         default_dir=tmp_path)
     assert isinstance(s3, S3Store)
     assert (s3.bucket, s3._client.meta.endpoint_url) == ("b1", moto_endpoint)
-    local = store_from_env({"CALLWARDEN_MEDIA_DIR": str(tmp_path / "m")}, default_dir=tmp_path)
+    local = media_from_env({"CALLWARDEN_MEDIA_DIR": str(tmp_path / "m")}, default_dir=tmp_path)
     assert isinstance(local, LocalFolderStore)
     assert local.root == tmp_path / "m"
-    fallback = store_from_env({}, default_dir=tmp_path / "d")
+    fallback = media_from_env({}, default_dir=tmp_path / "d")
     assert isinstance(fallback, LocalFolderStore)
     assert fallback.root == tmp_path / "d"
 
@@ -238,7 +238,7 @@ async def test_store_from_env_s3_store_works_end_to_end(
 ) -> None:
     env = {"CALLWARDEN_MEDIA_S3_BUCKET": _bucket(),
            "CALLWARDEN_MEDIA_S3_ENDPOINT_URL": moto_endpoint, **aws_env}
-    store = store_from_env(env, default_dir=tmp_path)
+    store = media_from_env(env, default_dir=tmp_path)
     assert isinstance(store, S3Store)
     await store.ensure_bucket()
     await store.put("media/j/0.mp3", MP3, "audio/mpeg")

@@ -7,7 +7,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from callwarden.store.boundary import translated
+from callwarden.database.boundary import translated
 
 __all__ = ["create_database", "drop_database"]
 

@@ -170,7 +170,7 @@ def network_defaults(url: str) -> str:
 async def connect(url: str) -> AsyncConnection[DictRow]:
     """One autocommit connection returning rows as dicts; a server that cannot be reached
     is ``DatabaseUnavailable`` (translated at the store's boundary)."""
-    from callwarden.store.boundary import translated  # the boundary imports this module
+    from callwarden.database.boundary import translated  # the boundary imports this module
 
     with translated():
         conn = await AsyncConnection.connect(network_defaults(url), autocommit=True,

@@ -1,11 +1,11 @@
 """The pure half of the write path: what one append writes, decided before any I/O.
 
 :func:`append_params` gives the ``append_event`` statement's parameters for an event moving
-a projection to its fold (the one place they are built: the Postgres write path, the
-in-memory store of :mod:`callwarden.store.memory` and the benchmarks use it);
+a projection to its fold (the one place they are built: the Postgres write path and the
+benchmarks use it);
 :class:`AppendResult` is what an append answers; :func:`without_nul` makes an event
 recordable; :func:`observe` registers a hook on every successful append. No I/O, no clock
-(``callwarden.store.write`` re-exports every name).
+(``callwarden.database.write`` re-exports every name).
 """
 
 from __future__ import annotations

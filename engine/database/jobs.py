@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 
 __all__ = ["create_job"]
 

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from callwarden.database.boundary import connection
+from callwarden.database.db import Conn, Pool
+from callwarden.database.write import execute
 from callwarden.errors import DatabaseError, DatabaseUnavailable
-from callwarden.store.boundary import connection
-from callwarden.store.db import Conn, Pool
-from callwarden.store.write import execute
 
 __all__ = ["Clock", "DatabaseClock", "sync_clock", "utcnow"]
 

@@ -1,7 +1,6 @@
-"""One contract, two adapters: every fence of the store port (:mod:`callwarden.store.port`)
-holds the same on Postgres (:class:`PostgresStore`) and in memory (:class:`MemoryStore`,
-the deterministic simulation's store). Each test runs on both with the same assertions;
-the Postgres run is the reference the memory adapter is held to."""
+"""The database port's contract (:mod:`callwarden.database.port`), on a real Postgres
+(:class:`PostgresDatabase`): every fence the actors rely on, at the level of meaning, with
+the host's writes made by plain SQL and the heartbeat stamped with a simulated clock."""
 
 from __future__ import annotations
 
@@ -12,6 +11,9 @@ from decimal import Decimal
 
 import pytest
 
+from callwarden.database.db import open_pool
+from callwarden.database.port import ClaimRequest
+from callwarden.database.postgres import PostgresDatabase
 from callwarden.errors import JobNotFound, TaskAlreadyClaimed
 from callwarden.events.states import CallState, InvalidTransition
 from callwarden.events.types import (
@@ -29,18 +31,13 @@ from callwarden.projections.fold import EMPTY, CallProjection
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
-from callwarden.store.db import open_pool
-from callwarden.store.memory import MemoryStore
-from callwarden.store.port import ClaimRequest
-from callwarden.store.postgres import PostgresStore
-from tests.simulation.host import EPOCH, Host, PostgresHost, SimClock, adapters
+from tests.simulation.host import EPOCH, PostgresHost, SimClock, adapters
 
 KIND = "replicate-prediction"
-Store = PostgresStore | MemoryStore
 
 
 class Env:
-    def __init__(self, store: Store, host: Host, clock: SimClock) -> None:
+    def __init__(self, store: PostgresDatabase, host: PostgresHost, clock: SimClock) -> None:
         self.store, self.host, self.clock = store, host, clock
 
     async def job(self, *credits: str, status: str = "pending") -> uuid.UUID:
@@ -69,24 +66,11 @@ class Env:
             FinalizeClaimed(at=t, actor="w", owner="w/1", lease_until=t + timedelta(minutes=10)))
 
 
-@pytest.fixture(params=["postgres", "memory"])
-def adapter(request: pytest.FixtureRequest) -> tuple[str, str | None]:
-    """The adapter, and a fresh migrated database for the Postgres one."""
-    kind: str = request.param
-    return kind, request.getfixturevalue("db_url") if kind == "postgres" else None
-
-
 @pytest.fixture
-async def env(adapter: tuple[str, str | None]) -> AsyncIterator[Env]:
-    kind, url = adapter
+async def env(db_url: str) -> AsyncIterator[Env]:
     clock = SimClock(EPOCH)
-    if url is None:
-        store, host = adapters(kind, clock=clock, pool=None)
-        yield Env(store, host, clock)
-        return
-    async with open_pool(url, max_size=2) as pool:
-        store, host = adapters(kind, clock=clock, pool=pool)
-        assert isinstance(host, PostgresHost)
+    async with open_pool(db_url, max_size=2) as pool:
+        store, host = adapters(clock=clock, pool=pool)
         await host.install_audit()  # the reservation audit, as the simulation reads it
         yield Env(store, host, clock)
 
@@ -245,8 +229,8 @@ async def test_a_start_is_refused_on_a_row_with_another_systems_task(env: Env) -
 
 
 def _claim(env: Env, owner: str, now_s: float, config: ReconcileConfig) -> ClaimRequest:
-    r = Reconciler(None, None, None, LocalFolderStore("/nonexistent"),  # type: ignore[arg-type]
-                   config=config, owner=owner, db=env.store)
+    r = Reconciler(env.store, None, None, LocalFolderStore("/nonexistent"),  # type: ignore[arg-type]
+                   config=config, owner=owner)
     return r.claim_request(EPOCH + timedelta(seconds=now_s))
 
 

@@ -30,6 +30,19 @@ import msgspec
 import psycopg
 from psycopg.rows import DictRow
 
+from callwarden.database.appending import (
+    AppendResult,
+    Decide,
+    _observers,
+    _settled,
+    append_params,
+    observe,
+    without_nul,
+)
+from callwarden.database.boundary import is_lost_append_race, translate, translated
+from callwarden.database.db import Conn
+from callwarden.database.port import transition_via
+from callwarden.database.queries import QUERIES
 from callwarden.errors import (
     DatabaseError,
     JobNotFound,
@@ -39,19 +52,6 @@ from callwarden.events.codec import EventDecodeError, decode
 from callwarden.events.types import Cancelled, Event
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
-from callwarden.store.appending import (
-    AppendResult,
-    Decide,
-    _observers,
-    _settled,
-    append_params,
-    observe,
-    without_nul,
-)
-from callwarden.store.boundary import is_lost_append_race, translate, translated
-from callwarden.store.db import Conn
-from callwarden.store.port import transition_via
-from callwarden.store.queries import QUERIES
 
 __all__ = [
     "AppendResult", "Decide", "append", "append_params", "cancel", "execute", "execute_batch",

@@ -1,5 +1,5 @@
-"""The Postgres adapter of :mod:`callwarden.store.port`: a thin layer over the write path
-(:mod:`callwarden.store.write`) and the named queries, one pooled connection per operation,
+"""The Postgres adapter of :mod:`callwarden.database.port`: a thin layer over the write path
+(:mod:`callwarden.database.write`) and the named queries, one pooled connection per operation,
 exactly as the actors used them before the port existed (the SQL stays in the ``.sql``
 files).
 
@@ -14,32 +14,36 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from typing import TypeVar
 
+from psycopg_pool import AsyncConnectionPool
+
+from callwarden.database import write
+from callwarden.database.boundary import connection, transaction
+from callwarden.database.clock import Clock
+from callwarden.database.clock import sync_clock as _sync_clock
+from callwarden.database.db import Pool
+from callwarden.database.port import Before, ClaimRequest, Row
+from callwarden.database.snapshot import snapshot
+from callwarden.database.write import AppendResult, Decide
+from callwarden.database.write import execute as _execute
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.fold import CallProjection
-from callwarden.store import write
-from callwarden.store.boundary import connection, transaction
-from callwarden.store.clock import Clock
-from callwarden.store.clock import sync_clock as _sync_clock
-from callwarden.store.db import Pool
-from callwarden.store.port import Before, ClaimRequest, Row
-from callwarden.store.snapshot import snapshot
-from callwarden.store.write import AppendResult, Decide
-from callwarden.store.write import execute as _execute
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresDatabase", "as_database"]
+
+D = TypeVar("D")
 
 
-class PostgresStore:
-    """:class:`~callwarden.store.port.Store`, :class:`~callwarden.store.port.ReconcilerStore`,
-    :class:`~callwarden.store.port.WebhookStore` and :class:`~callwarden.store.port.HostStore` on
-    ``pool``."""
+class PostgresDatabase:
+    """Every protocol of :mod:`callwarden.database.port` (``Database``,
+    ``ReconcilerDatabase``, ``WebhookDatabase``, ``HostDatabase``) on ``pool``."""
 
     def __init__(self, pool: Pool, *, clock: Clock | None = None) -> None:
         self.pool = pool
         self.clock = clock
 
-    # -- Store -------------------------------------------------------------------------
+    # -- Database -------------------------------------------------------------------------
 
     async def load(self, job_id: uuid.UUID) -> CallProjection:
         async with connection(self.pool) as conn:
@@ -94,7 +98,7 @@ class PostgresStore:
     async def sync_clock(self, clock: Clock) -> None:
         await _sync_clock(clock, self.pool)
 
-    # -- ReconcilerStore ----------------------------------------------------------------
+    # -- ReconcilerDatabase ----------------------------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> list[Row]:
         async with connection(self.pool) as conn:
@@ -121,7 +125,7 @@ class PostgresStore:
             await _execute(conn, "reconcile_park",
                            {"job_id": job_id, "owner": owner, "until": until})
 
-    # -- WebhookStore -------------------------------------------------------------------
+    # -- WebhookDatabase -------------------------------------------------------------------
 
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
         async with connection(self.pool) as conn:
@@ -150,7 +154,7 @@ class PostgresStore:
         async with connection(self.pool, wait_s=1.0) as conn:
             await _execute(conn, "service_ping", {})
 
-    # -- HostStore ----------------------------------------------------------------------
+    # -- HostDatabase ----------------------------------------------------------------------
 
     async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
                          credits: Decimal | None = None, status: str = "pending",
@@ -165,3 +169,12 @@ class PostgresStore:
         async with connection(self.pool) as conn:
             await _execute(conn, "host_add_reservation",
                            {"job_id": job_id, "credits": credits})
+
+
+def as_database(db: Pool | D) -> PostgresDatabase | D:
+    """The one handle an actor takes: a :data:`~callwarden.database.db.Pool` (wrapped in a
+    :class:`PostgresDatabase`), or anything that already speaks the port (a
+    :class:`PostgresDatabase`, or a test's wrapper around one)."""
+    if isinstance(db, AsyncConnectionPool):
+        return PostgresDatabase(db)
+    return db

@@ -1,14 +1,14 @@
 """The one error boundary: where driver errors become engine errors.
 
 Every exception psycopg or its pool raises is translated by :func:`translate` (by class,
-SQLSTATE and constraint name, never by message text) before it leaves ``engine/store``;
+SQLSTATE and constraint name, never by message text) before it leaves ``engine/database``;
 nothing outside this package catches a driver error (``tests/unit/test_architecture.py``
 checks). The tree it translates into is drawn in :mod:`callwarden.errors`.
 
-The ways through it: :func:`callwarden.store.db.connect` and :func:`connection` (a
+The ways through it: :func:`callwarden.database.db.connect` and :func:`connection` (a
 connection; a pool timeout or a dropped connection comes out as ``DatabaseUnavailable``),
 :func:`transaction`, :func:`translated` (around raw statements inside the store), and
-``callwarden.store.write.execute`` / ``execute_batch`` / ``execute_script`` (named queries).
+``callwarden.database.write.execute`` / ``execute_batch`` / ``execute_script`` (named queries).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
 
+from callwarden.database.db import Conn, Pool
 from callwarden.errors import (
     DatabaseError,
     DatabaseUnavailable,
     TaskAlreadyClaimed,
     WriteConflict,
 )
-from callwarden.store.db import Conn, Pool
 
 __all__ = ["connection", "is_lost_append_race", "transaction", "translate", "translated"]
 

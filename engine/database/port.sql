@@ -1,4 +1,4 @@
--- The store port's own statements (engine/store/postgres.py); every other operation of the
+-- The store port's own statements (engine/database/postgres.py); every other operation of the
 -- port runs the statements it ran before the port existed.
 
 -- name: heartbeat_at

@@ -12,10 +12,10 @@ from importlib import resources
 
 import msgspec
 
+from callwarden.database.boundary import translated
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 from callwarden.errors import DatabaseError, DatabaseUnavailable, MigrationError
-from callwarden.store.boundary import translated
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
 
 __all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending"]
 

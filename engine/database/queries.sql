@@ -1,6 +1,6 @@
 -- The store's queries (the write path, the clock, jobs, the migration runner's bookkeeping),
 -- each under a "-- name: <name>" header. Loaded once with every package's .sql file by
--- callwarden.store.queries; parameters are psycopg named placeholders.
+-- callwarden.database.queries; parameters are psycopg named placeholders.
 
 -- name: load_projection
 -- The projection columns (callwarden's own; never the host's output_data), and how many of
@@ -146,7 +146,7 @@ RETURNING w.id;
 -- The database's clock: the one every actor compares leases and heartbeats on.
 SELECT now() AS now;
 
--- The migration runner's own bookkeeping (engine/store/migrate.py).
+-- The migration runner's own bookkeeping (engine/database/migrate.py).
 
 -- name: migrations_create_table
 CREATE TABLE IF NOT EXISTS callwarden_migrations (
@@ -179,7 +179,7 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- fragment: projection_set
 -- The projection columns an event's fold writes, but status (the append and the rebuild
 -- fence it differently): written once, spliced into append_event and
--- audit_rebuild_projection by callwarden.store.queries.
+-- audit_rebuild_projection by callwarden.database.queries.
     provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
                          ELSE provider_kind END,
     provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text

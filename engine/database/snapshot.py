@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from callwarden.store.boundary import transaction
-from callwarden.store.db import Conn
-from callwarden.store.write import execute
+from callwarden.database.boundary import transaction
+from callwarden.database.db import Conn
+from callwarden.database.write import execute
 
 __all__ = ["snapshot"]
 

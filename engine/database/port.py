@@ -2,22 +2,21 @@
 
 Three small protocols, one per kind of caller:
 
-* :class:`Store` — every actor: read a call (:meth:`~Store.load`, its log), append one
-  event fenced on what was read (:meth:`~Store.append`; with ``assets`` the finalizer's
+* :class:`Database` — every actor: read a call (:meth:`~Database.load`, its log), append one
+  event fenced on what was read (:meth:`~Database.append`; with ``assets`` the finalizer's
   completion: the event, the ``assets`` rows and the sole-cause workflow reopen in one
   transaction; ``before`` is awaited just before the write is sent), read-decide-append
-  (:meth:`~Store.transition`), the projection-only heartbeat, and the clock refresh;
-* :class:`ReconcilerStore` — the reconciler's claim (the stale rule, leases), the
+  (:meth:`~Database.transition`), the projection-only heartbeat, and the clock refresh;
+* :class:`ReconcilerDatabase` — the reconciler's claim (the stale rule, leases), the
   candidate read (the row and its log in one snapshot), renew, park and release;
-* :class:`WebhookStore` — the receiver's look-ups by task and by job, delivery dedupe;
-* :class:`HostStore` — the host's side (drivers and tests): a job and its reservations.
+* :class:`WebhookDatabase` — the receiver's look-ups by task and by job, delivery dedupe;
+* :class:`HostDatabase` — the host's side (drivers and tests): a job and its reservations.
 
-Two adapters: :class:`callwarden.store.postgres.PostgresStore` (the SQL of ``queries.sql``,
-unchanged) and :class:`callwarden.store.memory.MemoryStore` (pure Python with the same fences,
-on a simulated clock: the deterministic simulation's store). Both pass one contract suite
-(``tests/integration/test_store_contract.py``).
+The adapter is :class:`callwarden.database.postgres.PostgresDatabase` (the SQL of
+``queries.sql``); its contract is ``tests/integration/test_database_port.py``. An actor
+takes a pool or any implementation (:func:`callwarden.database.postgres.as_database`).
 
-A fence's outcome is the same on both: a lost race is ``ok=False`` with the winner's
+A fence's outcome: a lost race is ``ok=False`` with the winner's
 projection; the host's ended status is recorded as ``HostEnded``
 (:func:`callwarden.rules.host.host_ended`); a task id another job holds raises
 :class:`~callwarden.errors.TaskAlreadyClaimed`; an unknown job raises
@@ -34,18 +33,28 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from callwarden.database.appending import AppendResult, Decide
 from callwarden.errors import ConflictExhausted
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.fold import CallProjection
 from callwarden.rules.host import host_ended, job_ended_by_host
 from callwarden.rules.stale import StaleRule
-from callwarden.store.appending import AppendResult, Decide
 
-__all__ = ["AppendResult", "Before", "ClaimRequest", "Clock", "Decide", "HostStore",
-           "ReconcilerStore",
-           "Row", "Store", "WebhookStore", "transition_via"]
+__all__ = [
+    "AppendResult",
+    "Before",
+    "ClaimRequest",
+    "Clock",
+    "Database",
+    "Decide",
+    "HostDatabase",
+    "ReconcilerDatabase",
+    "Row",
+    "WebhookDatabase",
+    "transition_via",
+]
 
-#: The clock an actor reads (``callwarden.store.clock.Clock``: the database's, or a logical one).
+#: The clock an actor reads (``callwarden.database.clock.Clock``: the database's, or a logical one).
 Clock = Callable[[], datetime]
 
 #: Awaited once the store is about to send a write (Postgres: with its connection held);
@@ -77,7 +86,7 @@ class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @runtime_checkable
-class Store(Protocol):
+class Database(Protocol):
     """The write path and the reads every actor needs."""
 
     async def load(self, job_id: uuid.UUID) -> CallProjection: ...
@@ -97,7 +106,7 @@ class Store(Protocol):
     async def sync_clock(self, clock: Clock) -> None: ...
 
 
-class ReconcilerStore(Store, Protocol):
+class ReconcilerDatabase(Database, Protocol):
     async def claim(self, request: ClaimRequest) -> list[Row]: ...
 
     async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
@@ -111,7 +120,7 @@ class ReconcilerStore(Store, Protocol):
     async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None: ...
 
 
-class WebhookStore(Store, Protocol):
+class WebhookDatabase(Database, Protocol):
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None: ...
 
     async def job_by_id(self, job_id: uuid.UUID) -> Row | None: ...
@@ -126,7 +135,7 @@ class WebhookStore(Store, Protocol):
     async def ping(self) -> None: ...
 
 
-class HostStore(Protocol):
+class HostDatabase(Protocol):
     async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
                          credits: Decimal | None = None, status: str = "pending",
                          job_type: str = "image") -> None: ...
@@ -146,8 +155,8 @@ class LoadAppend(Protocol):
 async def transition_via(store: LoadAppend, job_id: uuid.UUID, decide: Decide, *,
                          max_conflicts: int = 8,
                          current: CallProjection | None = None) -> AppendResult:
-    """The one read-decide-append loop (:func:`callwarden.store.write.transition` runs it on a
-    connection, every :class:`Store` on itself): read, decide, record the host's decision
+    """The one read-decide-append loop (:func:`callwarden.database.write.transition` runs it on a
+    connection, every :class:`Database` on itself): read, decide, record the host's decision
     in its place, re-decide on the winner's projection after a lost race."""
     projection = current if current is not None else await store.load(job_id)
     for _ in range(max_conflicts):
