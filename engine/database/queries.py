@@ -30,7 +30,7 @@ def load_queries(text: str) -> dict[str, LiteralString]:
     return out
 
 
-PACKAGES = ("database", "calls", "reconciler", "service", "replay", "queue", "demo")
+PACKAGES = ("database", "calls", "service", "replay", "queue", "demo")
 
 
 def _fragments(text: str) -> tuple[str, dict[str, str]]:

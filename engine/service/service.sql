@@ -1,37 +1,6 @@
--- The service face (webhooks, metrics, dashboard, admin): every query of engine/service/
--- (webhooks, metrics, dashboard, app), each under a "-- name: <name>" header.
-
--- name: service_ping
-SELECT 1 AS ok;
-
--- name: webhook_find_job
--- Served by the unique partial index jobs_provider_task_idx (provider_kind, provider_task_id).
-SELECT id, provider_kind, provider_task_id, call_state
-FROM jobs
-WHERE provider_kind = ANY(%(kinds)s::text[])
-  AND provider_task_id = %(task_id)s::text;
-
--- name: webhook_job_by_id
-SELECT id, provider_kind, provider_task_id, provider_call_started_at, call_state,
-       callback_token
-FROM jobs
-WHERE id = %(job_id)s::uuid;
-
--- name: webhook_record_delivery
--- Replay protection: a second delivery with the same id inserts nothing.
-INSERT INTO webhook_deliveries (provider, delivery_id, job_id)
-VALUES (%(provider)s::text, %(delivery_id)s::text, %(job_id)s::uuid)
-ON CONFLICT (provider, delivery_id) DO NOTHING
-RETURNING delivery_id;
-
--- name: webhook_forget_delivery
--- The delivery could not be processed (database error): let the provider's retry through.
-DELETE FROM webhook_deliveries
-WHERE provider = %(provider)s::text AND delivery_id = %(delivery_id)s::text;
-
--- name: webhook_prune_deliveries
-DELETE FROM webhook_deliveries
-WHERE received_at < %(before)s::timestamptz;
+-- The service face's reads: /metrics' gauges and the dashboard, each under a
+-- "-- name: <name>" header. The webhook receiver's statements are the database port's
+-- (engine/database/webhooks.sql).
 
 -- name: metrics_open_calls
 -- Open calls by kind and state: served by the partial index jobs_open_calls_idx, so the

@@ -38,7 +38,8 @@ def test_sql_files_ship_with_the_packages() -> None:
     assert sorted(p.name for p in resources.files("callwarden.migrations").iterdir()
                   if p.name.endswith(".sql"))[:3] == [
         "0001_host_baseline.sql", "0002_external_call_columns.sql", "0003_call_events.sql"]
-    for package, sql in (("database", "queries.sql"), ("reconciler", "reconcile.sql"),
+    for package, sql in (("database", "queries.sql"), ("database", "reconcile.sql"),
+                         ("database", "webhooks.sql"),
                          ("service", "service.sql"), ("replay", "audit.sql"),
                          ("queue", "queue.sql"), ("demo", "demo.sql")):
         assert resources.files("callwarden").joinpath(package, sql).is_file(), sql

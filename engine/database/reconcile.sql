@@ -1,4 +1,5 @@
--- The reconciler's queries. Projection columns are never written here: every state change
+-- The reconciler's claim statements, run by the database port (engine/database/postgres.py:
+-- claim, renew, release, park). Projection columns are never written here: every state change
 -- goes through append_event (fenced on call_version). These statements only move the
 -- reconciler's own claim columns (reconcile_owner, reconcile_lease_until).
 
