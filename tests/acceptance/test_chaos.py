@@ -29,6 +29,7 @@ import pytest
 
 from callwarden.database.db import EmbeddedServer
 from tests.faults import DatabaseFaults, FaultLog, FaultProxy
+from tests.support.processes import assert_invariants
 
 # One process runs every fleet test (README: the tests run in two), so two fleets of
 # worker processes never compete for the cores against their deadlines.
@@ -38,18 +39,6 @@ pytestmark = pytest.mark.xdist_group("fleets")
 # stuck-forever jobs wait out their horizon through repeated faults (measured 2026-12-01;
 # every run PASS). The deadline leaves room for the slow mode.
 DEADLINE_S = 420
-
-
-def assert_invariants(summary: dict[str, object], jobs: int) -> None:
-    assert summary["jobs"] == jobs
-    assert summary["non_terminal"] == 0
-    assert summary["upstream_creates_max_per_job"] == 1
-    assert summary["duplicate_settlements"] == 0
-    assert summary["verify_mismatches"] == 0
-    assert summary["violations"] == []
-    credits = summary["credits"]
-    assert isinstance(credits, dict)
-    assert credits["leaked"] == 0
 
 
 @pytest.mark.timeout(DEADLINE_S + 60)

@@ -28,9 +28,9 @@ from typing import cast
 import pytest
 import redis
 
-from tests.acceptance.test_chaos import assert_invariants
 from tests.debian import binary
 from tests.redis import MISSING, running_redis
+from tests.support.processes import assert_invariants
 
 # One process runs every fleet test (README: the tests run in two), so two fleets of
 # worker processes never compete for the cores against their deadlines.

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from callwarden.database.db import connect
 from callwarden.providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.test_outside_in import cli, environment, seed_call
+from tests.support.processes import cli, environment, seed_call
 
 ENV = "CALLWARDEN_RECONCILE_THRESHOLD_ANTHROPIC_SYNC"
 

@@ -21,6 +21,8 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler, Signal
 from tests.support import no_sleep
+from tests.support.leases import HeldMedia, holding_media
+from tests.support.webhooks import Service, serving
 
 APPLICATION_NAME = "cw-integration-test"  # lets a test find (and kill) the pool's backends
 
@@ -70,3 +72,18 @@ def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
                           config=CallConfig(**config), sleep=no_sleep, pricing=pricing,
                           callback_url=lambda job, kind: "http://127.0.0.1:9/cb")
     return make
+
+
+@pytest.fixture
+async def held() -> AsyncIterator[HeldMedia]:
+    """A media host that holds each download until the test answers it."""
+    async with holding_media() as state:
+        yield state
+
+
+@pytest.fixture
+async def service(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                  tmp_path: Path) -> AsyncIterator[Service]:
+    """The webhook service on 127.0.0.1 over the test's pool and simulator."""
+    async with serving(pool, sim, http, tmp_path) as s:
+        yield s

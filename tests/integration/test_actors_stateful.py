@@ -65,7 +65,7 @@ from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from tests.integration.test_races_stateful import HOST_TERMINAL, HOST_WRITES
+from tests.support.paths import HOST_TERMINAL, HOST_WRITES
 
 KIND, PROVIDER = "replicate-prediction", "replicate"
 TOKEN = "machine-admin-token"

@@ -35,8 +35,8 @@ from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.support import no_sleep
+from tests.support.calls import NOW_SCRIPT, upstream_task
 
 KIND = "kie-standard"
 

@@ -48,16 +48,9 @@ from callwarden.replay.audit import AuditReport, audit_job
 from callwarden.replay.verify import BatchResult, verify, verify_job
 from callwarden.rules.upstream import upstream_event
 from tests.integration.conftest import MakeReconciler
-from tests.integration.test_audit import new_job
-from tests.integration.test_host_boundary import seed_row
-from tests.integration.test_reconciler import (
-    DEAD,
-    NOW_SCRIPT,
-    OLD,
-    dead_worker_call,
-    upstream_task,
-)
-from tests.unit.test_timeline import completed_path, failed_path
+from tests.support.audit import new_job
+from tests.support.calls import DEAD, NOW_SCRIPT, OLD, dead_worker_call, seed_row, upstream_task
+from tests.support.paths import completed_path, failed_path
 
 # -- callwarden's columns, from the migrations ------------------------------------------------
 

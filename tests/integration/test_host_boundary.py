@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import aiohttp
 import msgspec
-from psycopg import sql
 
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn
@@ -36,12 +34,13 @@ from callwarden.reconciler.config import ReconcileConfig
 from callwarden.replay.audit import stats
 from callwarden.replay.verify import verify_job
 from tests.integration.conftest import MakeReconciler, MakeRunner
-from tests.integration.test_reconciler import (
+from tests.support.calls import (
     NOW_SCRIPT,
     OLD,
     counted,
     dead_worker_call,
     row,
+    seed_row,
     upstream_task,
 )
 
@@ -50,19 +49,6 @@ HOST_OUTPUT = {"media": ["https://cdn.example/x.png"], "thumbnail": "t.png"}
 
 async def events_of(conn: Conn, job: uuid.UUID) -> list[str]:
     return [type(e).__name__ for e in await load_events(conn, job)]
-
-
-async def seed_row(conn: Conn, task: str | None, *, kind: str = "kie-standard",
-                   age: timedelta = OLD, **columns: Any) -> uuid.UUID:
-    """A job the host's own worker instrumented (seed §5.2), straight onto jobs."""
-    job = await create_job(conn, credits=10, status="processing")
-    await conn.execute(
-        "UPDATE jobs SET provider_kind = %s, provider_task_id = %s, "
-        "provider_call_started_at = now() - %s WHERE id = %s", (kind, task, age, job))
-    for column, value in columns.items():
-        await conn.execute(sql.SQL("UPDATE jobs SET {} = %s WHERE id = %s").format(
-            sql.Identifier(column)), (value, job))
-    return job
 
 
 # -- 1. a host row never stops recovery ------------------------------------------------------

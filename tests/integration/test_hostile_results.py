@@ -34,8 +34,8 @@ from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from tests.integration.conftest import MakeRunner
-from tests.integration.test_reconciler import dead_worker_call, row, upstream_task
 from tests.support import no_sleep
+from tests.support.calls import dead_worker_call, row, upstream_task
 
 LLM = {"model": "claude-sonnet-4-6", "max_tokens": 16,
        "messages": [{"role": "user", "content": "hi"}]}

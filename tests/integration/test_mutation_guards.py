@@ -23,16 +23,7 @@ from callwarden.database.jobs import create_job
 from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, Cancelled
 from callwarden.providers.storage import LocalFolderStore
-from tests.integration.test_leases_and_clocks import (
-    CONFIG,
-    HeldMedia,
-    LogicalClock,
-    held,
-    settings_for,
-    succeeded_call,
-)
-
-__all__ = ["held"]  # the fixture, imported so pytest finds it here
+from tests.support.leases import CONFIG, HeldMedia, LogicalClock, settings_for, succeeded_call
 
 T0 = datetime(2026, 5, 19, 12, tzinfo=UTC)
 

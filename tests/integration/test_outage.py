@@ -29,16 +29,10 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.service.app import ServiceConfig
 from callwarden.service.webhooks import WebhookConfig
-from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, upstream_task
-from tests.integration.test_webhooks import (
-    post,
-    replicate_task,
-    serving,
-    state,
-    terminal_delivery,
-)
 from tests.service import running_service
 from tests.support import no_sleep
+from tests.support.calls import NOW_SCRIPT, dead_worker_call, upstream_task
+from tests.support.webhooks import post, replicate_task, serving, state, terminal_delivery
 
 
 async def ready_within(http: aiohttp.ClientSession, url: str, limit_s: float) -> bool:

@@ -29,7 +29,7 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Counts, Reconciler
 from callwarden.replay.verify import verify_job
 from tests.integration.conftest import MakeReconciler, MakeRunner
-from tests.integration.test_reconciler import NOW_SCRIPT, dead_worker_call, row, upstream_task
+from tests.support.calls import NOW_SCRIPT, dead_worker_call, row, upstream_task
 
 KIND, PROVIDER = "kie-standard", "kie"
 THRESHOLD_S = 600.0  # kie-standard's stale threshold (the seed's 10 minutes)

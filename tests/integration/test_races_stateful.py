@@ -50,6 +50,7 @@ from callwarden.events.types import (
 )
 from callwarden.projections.fold import CallProjection
 from callwarden.replay.verify import verify_job
+from tests.support.paths import HOST_TERMINAL, HOST_WRITES
 
 S = CallState
 T0 = datetime(2026, 5, 19, 9, 0, tzinfo=UTC)
@@ -57,38 +58,6 @@ LEASE = timedelta(seconds=60)
 CAP = 3
 ACTORS = ["worker", "worker-retry", "reconciler-a", "reconciler-b", "webhook", "user"]
 
-# What the host does with plain SQL: the seed's own statements (a job in flight is
-# completed, failed or cancelled; a reservation settled with a compare-and-set on
-# 'reserved'), never through callwarden.
-_IN_FLIGHT = " AND status IN ('pending', 'processing')"
-HOST_WRITES: dict[str, list[str]] = {
-    "complete_and_commit": [
-        "UPDATE jobs SET status = 'completed' WHERE id = %(job)s" + _IN_FLIGHT,
-        "UPDATE usage_logs SET status = 'committed', credits_charged = credits_reserved, "
-        "settled_at = now() WHERE job_id = %(job)s AND status = 'reserved'"],
-    "fail_and_refund": [
-        "UPDATE jobs SET status = 'failed', error_message = 'host: failed' "
-        "WHERE id = %(job)s" + _IN_FLIGHT,
-        "UPDATE usage_logs SET status = 'refunded', credits_charged = 0, settled_at = now() "
-        "WHERE job_id = %(job)s AND status = 'reserved'"],
-    "cancel": ["UPDATE jobs SET status = 'cancelled' WHERE id = %(job)s" + _IN_FLIGHT],
-    "refund_only": [
-        "UPDATE usage_logs SET status = 'refunded', credits_charged = 0, settled_at = now() "
-        "WHERE job_id = %(job)s AND status = 'reserved'"],
-    "second_reservation": [
-        "INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
-        "SELECT id, user_id, 'reserved', 3 FROM jobs WHERE id = %(job)s "
-        "AND status IN ('pending', 'processing')"],
-    "seed_columns": [
-        "UPDATE jobs SET provider_kind = COALESCE(provider_kind, 'kie-standard'), "
-        "provider_call_started_at = COALESCE(provider_call_started_at, now()), "
-        "reconcile_attempts = reconcile_attempts + 1, reconcile_last_error = 'host: retry' "
-        "WHERE id = %(job)s AND call_state IS NULL"],
-    "processing": ["UPDATE jobs SET status = 'processing' WHERE id = %(job)s "
-                   "AND status = 'pending'"],
-}
-HOST_TERMINAL = {"complete_and_commit": "completed", "fail_and_refund": "failed",
-                 "cancel": "cancelled"}
 
 AUDIT_SQL = """
 CREATE TABLE IF NOT EXISTS usage_audit (usage_id bigint, job_id uuid, old_status text,

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
-import msgspec
 import pytest
 
 from callwarden.database.clock import utcnow
@@ -20,69 +19,27 @@ from callwarden.database.jobs import create_job
 from callwarden.database.queries import QUERIES
 from callwarden.database.write import append, execute, load, load_events
 from callwarden.events.states import CallState
-from callwarden.events.types import CallStarted, FinalizeClaimed, TaskCreated
+from callwarden.events.types import FinalizeClaimed
 from callwarden.providers.base import AsyncKindClient
 from callwarden.providers.registry import client_for
 from callwarden.providers.simulator.core import Fault, RunningSimulator
-from callwarden.reconciler.loop import Counts
 from callwarden.replay.verify import verify_job
 from callwarden.rules.upstream import upstream_event
 from tests.integration.conftest import MakeReconciler
+from tests.support.calls import (
+    DEAD,
+    NOW_SCRIPT,
+    OLD,
+    REQUESTS,
+    counted,
+    dead_worker_call,
+    row,
+    upstream_task,
+)
 
-VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
-DUB = {"file": b"\x00\x00\x00\x18ftypmp42video", "target_lang": "es", "name": "clip"}
-DEAD = "worker:dead0000"
-OLD = timedelta(minutes=40)  # past every family's threshold used here
-
-REQUESTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "kie-standard": lambda s: {"model": "nano-banana-pro", "input": {"prompt": "a cat",
-                                                                     "_sim": s}},
-    "replicate-prediction": lambda s: {"version": VERSION, "input": {"prompt": "x",
-                                                                     "_sim": s}},
-    "replicate-training": lambda s: {"model": "ostris/flux-dev-lora-trainer",
-                                     "version": VERSION, "destination": "me/my-lora",
-                                     "input": {"steps": 100, "_sim": s}},
-    "elevenlabs-async": lambda s: {**DUB, "_sim": s},
-}
 POLL_ROUTE = {"kie-standard": ("kie", "poll"), "replicate-prediction": ("replicate", "poll"),
               "replicate-training": ("replicate", "poll_training"),
               "elevenlabs-async": ("elevenlabs", "poll")}
-NOW_SCRIPT: dict[str, Any] = {"steps": [], "end": "succeeded"}
-
-
-async def upstream_task(http: aiohttp.ClientSession, sim: RunningSimulator, kind: str,
-                        script: dict[str, Any]) -> str:
-    """A task created upstream through the simulator, as the dead worker did."""
-    client = cast(AsyncKindClient, client_for(kind, http, sim.settings))
-    return await client.create(REQUESTS[kind](script))
-
-
-async def dead_worker_call(conn: Conn, kind: str, task_id: str | None, *,
-                           age: timedelta = OLD, sync: bool = False) -> uuid.UUID:
-    """A job whose worker recorded CallStarted (+ TaskCreated) ``age`` ago, then died."""
-    job = await create_job(conn, credits=10)
-    at = utcnow() - age
-    p = (await append(conn, job, await load(conn, job),
-                      CallStarted(at=at, actor=DEAD, kind=kind, sync=sync))).projection
-    if task_id is not None:
-        await append(conn, job, p, TaskCreated(at=at, actor=DEAD, task_id=task_id))
-    return job
-
-
-async def row(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
-    got = await (await conn.execute(
-        "SELECT j.status, j.call_state, j.error_message, j.reconcile_attempts, "
-        "j.reconcile_last_error, j.reconcile_next_at, j.reconcile_owner, j.call_version, "
-        "j.progress, u.status AS credits, u.credits_charged, "
-        "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
-        "FROM jobs j LEFT JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s", (job,)
-    )).fetchone()
-    assert got is not None
-    return dict(got)
-
-
-def counted(c: Counts) -> dict[str, int]:
-    return {k: v for k, v in msgspec.structs.asdict(c).items() if v}
 
 
 # -- every outcome, for each provider family ------------------------------------------------

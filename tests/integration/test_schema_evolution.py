@@ -20,8 +20,8 @@ from callwarden.projections.fold import fold
 from callwarden.replay.audit import audit_job
 from callwarden.replay.rebuild import rebuild
 from callwarden.replay.verify import verify
-from tests.integration.test_audit import new_job
-from tests.unit.test_timeline import completed_path, failed_path
+from tests.support.audit import new_job
+from tests.support.paths import completed_path, failed_path
 
 COPY_PROJECTION = """
 UPDATE jobs o SET (call_state, call_version, status, provider_kind, provider_call_started_at,

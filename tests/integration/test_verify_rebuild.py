@@ -18,8 +18,8 @@ from callwarden.projections.fold import CallProjection, fold
 from callwarden.replay.history import read_histories
 from callwarden.replay.rebuild import RebuildReport, Write, apply_writes, plan, rebuild, rebuild_job
 from callwarden.replay.verify import verify, verify_job
-from tests.integration.test_audit import cli, new_job, run_sync
-from tests.unit.test_timeline import PATHS, at, completed_path
+from tests.support.audit import cli, new_job, run_sync
+from tests.support.paths import PATHS, at, completed_path
 
 
 async def _all_paths(conn: Conn) -> dict[str, uuid.UUID]:

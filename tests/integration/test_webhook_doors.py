@@ -60,8 +60,8 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import RECEIVER, ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
-from tests.integration.test_webhooks import AUTH, start_call, stt_body, task_created
+from tests.support.calls import NOW_SCRIPT, upstream_task
+from tests.support.webhooks import AUTH, start_call, stt_body, task_created
 
 MAX_BODY = 16 * 1024  # the configured limit (small, so a huge body is cheap to send)
 FAILED_SCRIPT: dict[str, Any] = {"steps": [], "end": "failed", "error": "upstream said no"}

@@ -45,7 +45,8 @@ from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig, build_app
 from callwarden.service.webhooks import WebhookConfig
-from tests.integration.test_webhooks import (
+from tests.support import no_sleep
+from tests.support.webhooks import (
     KIE_FAMILIES,
     Service,
     event_types,
@@ -56,7 +57,6 @@ from tests.integration.test_webhooks import (
     task_created,
     terminal_delivery,
 )
-from tests.support import no_sleep
 
 # Kills the appending backend once, in the middle of the statement appending the first
 # UpstreamSucceeded (the sequence is not transactional: it stays used after the rollback).

@@ -33,7 +33,7 @@ from callwarden.events.types import (
 from callwarden.projections.columns import from_row, to_columns
 from callwarden.projections.fold import EMPTY, CallProjection, apply, fold
 from tests.histories import ENDINGS, History, histories, label
-from tests.unit.test_machine import EXPECTED
+from tests.support.paths import EXPECTED
 
 T0 = datetime(2026, 5, 19, tzinfo=UTC)
 
@@ -151,7 +151,7 @@ def test_finalize_claim_takeover_needs_an_expired_lease() -> None:
 
 
 def _reference_accepts(events: Sequence[Event]) -> bool:
-    """An independent model: the design table (test_machine's EXPECTED, written apart from
+    """An independent model: the design table (tests/support/paths.py's EXPECTED, written apart from
     events/states.py), the two payload refinements (Adopted with a task id polls; HostEnded
     ends as the host's status says) and the finalization-lease rule."""
     state, lease_until = "none", None

@@ -22,28 +22,10 @@ from callwarden.events.states import (
 from callwarden.events.types import EVENT_TYPES, Adopted, HostEnded
 from callwarden.machine import EMPTY, build_machine, state_diagram
 from tests.histories import histories, label
+from tests.support.paths import EXPECTED, C, F, P, U
 
-C, P, U, F = "created", "polling", "upstream_succeeded", "finalizing"
 OPEN = (C, P, U, F)
 
-# state -> {event type: resulting state}; every pair not listed is illegal.
-EXPECTED: dict[str, dict[str, str]] = {
-    # HostEnded's table destination is "failed"; the fold refines it from the payload
-    # (completed / cancelled when the host wrote those).
-    EMPTY: {"CallStarted": C, "Adopted": C, "Cancelled": "cancelled", "HostEnded": "failed"},
-    C: {"TaskCreated": P, "UpstreamSucceeded": U, "UpstreamFailed": "failed",
-        "Swept": "swept", "Exhausted": "exhausted", "Cancelled": "cancelled",
-        "HostEnded": "failed", "ReconcileAttempted": C},
-    P: {"UpstreamSucceeded": U, "UpstreamFailed": "failed", "Swept": "swept",
-        "Exhausted": "exhausted", "Cancelled": "cancelled", "HostEnded": "failed",
-        "ReconcileAttempted": P},
-    U: {"FinalizeClaimed": F, "UpstreamFailed": "failed", "Exhausted": "exhausted",
-        "Cancelled": "cancelled", "HostEnded": "failed", "ReconcileAttempted": U},
-    F: {"FinalizeClaimed": F, "FinalizeFailed": U, "Completed": "completed",
-        "UpstreamFailed": "failed", "Exhausted": "exhausted", "Cancelled": "cancelled",
-        "HostEnded": "failed", "ReconcileAttempted": F},
-    **{t.value: {} for t in sorted(TERMINAL, key=lambda t: t.value)},
-}
 
 PAIRS = [(s, e) for s in EXPECTED for e in sorted(EVENT_TYPES)]
 

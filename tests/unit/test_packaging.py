@@ -3,9 +3,11 @@ top-level folders, and ships its data files."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata as md
 import tomllib
 from importlib import resources
+from pathlib import Path
 
 from tests.layout import FOLDERS, ROOT, module_of
 
@@ -48,3 +50,17 @@ def test_sql_files_ship_with_the_packages() -> None:
 def test_console_script_points_at_the_cli() -> None:
     scripts = {e.name: e.value for e in md.entry_points(group="console_scripts")}
     assert scripts.get("callwarden") == "callwarden.cli.main:main"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in conftest.py or tests/support/, never in a test module that
+    other test modules import (issue 23.9: 23 did, one of them a fixture library)."""
+    tests = Path(__file__).parents[1]
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(tests)} imports {n}" for n in names
+                      if n.split(".")[-1].startswith("test_")]
+    assert found == []

@@ -2,91 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 
 from callwarden.events.types import (
-    CallStarted,
-    Cancelled,
     Completed,
-    Event,
-    Exhausted,
-    FinalizeClaimed,
-    ReconcileAttempted,
-    StoredMedia,
-    Swept,
-    TaskCreated,
-    UpstreamFailed,
-    UpstreamResult,
-    UpstreamSucceeded,
 )
 from callwarden.projections.fold import fold
 from callwarden.projections.timeline import IllegalHistory, timeline
-
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-W = "worker:7f3a"
-R = "reconciler:b21c"
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-def completed_path(task: str = "t-1", cost: float = 4.0) -> list[Event]:
-    return [
-        CallStarted(at=at(0), actor=W, kind="kie-standard"),
-        TaskCreated(at=at(1.5), actor=W, task_id=task),
-        UpstreamSucceeded(at=at(40), actor=W, result=UpstreamResult(
-            media_urls=("https://cdn.example/a.png",), cost=cost)),
-        FinalizeClaimed(at=at(41), actor=W, owner=W, lease_until=at(101)),
-        Completed(at=at(43), actor=W, cost=cost, media=(StoredMedia(
-            key="media/j/0.png", url="file:///m/0.png", content_type="image/png", size=9),)),
-    ]
-
-
-def failed_path(task: str = "t-2") -> list[Event]:
-    return [
-        CallStarted(at=at(0), actor=W, kind="kie-veo"),
-        TaskCreated(at=at(2), actor=W, task_id=task),
-        ReconcileAttempted(at=at(1800), actor=R, outcome="still_running", error="slow"),
-        UpstreamFailed(at=at(2100), actor=R, error="content policy", code="400"),
-    ]
-
-
-def swept_path(task: str = "") -> list[Event]:
-    return [
-        CallStarted(at=at(0), actor=W, kind="elevenlabs-sync", sync=True),
-        Swept(at=at(600), actor=R),
-    ]
-
-
-def exhausted_path(task: str = "t-4") -> list[Event]:
-    return [
-        CallStarted(at=at(0), actor=W, kind="replicate-prediction"),
-        TaskCreated(at=at(1), actor=W, task_id=task),
-        ReconcileAttempted(at=at(1200), actor=R, outcome="still_running", error="timeout"),
-        ReconcileAttempted(at=at(1500), actor=R, outcome="still_running", error="timeout"),
-        Exhausted(at=at(1800), actor=R, attempts=2, last_error="timeout"),
-    ]
-
-
-def cancelled_path(task: str = "t-5") -> list[Event]:
-    return [
-        CallStarted(at=at(0), actor=W, kind="kie-suno"),
-        TaskCreated(at=at(1), actor=W, task_id=task),
-        Cancelled(at=at(30), actor="user:42", by="user:42"),
-    ]
-
-
-# terminal path -> (history factory, settlement, who settles)
-PATHS = {
-    "completed": (completed_path, "committed", W),
-    "failed": (failed_path, "refunded", R),
-    "swept": (swept_path, "refunded", R),
-    "exhausted": (exhausted_path, "refunded", R),
-    "cancelled": (cancelled_path, "refunded", "user:42"),
-}
+from tests.support.paths import (
+    PATHS,
+    W,
+    at,
+    cancelled_path,
+    completed_path,
+    exhausted_path,
+    failed_path,
+    swept_path,
+)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))

@@ -1,4 +1,6 @@
-"""Small helpers shared by test modules (fixtures live in the conftest files)."""
+"""Helpers shared by test modules (fixtures live in the conftest files): small ones here,
+the rest by subject in this package's modules. No test module imports another test
+module (``tests/unit/test_packaging.py`` checks it)."""
 
 from __future__ import annotations
 
