@@ -4,8 +4,10 @@ A settings struct (``ReconcileConfig``, ``CallConfig``, ``WebhookConfig``) decla
 fields and defaults and validates itself in ``__post_init__``; :func:`load` fills it:
 
 * the file (``--config``, TOML or JSON) holds one table per actor — ``[reconcile]``,
-  ``[calls]``, ``[webhooks]`` — so one file can configure a whole deployment (a file with
-  no tables at all is read as the one actor's settings);
+  ``[calls]``, ``[webhooks]`` — so one file can configure a whole deployment. A *flat*
+  file (none of those tables) is split by name: each actor takes the settings that are
+  its own (its struct's fields, :func:`register` ed by the module that defines it), and a
+  name that is no registered actor's setting is an error (a typo never passes silently);
 * the environment overrides the file: ``<PREFIX><FIELD>`` (``CALLWARDEN_RECONCILE_BATCH_SIZE``),
   and for a per-kind map ``<PREFIX><MAP>_<KIND>`` with the kind's ``-`` spelled ``_``
   (``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``); a list field is comma-separated.
@@ -28,11 +30,20 @@ import msgspec
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["SECTIONS", "load", "read_section"]
+__all__ = ["SECTIONS", "load", "read_section", "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks")
 _ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
+#: section -> its settings struct's field names (:func:`register`): how a flat file is split.
+_FIELDS: dict[str, frozenset[str]] = {}
+
+
+def register(section: str, cls: type[msgspec.Struct]) -> None:
+    """Declare ``cls`` the settings of ``section`` (called where the struct is defined)."""
+    if section not in SECTIONS:
+        raise ValueError(f"unknown section {section!r} (known: {', '.join(SECTIONS)})")
+    _FIELDS[section] = frozenset(f.name for f in msgspec.structs.fields(cls))
 
 
 def read_section(path: Path, section: str) -> dict[str, Any]:
@@ -51,7 +62,7 @@ def _read(path: Path, section: str) -> tuple[dict[str, Any], str]:
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must hold a table/object")
     if not any(name in data for name in SECTIONS):
-        return data, str(path)
+        return _flat_share(data, section, path), str(path)
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"config {path}: unknown table(s) {', '.join(unknown)} "
@@ -60,6 +71,16 @@ def _read(path: Path, section: str) -> tuple[dict[str, Any], str]:
     if not isinstance(table, dict):
         raise ConfigError(f"config {path}: [{section}] must be a table")
     return dict(table), f"{path} [{section}]"
+
+
+def _flat_share(data: dict[str, Any], section: str, path: Path) -> dict[str, Any]:
+    """``section``'s share of a flat file: its own settings, without those another
+    registered actor owns (a name no actor owns is left in, to fail as unknown)."""
+    own = _FIELDS.get(section)
+    if own is None:
+        return data
+    others = frozenset().union(*(f for s, f in _FIELDS.items() if s != section))
+    return {k: v for k, v in data.items() if k in own or k not in others}
 
 
 def _kind(name: str, key: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from callwarden.config import load
+from callwarden.config import load, register
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 
@@ -93,6 +93,9 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def budget_for(self, kind: str) -> float:
         return self.poll_budget_s.get(kind, KINDS[kind].poll_budget_s)
+
+
+register("calls", CallConfig)
 
 
 def load_call_config(path: Path | None = None, env: Mapping[str, str] | None = None,

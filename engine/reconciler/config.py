@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from callwarden.config import load
+from callwarden.config import load, register
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 from callwarden.rules.stale import StaleRule
@@ -122,6 +122,9 @@ def _check_horizon(c: ReconcileConfig) -> None:
             f"reconcile attempt_cap x repoll_interval_s ({c.attempt_cap} x "
             f"{c.repoll_interval_s:g} s = {budget:g} s) must leave {c.headroom_s:g} s of "
             f"headroom over the longest threshold ({longest:g} s)")
+
+
+register("reconcile", ReconcileConfig)
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None

@@ -101,6 +101,9 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return max(s.tolerance_s for s in WEBHOOKS.values())
 
 
+actor_config.register("webhooks", WebhookConfig)
+
+
 def load_webhook_config(path: Path | None, env: Mapping[str, str]) -> WebhookConfig:
     """Like every actor's settings (:mod:`callwarden.config`): defaults < ``path``'s
     ``[webhooks]`` (``max_body_bytes``, ``poll_timeout_s``) < ``CALLWARDEN_WEBHOOK_<FIELD>``.

@@ -77,3 +77,26 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_a_flat_file_is_split_between_the_actors_that_read_it(tmp_path: Path) -> None:
+    """docs/reconciler.md: a file with none of the actors' tables is the reconciler's
+    settings; the finalizer's settings read from the same file take only their own names
+    (issue 24.12: `invalid calls configuration: ... repoll_interval_s: no such setting`)."""
+    from callwarden.calls.config import load_call_config
+
+    path = tmp_path / "flat.toml"
+    path.write_text("repoll_interval_s = 1200\nattempt_cap = 5\nfinalize_lease_s = 90\n")
+    assert load_config(path).repoll_interval_s == 1200
+    assert load_config(path).attempt_cap == 5
+    assert load_call_config(path).finalize_lease_s == 90
+
+
+def test_a_flat_file_with_a_name_no_actor_has_is_refused(tmp_path: Path) -> None:
+    from callwarden.calls.config import load_call_config
+
+    path = tmp_path / "flat.toml"
+    path.write_text("repoll_intervall_s = 600\n")
+    for load in (load_config, load_call_config):
+        with pytest.raises(ConfigError, match="repoll_intervall_s"):
+            load(path)
