@@ -37,13 +37,16 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ``lease_margin_s``; the finalizer gives up ``lease_margin_s`` before its lease ends
     (:meth:`deadline_for`), so nobody can take over a finalization that is still working.
     ``media_allow_hosts``: extra media hosts (names or ``*.suffix``) beyond each kind's
-    own (``CALLWARDEN_MEDIA_ALLOW_HOSTS``, comma-separated)."""
+    own (``CALLWARDEN_MEDIA_ALLOW_HOSTS``, comma-separated). ``pricing_timeout_s``: how
+    long a host's own pricing hook may take (it runs in a thread, off the event loop);
+    past it the call is charged its reservation, logged."""
 
     finalize_lease_s: float = 120.0
     heartbeat_every_s: float = 10.0
     media_max_bytes: int = 200 * 2**20
     media_timeout_s: float = 120.0
     store_timeout_s: float = 60.0
+    pricing_timeout_s: float = 5.0
     lease_margin_s: float | None = None
     media_allow_hosts: tuple[str, ...] = ()
     ambiguous_create: AmbiguousCreate = "sweep"
@@ -54,7 +57,7 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def __post_init__(self) -> None:
         for name in ("finalize_lease_s", "heartbeat_every_s", "media_timeout_s",
-                     "store_timeout_s", "media_max_bytes"):
+                     "store_timeout_s", "media_max_bytes", "pricing_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.margin_s < self.finalize_lease_s:

@@ -29,6 +29,7 @@ Only the holder of the claim ever appends ``FinalizeFailed``/``UpstreamFailed``/
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import timedelta
 from typing import Literal
@@ -37,7 +38,7 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.failpoints import failpoint
-from callwarden.calls.pricing import ChargeReservation, Pricing, checked_charge
+from callwarden.calls.pricing import BUILTIN, ChargeReservation, Pricing, checked_charge
 from callwarden.database.clock import Clock, DatabaseClock
 from callwarden.database.db import Pool
 from callwarden.database.port import Database
@@ -68,6 +69,8 @@ from callwarden.providers.media_guard import media_session
 from callwarden.providers.registry import media_fetch_for
 from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
 from callwarden.rules.host import host_ended
+
+log = logging.getLogger("callwarden.finalize")
 
 __all__ = ["Clock", "FinalizeResult", "Finalizer"]
 
@@ -213,10 +216,24 @@ class Finalizer:
             stop.outcome if r.ok else "lost_race")
         return FinalizeResult(outcome=outcome, projection=r.projection, error=stop.event.error)
 
+    async def _charge(self, kind: str, result: UpstreamResult) -> float | None:
+        """The pricing hook's charge; a host's own hook runs in a thread, bounded by
+        ``pricing_timeout_s`` (past it: the reservation, logged), never on the loop."""
+        if isinstance(self.pricing, BUILTIN):
+            return checked_charge(self.pricing, kind, result.usage, result.cost)
+        timeout = self.config.pricing_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(
+                checked_charge, self.pricing, kind, result.usage, result.cost), timeout)
+        except TimeoutError:
+            log.error("pricing hook took over %g s for a %s call: charging the reservation",
+                      timeout, kind)
+            return None
+
     async def _complete(self, job_id: uuid.UUID, p: CallProjection,
                         media: tuple[StoredMedia, ...], claim_owner: str) -> FinalizeResult:
         result = p.upstream_result or UpstreamResult()
-        cost = checked_charge(self.pricing, p.provider_kind or "", result.usage, result.cost)
+        cost = await self._charge(p.provider_kind or "", result)
         event = Completed(at=self.clock(), actor=self.owner, media=media, cost=cost,
                           text=result.text, stop_reason=result.stop_reason)
         for _ in range(_MAX_COMPLETE_TRIES):

@@ -17,9 +17,17 @@ The charge is checked where it is asked for (:func:`checked_charge`, called by t
 finalizer): a pricing function that raises, or answers anything but a finite number ``>= 0``
 (NaN, infinity, a negative number, a string), charges the reservation, logged with the
 reason — a host's pricing bug never loses a paid result and never charges more than was
-reserved. A price list is validated when it is built (:class:`~callwarden.errors.ConfigError`):
-a kind callwarden does not know, a unit no provider reports, a rate or ``per`` that is not
-a finite number (``per > 0``).
+reserved. A host's own hook may block (a database, an HTTP price service): the finalizer
+runs it in a thread with a timeout (``CallConfig.pricing_timeout_s``, default 5 s; past
+it, the reservation), so it never holds the event loop; the built-in ones
+(:data:`BUILTIN`) are pure and run inline.
+
+Rates: the rates naming a model that matches replace the kind's generic ones; then, for
+each unit, one rate applies, the most specific (the glob with the most literal
+characters, then the first listed), and the units' charges add up (input plus output
+tokens). A price list is validated when it is built
+(:class:`~callwarden.errors.ConfigError`): a kind callwarden does not know, a unit no
+provider reports, a rate or ``per`` that is not a finite number (``per > 0``).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import msgspec
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["PRICING_ENV", "UNITS", "ChargeReservation", "Pricing", "Rate", "RateTable",
+__all__ = ["BUILTIN", "PRICING_ENV", "UNITS", "ChargeReservation", "Pricing", "Rate", "RateTable",
            "checked_charge", "load_pricing", "pricing_from_env"]
 
 log = logging.getLogger("callwarden.pricing")
@@ -103,9 +111,15 @@ class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     rates: tuple[Rate, ...] = ()
 
     def _rates_for(self, kind: str, model: object) -> list[Rate]:
-        exact = [r for r in self.rates if r.kind == kind and r.model is not None
+        """One rate per unit: the most specific that matches (see the module)."""
+        named = [r for r in self.rates if r.kind == kind and r.model is not None
                  and isinstance(model, str) and fnmatch.fnmatchcase(model, r.model)]
-        return exact or [r for r in self.rates if r.kind == kind and r.model is None]
+        best: dict[str, tuple[int, Rate]] = {}
+        for rate in named or [r for r in self.rates if r.kind == kind and r.model is None]:
+            rank = sum(c not in "*?[]" for c in rate.model or "")
+            if rate.unit not in best or rank > best[rate.unit][0]:
+                best[rate.unit] = (rank, rate)
+        return [rate for _, rate in best.values()]
 
     def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
         total, matched = 0.0, False
@@ -119,6 +133,10 @@ class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 total += amount / rate.per * rate.credits
                 matched = True
         return round(total, 6) if matched and math.isfinite(total) else None
+
+
+#: The pricing callwarden ships: pure and quick, so the finalizer runs them inline.
+BUILTIN: tuple[type, ...] = (ChargeReservation, RateTable)
 
 
 def load_pricing(path: Path) -> RateTable:

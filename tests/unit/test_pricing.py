@@ -145,3 +145,33 @@ def test_a_table_whose_sum_overflows_charges_the_reservation() -> None:
     table = RateTable(rates=(Rate(kind="anthropic-sync", unit="output_tokens",
                                   credits=1e308),))
     assert table.charge("anthropic-sync", {"output_tokens": 10}, None) is None
+
+
+def test_the_most_specific_model_glob_wins_per_unit() -> None:
+    """Overlapping globs are not summed (issue 24.11): claude-opus-4-1* over claude-opus-*,
+    whichever is listed first; a unit only the broader glob prices still counts."""
+    broad = Rate(kind="anthropic-sync", model="claude-opus-*", unit="output_tokens",
+                 credits=50, per=1000)
+    narrow = Rate(kind="anthropic-sync", model="claude-opus-4-1*", unit="output_tokens",
+                  credits=25, per=1000)
+    inputs = Rate(kind="anthropic-sync", model="claude-opus-*", unit="input_tokens",
+                  credits=1, per=1000)
+    usage: dict[str, float | str] = {"input_tokens": 1000, "output_tokens": 1000,
+                                     "model": "claude-opus-4-1-20250805"}
+    for rates in ((broad, narrow, inputs), (narrow, inputs, broad)):
+        assert RateTable(rates=rates).charge("anthropic-sync", usage, None) == 25 + 1
+    usage["model"] = "claude-opus-4-5-20251101"
+    assert RateTable(rates=(broad, narrow)).charge("anthropic-sync", usage, None) == 50
+
+
+def test_the_documented_price_list_matches_what_anthropic_reports(tmp_path: Path) -> None:
+    """docs/pricing.md's example, loaded as written, prices a call whose answer reports a
+    dated model id (the recorded shape: claude-opus-4-1-20250805) at the opus rate: before
+    issue 24.11 its `model = "claude-opus-4-1"` never matched, a 5x under-charge."""
+    doc = (Path(__file__).parents[2] / "docs" / "pricing.md").read_text(encoding="utf-8")
+    block = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "prices.toml"
+    path.write_text(block)
+    usage: dict[str, float | str] = {"output_tokens": 1000,
+                                     "model": "claude-opus-4-1-20250805"}
+    assert load_pricing(path).charge("anthropic-sync", usage, None) == 25

@@ -1,0 +1,117 @@
+"""A host's own pricing hook never holds the event loop (issue 24.11): it runs in a thread,
+bounded by ``CallConfig.pricing_timeout_s``; past it the call is charged its reservation.
+
+The hook blocks on an event that only the test sets, and the test sets it only after a
+request to a route served by the same event loop has been answered: with the hook on the
+loop, that request cannot be served until the hook gives up waiting (``released`` is then
+False)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from callwarden.calls.config import CallConfig
+from callwarden.calls.finalize import Finalizer
+from callwarden.calls.pricing import Usage
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
+from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
+from callwarden.providers.base import ProviderSettings
+from callwarden.providers.storage import LocalFolderStore
+
+KIND = "replicate-prediction"
+
+
+class BlockingHook:
+    """A host's pricing that waits for a price service (here: the test's event)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.wait_s = wait_s
+        self.released: bool | None = None
+
+    def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> float | None:
+        self.entered.set()
+        self.released = self.release.wait(timeout=self.wait_s)
+        return 3.0
+
+
+async def succeeded_call(conn: Conn) -> uuid.UUID:
+    job = await create_job(conn, credits=10)
+    now = datetime.now(UTC)
+    p = await load(conn, job)
+    for event in (CallStarted(at=now, actor="w", kind=KIND),
+                  TaskCreated(at=now, actor="w", task_id=f"t-{job}"),
+                  UpstreamSucceeded(at=now, actor="w",
+                                    result=UpstreamResult(text="a caption"))):
+        r = await append(conn, job, p, event)
+        assert r.ok
+        p = r.projection
+    return job
+
+
+@pytest.fixture
+async def ping() -> AsyncIterator[str]:
+    """A route on this event loop, as the service's /healthz is."""
+    async def pong(_: web.Request) -> web.Response:
+        return web.Response(text="pong")
+
+    app = web.Application()
+    app.router.add_get("/ping", pong)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/ping"
+    finally:
+        await runner.cleanup()
+
+
+async def charged(conn: Conn, job: uuid.UUID) -> Decimal:
+    row = await (await conn.execute(
+        "SELECT credits_charged FROM usage_logs WHERE job_id = %s AND status = 'committed'",
+        (job,))).fetchone()
+    assert row is not None
+    return Decimal(row["credits_charged"])
+
+
+async def test_a_slow_hook_leaves_the_event_loop_free(
+        pool: Pool, conn: Conn, ping: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    job = await succeeded_call(conn)
+    hook = BlockingHook(wait_s=5.0)
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(), owner="w",
+                          pricing=hook, config=CallConfig(pricing_timeout_s=30.0))
+    task = asyncio.create_task(finalizer.finalize(job))
+    await asyncio.to_thread(hook.entered.wait, 10.0)
+    async with http.get(ping) as resp:  # served while the hook is still waiting
+        assert await resp.text() == "pong"
+    hook.release.set()
+    result = await task
+    assert hook.released is True
+    assert result.outcome == "completed"
+    assert await charged(conn, job) == 3
+
+
+async def test_a_hook_past_its_timeout_charges_the_reservation(
+        pool: Pool, conn: Conn, tmp_path: Path) -> None:
+    job = await succeeded_call(conn)
+    hook = BlockingHook(wait_s=10.0)
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(), owner="w",
+                          pricing=hook, config=CallConfig(pricing_timeout_s=0.2))
+    try:
+        result = await finalizer.finalize(job)
+    finally:
+        hook.release.set()
+    assert result.outcome == "completed"
+    assert await charged(conn, job) == 10  # the reservation
