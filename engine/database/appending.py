@@ -3,8 +3,9 @@
 :func:`append_params` gives the ``append_event`` statement's parameters for an event moving
 a projection to its fold (the one place they are built: the Postgres write path and the
 benchmarks use it);
-:class:`AppendResult` is what an append answers; :func:`without_nul` makes an event
-recordable; :func:`observe` registers a hook on every successful append. No I/O, no clock
+:class:`AppendResult` is what an append answers; :func:`recordable` makes an event
+recordable (its error made safe, no NUL); :func:`observe` registers a hook on every
+successful append. No I/O, no clock
 (``callwarden.database.write`` re-exports every name).
 """
 
@@ -18,11 +19,22 @@ from typing import Any, Literal
 import msgspec
 
 from callwarden.events.codec import encode
-from callwarden.events.types import CallStarted, Completed, Event, HostEnded
+from callwarden.events.types import (
+    CallStarted,
+    Completed,
+    Event,
+    Exhausted,
+    FinalizeFailed,
+    HostEnded,
+    ReconcileAttempted,
+    UpstreamFailed,
+)
 from callwarden.projections.columns import to_columns
 from callwarden.projections.fold import CallProjection
+from callwarden.rules.redact import safe_error
 
-__all__ = ["AppendResult", "Decide", "Settled", "append_params", "observe", "without_nul"]
+__all__ = ["AppendResult", "Decide", "Settled", "append_params", "observe", "recordable",
+           "without_nul"]
 
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
@@ -79,6 +91,24 @@ def without_nul(event: Event) -> Event:
     if b"\\u0000" not in msgspec.json.encode(event):
         return event
     return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
+
+
+#: The events that carry an error text, and its field.
+_ERROR_FIELDS: dict[type, str] = {UpstreamFailed: "error", FinalizeFailed: "error",
+                                  ReconcileAttempted: "error", Exhausted: "last_error"}
+
+
+def recordable(event: Event) -> Event:
+    """``event`` as it may be recorded: its error text made safe
+    (:func:`callwarden.rules.redact.safe_error`: no credentials, no query strings, bounded)
+    and no NUL anywhere. The write path applies it to every event it appends."""
+    field = _ERROR_FIELDS.get(type(event))
+    text = getattr(event, field) if field is not None else None
+    if isinstance(text, str):
+        safe = safe_error(text)
+        if safe != text:
+            event = msgspec.structs.replace(event, **{field: safe})  # type: ignore[arg-type]
+    return without_nul(event)
 
 
 def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,

@@ -37,6 +37,7 @@ from callwarden.database.appending import (
     _settled,
     append_params,
     observe,
+    recordable,
     without_nul,
 )
 from callwarden.database.boundary import is_lost_append_race, translate, translated
@@ -184,7 +185,7 @@ async def append(
 async def _append(
     conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event
 ) -> AppendResult:
-    event = without_nul(event)
+    event = recordable(event)
     new = apply(current, event)
     params = append_params(job_id, current, new, event)
     try:

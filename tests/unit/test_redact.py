@@ -1,0 +1,48 @@
+"""safe_error (callwarden.rules.redact): what an error message may keep."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from callwarden.rules.redact import MAX_ERROR, safe_error
+
+
+def test_a_url_keeps_its_host_and_path_and_loses_query_and_user_info() -> None:
+    text = ("ClientResponseError: 502, message='Bad Gateway', url='https://bob:pw@api.example"
+            ".com/v1/run?X-Amz-Signature=abc123&key=k1#frag'")
+    out = safe_error(text)
+    assert "https://[redacted]@api.example.com/v1/run?[redacted]'" in out
+    for secret in ("pw", "abc123", "k1", "frag"):
+        assert secret not in out
+
+
+def test_credentials_in_text_keep_their_names_only() -> None:
+    out = safe_error('401: Authorization: Bearer sk-ant-abcdefgh1234 {"xi-api-key": "zz9"} '
+                     "api_key=AKIA123 password: hunter2, token='t0k'")
+    for secret in ("sk-ant-abcdefgh1234", "zz9", "AKIA123", "hunter2", "t0k"):
+        assert secret not in out
+    assert "Bearer [redacted]" in out
+    assert "api_key=[redacted]" in out
+
+
+def test_an_ordinary_message_is_kept_as_it_is() -> None:
+    text = "upstream failed: model overloaded (status 529), retry later"
+    assert safe_error(text) == text
+
+
+@given(st.text(max_size=3000))
+def test_safe_error_is_bounded_and_idempotent(text: str) -> None:
+    """For any text: the result is at most MAX_ERROR characters plus the note saying how
+    much was cut, and redacting it again changes nothing once it fits."""
+    out = safe_error(text)
+    assert len(out) <= MAX_ERROR + len("... (999999 characters cut)")
+    if len(out) <= MAX_ERROR:
+        assert safe_error(out) == out
+
+
+def test_words_near_credential_names_are_not_taken_for_keys() -> None:
+    text = "max token count exceeded: 210000 tokens > 200000 maximum; Token r8_Abc123def456ghi789"
+    out = safe_error(text)
+    assert out.startswith("max token count exceeded: 210000 tokens > 200000 maximum;")
+    assert "r8_Abc123def456ghi789" not in out
