@@ -18,6 +18,7 @@ from callwarden.database.db import Conn, Pool
 from callwarden.database.jobs import create_job
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.rules.redact import MAX_ERROR
+from tests.support import serving_app
 
 SECRET = "s3cr3t-KEY-9f8e7d"
 
@@ -30,13 +31,8 @@ async def failing_host_api() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", fail)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url
 
 
 async def recorded_errors(conn: Conn, job: uuid.UUID) -> list[str]:

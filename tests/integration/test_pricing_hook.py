@@ -29,6 +29,7 @@ from callwarden.database.write import append, load
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import LocalFolderStore
+from tests.support import serving_app
 
 KIND = "replicate-prediction"
 
@@ -69,13 +70,8 @@ async def ping() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/ping", pong)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/ping"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield f"{url}/ping"
 
 
 async def charged(conn: Conn, job: uuid.UUID) -> Decimal:

@@ -5,12 +5,15 @@ module (``tests/unit/test_packaging.py`` checks it)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from aiohttp import web
 
 from callwarden.providers.errors import TransientError
 from callwarden.providers.outcomes import PollOutcome, Running
 
-__all__ = ["no_sleep", "poll_until_done"]
+__all__ = ["no_sleep", "poll_until_done", "serving_app"]
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -42,3 +45,15 @@ async def poll_until_done(poll: Callable[[str], Awaitable[PollOutcome]], task_id
                 return outcome
         await sleep(interval_s)
         slept += interval_s
+
+
+@asynccontextmanager
+async def serving_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a free port of 127.0.0.1 while the block runs: its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

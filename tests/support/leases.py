@@ -24,6 +24,7 @@ from callwarden.events.types import (
     UpstreamSucceeded,
 )
 from callwarden.providers.base import Endpoint, ProviderSettings
+from tests.support import serving_app
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
 
@@ -74,17 +75,13 @@ async def holding_media() -> AsyncIterator[HeldMedia]:
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", get)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield state
-    finally:
-        for f in state.pending:
-            if not f.done():
-                f.set_result(503)
-        await runner.cleanup()
+    async with serving_app(app) as state.url:
+        try:
+            yield state
+        finally:
+            for f in state.pending:
+                if not f.done():
+                    f.set_result(503)
 
 
 def settings_for(held: HeldMedia) -> ProviderSettings:
