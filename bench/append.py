@@ -67,7 +67,7 @@ def precomputed(job: uuid.UUID) -> list[dict[str, Any]]:
     out, p = [], EMPTY
     for e in lifecycle(job):
         new = apply(p, e)
-        out.append(append_params(job, p, new, e))
+        out.append(append_params(job, p, new, [e]))
         p = new
     return out
 

@@ -84,7 +84,7 @@ def _span_cost_us(n: int) -> float:
             if write._trace is None:
                 pass
         else:
-            with hook(job, EMPTY, event) as done:
+            with hook(job, EMPTY, (event,)) as done:
                 done(result)
 
     def nothing() -> None:

@@ -24,9 +24,11 @@ POINTS = (
     "before_create",         # CallStarted recorded, create request not sent
     "after_create",          # upstream task exists, TaskCreated not recorded (ambiguous)
     "mid_poll",              # TaskCreated recorded, polling
+    "success_seen",          # a poll answered success, nothing recorded, media not stored
     "after_upstream_result",  # UpstreamSucceeded recorded, finalization not claimed
     "after_claim",           # FinalizeClaimed recorded, media not stored
-    "after_upload",          # media stored, Completed not recorded
+    "after_upload",          # media stored, Completed not recorded (finalized at once: the
+                             # success not recorded either)
     "after_sync_call",       # sync call answered, outcome not recorded
 )
 

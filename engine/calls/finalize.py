@@ -54,8 +54,9 @@ from callwarden.events.types import (
     StoredMedia,
     UpstreamFailed,
     UpstreamResult,
+    UpstreamSucceeded,
 )
-from callwarden.projections.fold import CallProjection
+from callwarden.projections.fold import CallProjection, apply
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import (
     MediaExpired,
@@ -117,7 +118,11 @@ class Finalizer:
         if not claim.ok:
             return FinalizeResult(outcome="host_ended" if claim.host_ended
                                   else "not_claimable", projection=claim.projection)
-        p = claim.projection
+        return await self._finish(job_id, claim.projection, claim_owner)
+
+    async def _finish(self, job_id: uuid.UUID, p: CallProjection,
+                      claim_owner: str) -> FinalizeResult:
+        """Under the claim ``p`` holds: store the media, then complete (or give up)."""
         failpoint("after_claim")
         try:
             media = await self._store_within_deadline(job_id, p)
@@ -125,6 +130,52 @@ class Finalizer:
             return await self._give_up(job_id, claim_owner, stop)
         failpoint("after_upload")
         return await self._complete(job_id, p, media, claim_owner)
+
+    async def finalize_success(self, job_id: uuid.UUID, current: CallProjection,
+                               succeeded: UpstreamSucceeded, *,
+                               at_once: bool) -> FinalizeResult | None:
+        """The actor that saw the success finalizes it (issue 26: fewer transactions).
+
+        ``at_once=False``: ``UpstreamSucceeded`` and ``FinalizeClaimed`` in one statement,
+        then the media, then ``Completed`` (two transactions instead of three).
+        ``at_once=True`` (no webhook can race this actor): the media are downloaded and
+        stored first, while the call is still ``polling`` (deterministic keys: a second
+        writer stores the same objects), then ``UpstreamSucceeded``, ``FinalizeClaimed``
+        and ``Completed`` (or the claim's ``FinalizeFailed``/``UpstreamFailed``) go in one
+        statement with the asset rows and the workflow reopen (one transaction).
+
+        ``None``: nothing was written (the host ended the job, or another actor wrote
+        first): the caller records the success the usual way and finalizes under a claim.
+        """
+        if current.state is not CallState.POLLING or host_ended(
+                current, at=succeeded.at, actor=succeeded.actor) is not None:
+            return None
+        claim_owner = f"{self.owner}/{uuid.uuid4().hex[:8]}"
+        seen = apply(current, succeeded)
+        claim = self._decide_claim(claim_owner)(seen)
+        if claim is None:
+            return None
+        if not at_once:
+            r = await self.db.append(job_id, current, (succeeded, claim))
+            return await self._finish(job_id, r.projection, claim_owner) if r.ok else None
+        claimed = apply(seen, claim)
+        try:
+            media = await self._store_within_deadline(job_id, claimed)
+        except _GiveUp as stop:
+            r = await self.db.append(job_id, current, (succeeded, claim, stop.event))
+            return FinalizeResult(outcome=stop.outcome, projection=r.projection,
+                                  error=stop.event.error) if r.ok else None
+        failpoint("after_upload")
+        result = claimed.upstream_result or UpstreamResult()
+        completed = Completed(at=self.clock(), actor=self.owner, media=media,
+                              cost=await self._charge(claimed.provider_kind or "", result),
+                              text=result.text, stop_reason=result.stop_reason)
+        try:
+            r = await self.db.append(job_id, current, (succeeded, claim, completed),
+                                     assets=media)
+        except WriteConflict:  # a deadlock rolled it back: the usual way
+            return None
+        return FinalizeResult(outcome="completed", projection=r.projection) if r.ok else None
 
     # -- the claim -------------------------------------------------------------------------
 

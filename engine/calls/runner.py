@@ -28,7 +28,7 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.failpoints import failpoint
-from callwarden.calls.finalize import Finalizer
+from callwarden.calls.finalize import Finalizer, FinalizeResult
 from callwarden.calls.identity import incarnation
 from callwarden.calls.inline import store_inline
 from callwarden.calls.pricing import Pricing
@@ -44,6 +44,7 @@ from callwarden.events.types import (
     Event,
     TaskCreated,
     UpstreamFailed,
+    UpstreamSucceeded,
 )
 from callwarden.observe.tracing import call_context
 from callwarden.projections.fold import EMPTY, CallProjection
@@ -156,8 +157,8 @@ class CallRunner:
             if p.state is CallState.CREATED or p.terminal:
                 return call_outcome(job_id, p, detail)
         if p.state is CallState.POLLING:
-            p, detail = await self._poll(job_id, kind, p, client)
-            if p.state in ACTIVE:
+            p, detail, finalized = await self._poll(job_id, kind, p, client)
+            if finalized or p.state in ACTIVE:
                 return call_outcome(job_id, p, detail, pending="still_running")
         return await self._after_upstream(job_id, p, None)
 
@@ -183,7 +184,9 @@ class CallRunner:
                                   else None, p), None
 
     async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
-                    client: AsyncKindClient) -> tuple[CallProjection, str | None]:
+                    client: AsyncKindClient) -> tuple[CallProjection, str | None, bool]:
+        """Poll until the task ends or the budget is spent: the projection, a detail, and
+        whether the success was finalized at once (:meth:`Finalizer.finalize_at_once`)."""
         assert p.provider_task_id is not None
         deadline = self.monotonic() + self.config.budget_for(kind)
         interval = self.config.interval_for(kind)
@@ -206,13 +209,40 @@ class CallRunner:
                     outcome, last_error = None, f"storing an inline result: {exc}"
             event = (upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
                      if outcome else None)
+            if isinstance(event, UpstreamSucceeded):
+                failpoint("success_seen")
+                done = await self._finalize_success(job_id, kind, p, event)
+                if done is not None:
+                    return done.projection, done.error or done.outcome, True
             if event is not None:
-                return await self._record(job_id, self._if_active(event), p), None
+                return await self._record(job_id, self._if_active(event), p), None, False
             await self._heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
                                   else None)
             if self.monotonic() + interval > deadline:
-                return await self._load(job_id), last_error or "poll budget spent"
+                return await self._load(job_id), last_error or "poll budget spent", False
             await self.sleep(interval)
+
+    async def _finalize_success(self, job_id: uuid.UUID, kind: str, p: CallProjection,
+                                event: UpstreamSucceeded) -> FinalizeResult | None:
+        """The success and its finalization (:meth:`Finalizer.finalize_success`): at once
+        (one transaction) when no webhook can race this worker (the call has no callback
+        URL), else the success with its claim, then ``Completed``. The call beats while
+        its media are stored before the claim (it is still ``polling``), so no reconciler
+        takes it over."""
+        at_once = self._callback(job_id, kind) is None
+        if not (at_once and (event.result.media_urls or event.result.stored_keys)):
+            return await self.finalizer.finalize_success(job_id, p, event, at_once=at_once)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.config.heartbeat_every_s)
+                await self._heartbeat(job_id, None)
+
+        beating = asyncio.create_task(beat())
+        try:
+            return await self.finalizer.finalize_success(job_id, p, event, at_once=True)
+        finally:
+            beating.cancel()
 
     # -- sync kinds -------------------------------------------------------------------
 

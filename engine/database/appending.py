@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -33,8 +33,8 @@ from callwarden.projections.columns import to_columns
 from callwarden.projections.fold import CallProjection
 from callwarden.rules.redact import safe_error
 
-__all__ = ["AppendResult", "Decide", "Settled", "append_params", "observe", "recordable",
-           "without_nul"]
+__all__ = ["AppendResult", "Decide", "Settled", "append_params", "as_run", "check_run", "observe",
+           "recordable", "without_nul"]
 
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
@@ -48,11 +48,14 @@ class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
     winner's state when ``ok`` is false). ``settlement``: for a settling transition,
     whether this write moved the reservation, found none, or found it already settled.
     ``host_ended``: the host had ended the job; :class:`HostEnded` was recorded in place
-    of the actor's event (``ok`` is false: the actor's own event was not appended)."""
+    of the actor's event (``ok`` is false: the actor's own event was not appended).
+    ``event``: the (last) event appended; ``events``: every event of the append, in order
+    (one, or the run an actor decided at once)."""
 
     ok: bool
     projection: CallProjection
     event: Event | None = None
+    events: tuple[Event, ...] = ()
     settlement: Settled | None = None
     host_ended: bool = False
 
@@ -112,24 +115,42 @@ def recordable(event: Event) -> Event:
 
 
 def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
-            event: Event) -> dict[str, Any]:
-    """The ``append_event`` statement's parameters for ``event`` moving ``current`` to
-    ``new`` (its fold): the one place they are built (the benchmarks use it too)."""
-    type_name, version, payload = encode(event)
+                  events: Sequence[Event]) -> dict[str, Any]:
+    """The ``append_event`` statement's parameters for ``events`` (one, or a run one
+    actor decided at once) moving ``current`` to ``new`` (their fold): the one place they
+    are built (the benchmarks use it too). The fences are the first event's: a start or a
+    host's decision comes alone (:func:`check_run`)."""
+    first = events[0]
+    encoded = [encode(e) for e in events]
     settling = new.terminal and not current.terminal
-    is_start = isinstance(event, CallStarted)
+    is_start = isinstance(first, CallStarted)
     params = to_columns(new)
     params.update(
-        job_id=job_id, expected_version=current.version, type=type_name,
-        event_version=version, payload=payload.decode(), actor=event.actor,
-        is_start=is_start, is_completion=isinstance(event, Completed),
+        job_id=job_id, expected_version=current.version,
+        types=[t for t, _, _ in encoded], event_versions=[v for _, v, _ in encoded],
+        payloads=[p.decode() for _, _, p in encoded], actors=[e.actor for e in events],
+        is_start=is_start, is_completion=any(isinstance(e, Completed) for e in events),
         owns_seed=new.provider_kind is not None,
-        host_status=event.status if isinstance(event, HostEnded) else None,
+        host_status=first.status if isinstance(first, HostEnded) else None,
         expected_settled=None if is_start else current.settled_reservations,
         settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
         cost=_cost(new),
     )
     return params
+
+
+def as_run(event: Event | Sequence[Event]) -> tuple[Event, ...]:
+    """One event, or a run of them, as a run."""
+    return (event,) if isinstance(event, msgspec.Struct) else tuple(event)
+
+
+def check_run(events: Sequence[Event]) -> None:
+    """A run of events appended at once: not empty, and a start or a host's decision
+    (whose fences are their own) only alone."""
+    if not events:
+        raise ValueError("nothing to append")
+    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded) for e in events):
+        raise ValueError("CallStarted and HostEnded are appended alone")
 
 
 def _settled(settle_to: str | None, row: Mapping[str, Any]) -> Settled | None:

@@ -93,7 +93,8 @@ class Database(Protocol):
 
     async def load_events(self, job_id: uuid.UUID) -> list[Event]: ...
 
-    async def append(self, job_id: uuid.UUID, current: CallProjection, event: Event, *,
+    async def append(self, job_id: uuid.UUID, current: CallProjection,
+                     event: Event | Sequence[Event], *,
                      assets: Sequence[StoredMedia] | None = None,
                      before: Before | None = None) -> AppendResult: ...
 

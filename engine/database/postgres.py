@@ -58,7 +58,8 @@ class PostgresDatabase:
         async with connection(self.pool) as conn:
             return await write.load_events(conn, job_id)
 
-    async def append(self, job_id: uuid.UUID, current: CallProjection, event: Event, *,
+    async def append(self, job_id: uuid.UUID, current: CallProjection,
+                     event: Event | Sequence[Event], *,
                      assets: Sequence[StoredMedia] | None = None,
                      before: Before | None = None) -> AppendResult:
         if assets is None:

@@ -17,9 +17,10 @@ WHERE id = %(job_id)s;
 
 -- name: append_event
 -- One transition in one statement (so one transaction, one round trip): update the
--- projection fenced on what the writer read, append the event at seq = new version only if
--- the update won, and settle the reservation with a compare-and-set on status = 'reserved'
--- only if the event was appended. Data-modifying CTEs share one snapshot and commit or roll
+-- projection fenced on what the writer read, append the events (one, or a run of them an
+-- actor decided at once: UpstreamSucceeded, FinalizeClaimed, Completed) at seq = the
+-- version read + 1, + 2, ... only if the update won, and settle the reservation with a
+-- compare-and-set on status = 'reserved' only if the events were appended. Data-modifying CTEs share one snapshot and commit or roll
 -- back together. The fences (DESIGN §5, §10):
 --   * call_version = the version read (optimistic concurrency between callwarden actors);
 --   * the host's status: still pending/processing (NULL counts as pending), or, for the
@@ -54,9 +55,10 @@ WITH upd AS (
     RETURNING id
 ), ev AS (
     INSERT INTO call_events (job_id, seq, type, version, payload, actor)
-    SELECT id, %(new_version)s::int, %(type)s::text, %(event_version)s::smallint,
-           %(payload)s::jsonb, %(actor)s::text
-    FROM upd
+    SELECT upd.id, %(expected_version)s::int + e.n::int, e.type, e.version, e.payload::jsonb,
+           e.actor
+    FROM upd, unnest(%(types)s::text[], %(event_versions)s::smallint[], %(payloads)s::text[],
+                     %(actors)s::text[]) WITH ORDINALITY AS e(type, version, payload, actor, n)
     RETURNING seq
 ), host_charged AS (
     -- what the job's rows the host committed itself already charged: part of the total

@@ -36,6 +36,8 @@ from callwarden.database.appending import (
     _observers,
     _settled,
     append_params,
+    as_run,
+    check_run,
     observe,
     recordable,
     without_nul,
@@ -55,14 +57,14 @@ from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
 
 __all__ = [
-    "AppendResult", "Decide", "append", "append_params", "cancel", "execute", "execute_batch",
-    "execute_script", "from_log", "load",
-    "load_events", "load_stored", "observe", "trace_appends", "transition", "without_nul",
+    "AppendResult", "Decide", "append", "append_params", "as_run", "cancel", "execute",
+    "execute_batch", "execute_script", "from_log", "load", "load_events", "load_stored",
+    "observe", "recordable", "trace_appends", "transition", "without_nul",
 ]
 
 #: ``(job_id, current, event)`` -> a context around one append, yielding the function the
 #: append calls with its result (``callwarden.observe.tracing`` opens a span here).
-TraceAppend = Callable[[uuid.UUID, CallProjection, Event],
+TraceAppend = Callable[[uuid.UUID, CallProjection, Sequence[Event]],
                        AbstractContextManager[Callable[[AppendResult], None]]]
 _trace: TraceAppend | None = None
 
@@ -167,27 +169,32 @@ async def from_log(conn: Conn, job_id: uuid.UUID, row: DictRow) -> CallProjectio
 
 
 async def append(
-    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event | Sequence[Event]
 ) -> AppendResult:
-    """Append ``event`` to a call whose projection the caller read as ``current``.
+    """Append ``event`` (or a run of events one actor decided at once, in one statement)
+    to a call whose projection the caller read as ``current``.
 
-    Raises ``InvalidTransition`` (nothing written) if the event may not follow
-    ``current``; returns ``ok=False`` with the fresh projection if someone else wrote
+    Raises ``InvalidTransition`` (nothing written) if an event may not follow the one
+    before it; returns ``ok=False`` with the fresh projection if someone else wrote
     first, or if the host's state changed since ``current`` was read."""
+    events = as_run(event)
     if _trace is None:
-        return await _append(conn, job_id, current, event)
-    with _trace(job_id, current, event) as done:
-        result = await _append(conn, job_id, current, event)
+        return await _append(conn, job_id, current, events)
+    with _trace(job_id, current, events) as done:
+        result = await _append(conn, job_id, current, events)
         done(result)
         return result
 
 
 async def _append(
-    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, events: Sequence[Event]
 ) -> AppendResult:
-    event = recordable(event)
-    new = apply(current, event)
-    params = append_params(job_id, current, new, event)
+    check_run(events)
+    events = [recordable(e) for e in events]
+    new = current
+    for e in events:
+        new = apply(new, e)
+    params = append_params(job_id, current, new, events)
     try:
         rows = await _run(conn, "append_event", params)
     except WriteConflict as exc:
@@ -200,7 +207,7 @@ async def _append(
     if rows[0]["settled"]:
         new = msgspec.structs.replace(
             new, settled_reservations=new.settled_reservations + int(rows[0]["settled"]))
-    result = AppendResult(ok=True, projection=new, event=event,
+    result = AppendResult(ok=True, projection=new, event=events[-1], events=tuple(events),
                           settlement=_settled(params["settle_to"], rows[0]))
     for fn in _observers:
         fn(result)

@@ -101,6 +101,8 @@ def record_append(result: AppendResult) -> None:
         return
     p = result.projection
     settled = p.settlement if result.settlement == "settled" else None
+    for event in result.events[:-1]:
+        record_transition(p.provider_kind, type(event).__name__, event.actor, None)
     record_transition(p.provider_kind, type(result.event).__name__, result.event.actor,
                       settled)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -85,13 +85,17 @@ def _request(provider: str, method: str, url: str, attempt: int
 
 
 @contextmanager
-def _transition(job_id: uuid.UUID, current: CallProjection, event: Event
+def _transition(job_id: uuid.UUID, current: CallProjection, events: Sequence[Event]
                 ) -> Iterator[Callable[[AppendResult], None]]:
+    """One span per append: one event, or a run (``callwarden.event`` names them joined
+    by ``+``, ``callwarden.events`` counts them, ``callwarden.seq`` is the last one's)."""
     assert _tracer is not None
     attrs: dict[str, Any] = {
-        "callwarden.job_id": str(job_id), "callwarden.event": type(event).__name__,
-        "callwarden.actor": event.actor, "callwarden.expected_version": current.version}
-    kind = current.provider_kind or getattr(event, "kind", None)
+        "callwarden.job_id": str(job_id),
+        "callwarden.event": "+".join(type(e).__name__ for e in events),
+        "callwarden.events": len(events),
+        "callwarden.actor": events[0].actor, "callwarden.expected_version": current.version}
+    kind = current.provider_kind or getattr(events[0], "kind", None)
     if kind:
         attrs["callwarden.kind"] = kind
     span = _tracer.start_span(TRANSITION_SPAN, attributes=attrs)

@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -71,14 +71,21 @@ async def test_a_call_is_traced_under_the_hosts_span(
     spans = exporter.get_finished_spans()
     host_ctx = host.get_span_context()
 
-    # One transition span per event of the log, in order, with its attributes.
+    # One transition span per append, in order, covering every event of the log once
+    # (the success is appended with its claim: this runner has a callback URL), with its
+    # attributes.
     events = await load_events(conn, job)
     transitions = _named(spans, TRANSITION_SPAN)
-    assert [(s.attributes or {}).get("callwarden.seq") for s in transitions] == list(
-        range(1, len(events) + 1))
-    for span, event in zip(transitions, events, strict=True):
+    counts = [(s.attributes or {}).get("callwarden.events") for s in transitions]
+    assert counts == [1, 1, 2, 1]
+    ends = [sum(cast(list[int], counts)[:i + 1]) for i in range(len(counts))]
+    assert [(s.attributes or {}).get("callwarden.seq") for s in transitions] == ends
+    assert ends[-1] == len(events)
+    runs = [events[end - n:end] for n, end in zip(cast(list[int], counts), ends, strict=True)]
+    for span, run in zip(transitions, runs, strict=True):
         attrs = dict(span.attributes or {})
-        assert attrs["callwarden.event"] == type(event).__name__
+        event = run[-1]
+        assert attrs["callwarden.event"] == "+".join(type(e).__name__ for e in run)
         assert attrs["callwarden.actor"] == event.actor
         assert (attrs["callwarden.job_id"], attrs["callwarden.kind"]) == (str(job),
                                                                           "kie-standard")

@@ -23,6 +23,7 @@ from callwarden.events import (
     UpstreamSucceeded,
 )
 from callwarden.events.states import CallState, InvalidTransition, TerminalStateError
+from callwarden.projections.fold import EMPTY as EMPTY_PROJECTION
 from callwarden.projections.fold import CallProjection
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -240,3 +241,41 @@ async def test_dead_database_is_a_typed_error_and_loses_nothing(db_url: str) -> 
             await append(victim, job, p, CallStarted(at=T0, actor="w", kind="kie-standard"))
         assert await _events(admin, job) == []
     await victim.close()
+
+
+async def test_a_run_of_events_is_one_fenced_statement(conn: Conn) -> None:
+    """UpstreamSucceeded, FinalizeClaimed and Completed decided at once are appended in one
+    statement (issue 26.2): seqs 3, 4, 5, the projection at version 5, the reservation
+    committed once, by the last event; the same run from a stale read writes nothing."""
+    job = await create_job(conn, credits=10)
+    happy = _happy(cost=4.0)
+    p = await _drive(conn, job, happy[:2])
+    r = await append(conn, job, p, happy[2:])
+    assert r.ok
+    assert [type(e).__name__ for e in r.events] == [
+        "UpstreamSucceeded", "FinalizeClaimed", "Completed"]
+    assert r.settlement == "settled"
+    assert r.projection.version == 5
+    assert (await load(conn, job)).version == 5
+    assert await _events(conn, job) == [
+        "CallStarted", "TaskCreated", "UpstreamSucceeded", "FinalizeClaimed", "Completed"]
+    settled = await (await conn.execute(
+        "SELECT settled_by_seq FROM usage_logs WHERE job_id = %s", (job,))).fetchone()
+    assert settled is not None
+    assert settled["settled_by_seq"] == 5
+    assert await _usage(conn, job) == [
+        {"status": "committed", "credits_reserved": 10, "credits_charged": 4}]
+    again = await append(conn, job, p, happy[2:])  # the same run from the stale read
+    assert not again.ok
+    assert len(await _events(conn, job)) == 5
+
+
+async def test_a_run_must_be_legal_event_by_event_and_never_holds_a_start(conn: Conn) -> None:
+    job = await create_job(conn, credits=10)
+    happy = _happy()
+    p = await _drive(conn, job, happy[:2])
+    with pytest.raises(InvalidTransition):
+        await append(conn, job, p, [happy[2], happy[4]])  # Completed without a claim
+    with pytest.raises(ValueError, match="alone"):
+        await append(conn, job, EMPTY_PROJECTION, happy[:2])
+    assert await _events(conn, job) == ["CallStarted", "TaskCreated"]

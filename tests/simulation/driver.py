@@ -45,7 +45,7 @@ from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
 from callwarden.database.port import Before, ClaimRequest, Row, transition_via
 from callwarden.database.postgres import PostgresDatabase
-from callwarden.database.write import AppendResult, Decide
+from callwarden.database.write import AppendResult, Decide, as_run
 from callwarden.events.types import Event, StoredMedia
 from callwarden.projections.fold import CallProjection, fold
 from callwarden.projections.verify import compare, compare_settlement
@@ -205,10 +205,12 @@ class Gated:
         await self.sched.gate("load_events")
         return await self.inner.load_events(job_id)
 
-    async def append(self, job_id: uuid.UUID, current: CallProjection, event: Event, *,
+    async def append(self, job_id: uuid.UUID, current: CallProjection,
+                     event: Event | Sequence[Event], *,
                      assets: Sequence[StoredMedia] | None = None,
                      before: Before | None = None) -> AppendResult:
-        await self.sched.gate(f"append {type(event).__name__} (v{current.version})")
+        names = "+".join(type(e).__name__ for e in as_run(event))
+        await self.sched.gate(f"append {names} (v{current.version})")
         return await self.inner.append(job_id, current, event, assets=assets, before=before)
 
     async def transition(self, job_id: uuid.UUID, decide: Decide, *,
