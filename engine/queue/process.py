@@ -38,7 +38,7 @@ from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
 from callwarden.database.boundary import connection
 from callwarden.database.db import default_data_dir, open_pool
-from callwarden.database.write import cancel, load
+from callwarden.database.write import cancel_unstarted
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
@@ -133,13 +133,13 @@ class ProcessRunner:
                 self.callbacks.forget(job_id)
 
     async def give_up(self, job_id: uuid.UUID, reason: str) -> CallOutcome:
-        """A job delivered too often: cancel (refund) a call that never started; one that
-        started is left to the reconciler. Never touches the provider."""
+        """A job delivered too often: cancel (refund) it if no call ever started on it;
+        a started call (also one a delivery starts while this runs: the cancel decides
+        on what it writes over) is left to the reconciler. Never touches the provider."""
         runner = self.runner
         async with connection(self.pool) as conn:
-            p = await load(conn, job_id)
-            if p.state is None:
-                p = (await cancel(conn, job_id, by=self.owner, now=runner.clock())).projection
+            p = (await cancel_unstarted(conn, job_id, by=self.owner,
+                                        now=runner.clock())).projection
         result = cast(Result, p.state.value) if p.terminal and p.state else "left_for_reconciler"
         return CallOutcome(job_id=job_id, result=result, projection=p,
                            detail=f"given up: {reason}")
