@@ -57,9 +57,10 @@ from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
 
 __all__ = [
-    "AppendResult", "Decide", "append", "append_params", "as_run", "cancel", "execute",
-    "execute_batch", "execute_script", "from_log", "load", "load_events", "load_stored",
-    "observe", "recordable", "trace_appends", "transition", "without_nul",
+    "AppendResult", "Decide", "append", "append_params", "as_run", "cancel",
+    "cancel_unstarted", "execute", "execute_batch", "execute_script", "from_log", "load",
+    "load_events", "load_stored", "observe", "recordable", "trace_appends", "transition",
+    "without_nul",
 ]
 
 #: ``(job_id, current, event)`` -> a context around one append, yielding the function the
@@ -248,6 +249,21 @@ async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: datetime) -> Ap
 
     def decide(p: CallProjection) -> Event | None:
         return None if p.terminal else Cancelled(at=now, actor=by, by=by)
+
+    return await transition(conn, job_id, decide)
+
+
+async def cancel_unstarted(conn: Conn, job_id: uuid.UUID, *, by: str,
+                           now: datetime) -> AppendResult:
+    """Cancel the job (refunding its reservation) only if no call ever started on it: a
+    queue giving a job up. ``ok=False`` with the call as it is otherwise, also when a
+    delivery recorded ``CallStarted`` between this read and this write (the append is
+    fenced on the version read, and the decision is made again on the winner's
+    projection): a started call is its delivery's, then the reconciler's, never cancelled
+    while its create may be in flight."""
+
+    def decide(p: CallProjection) -> Event | None:
+        return Cancelled(at=now, actor=by, by=by) if p.state is None else None
 
     return await transition(conn, job_id, decide)
 

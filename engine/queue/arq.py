@@ -21,7 +21,16 @@ it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after th
 after which any worker takes it (``job_try`` + 1) and the runner resumes the call. So
 :func:`worker_settings` sets ``job_timeout`` to
 :func:`~callwarden.queue.process.longest_run_s`: a live worker is never overtaken, and arq
-never cancels a call that is still inside its budget. Details: docs/embedding.md ("On a queue").
+never cancels a call that is still inside its budget.
+
+A try that meets a database outage is deferred (``Retry``) on the schedule of
+:class:`~callwarden.queue.outage.OutageRetries` for as long as the outage lasts: the job
+is never failed nor given up for it, and runs once the database answers. arq counts those
+tries in ``job_try`` too, so this module counts them apart (a Redis counter per arq job,
+kept as long as arq keeps its own) and gives a job up only after ``max_deliveries``
+*deliveries*: tries that did not meet an outage (a worker that died, a SIGTERM). arq's own
+``max_tries`` is set out of reach: past it arq would fail the job without calling the
+function at all. Details: docs/embedding.md ("On a queue").
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings
+from arq.constants import expires_extra_ms, job_key_prefix
 from arq.jobs import Job
 from arq.typing import StartupShutdown
 from arq.worker import Retry, func
@@ -51,8 +61,8 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["CTX_KEY", "TASK_NAME", "enqueue_call", "run_call", "run_job_call",
-           "worker_settings"]
+__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call", "run_call",
+           "run_job_call", "worker_settings"]
 
 log = logging.getLogger("callwarden.queue.arq")
 
@@ -60,27 +70,70 @@ TASK_NAME = "callwarden.run_call"
 CTX_KEY = "callwarden"
 _MAX_KEY = "callwarden_max_deliveries"
 REDIS_ENV = "CALLWARDEN_REDIS_URL"
+#: arq's ``max_tries`` for :data:`TASK_NAME`: out of reach (deliveries are counted here).
+MAX_TRIES = sys.maxsize
+#: The Redis key counting an arq job's tries that met a database outage.
+OUTAGE_KEY = "callwarden:arq:outage-retries:"
+_KEEP_S = 88_400  # as long as arq keeps its own try counter (arq:retry:<id>)
+
+
+class _OutageRetries:
+    """One arq job's tries that met a database outage, counted in Redis (``ctx["redis"]``;
+    without it, none are counted)."""
+
+    def __init__(self, ctx: Mapping[str, Any]) -> None:
+        self.redis: ArqRedis | None = ctx.get("redis")
+        self.arq_id = str(ctx.get("job_id"))
+        self.key = OUTAGE_KEY + self.arq_id
+
+    async def count(self) -> int:
+        raw = await self.redis.get(self.key) if self.redis is not None else None
+        return int(raw or 0)
+
+    async def add(self) -> int:
+        """One more; the arq job's data is kept at least a day longer, so that arq never
+        drops a job waiting for the database as expired."""
+        if self.redis is None:
+            return 1
+        count = int(await self.redis.incr(self.key))
+        await self.redis.expire(self.key, _KEEP_S)
+        job_key = job_key_prefix + self.arq_id
+        if 0 <= await self.redis.pttl(job_key) < expires_extra_ms:
+            await self.redis.pexpire(job_key, expires_extra_ms)
+        return count
+
+    async def clear(self) -> None:
+        if self.redis is not None:
+            await self.redis.delete(self.key)
 
 
 async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
                        request: Mapping[str, Any], *, operation: str | None = None
                        ) -> CallOutcome:
-    """Run (or resume) the job's call with this worker's runner. A job tried more than
-    ``max_deliveries`` times is given up (a call that never started is refunded, one that
-    did is left to the reconciler); while the database is unreachable the job is retried
-    with backoff (``Retry``)."""
+    """Run (or resume) the job's call with this worker's runner. A job delivered more than
+    ``max_deliveries`` times is given up (refunded if no call ever started on it, else
+    left to the reconciler). A try that meets a database outage is deferred (``Retry``)
+    for as long as the outage lasts, and is not a delivery."""
     process: ProcessRunner = ctx[CTX_KEY]
     job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
     tries = int(ctx.get("job_try") or 1)
-    delivery = f"arq_job={ctx.get('job_id')} try={tries}"
-    if tries > int(ctx.get(_MAX_KEY, 5)):
-        outcome = await process.give_up(job, f"tried {tries} times")
-    else:
-        try:
+    outages = _OutageRetries(ctx)
+    deliveries = tries - await outages.count()
+    delivery = f"arq_job={outages.arq_id} try={tries}"
+    try:
+        if deliveries > int(ctx.get(_MAX_KEY, 5)):
+            outcome = await process.give_up(job, f"delivered {deliveries} times "
+                                                 f"({tries} tries)")
+        else:
             outcome = await process.run(job, kind, request, operation=operation)
-        except DatabaseUnavailable as exc:
-            log.warning("job %s %s: database unavailable (%s); retried", job, delivery, exc)
-            raise Retry(defer=min(60, 2 ** tries)) from exc
+    except DatabaseUnavailable as exc:
+        retry = await outages.add()
+        raise Retry(defer=process.retry_after_outage(job, delivery, retry, exc)) from exc
+    except Exception:
+        await outages.clear()  # arq fails the job: a new one under this id starts afresh
+        raise
+    await outages.clear()
+    process.database_answered()
     log_outcome(outcome, kind, delivery)
     return outcome
 
@@ -149,10 +202,11 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
     ``redis_url``: default ``CALLWARDEN_REDIS_URL``, else ``redis://localhost:6379``.
     ``options``: the runner's (default: the environment, at start). ``job_timeout``:
     default :func:`longest_run_s` for ``kinds`` (a shorter one is warned about: arq
-    cancels a call past it, which the reconciler then finishes). ``max_deliveries``: tries
-    before a job is given up. ``grace_s``: on SIGTERM, how long calls in flight may take to
-    finish before they are cancelled (and run again by another worker). ``extra``: any
-    other arq setting (yours win)."""
+    cancels a call past it, which the reconciler then finishes). ``max_deliveries``:
+    deliveries before a job is given up (tries that met a database outage are not
+    deliveries: such a job is deferred until the database answers). ``grace_s``: on
+    SIGTERM, how long calls in flight may take to finish before they are cancelled (and
+    run again by another worker). ``extra``: any other arq setting (yours win)."""
     config = options.config if options is not None else load_call_config(env=os.environ)
     needed = longest_run_s(config, options.settings if options else None, kinds=kinds)
     timeout = needed if job_timeout is None else job_timeout
@@ -164,8 +218,8 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
                                on_shutdown)
     url = redis_url or os.environ.get(REDIS_ENV) or "redis://localhost:6379"
     return {
-        "functions": [func(run_call, name=TASK_NAME, timeout=timeout,
-                           max_tries=max_deliveries + 1), *functions],
+        "functions": [func(run_call, name=TASK_NAME, timeout=timeout, max_tries=MAX_TRIES),
+                      *functions],
         "redis_settings": RedisSettings.from_dsn(url),
         "on_startup": startup, "on_shutdown": shutdown,
         "job_timeout": timeout, "max_jobs": max_jobs, "job_completion_wait": grace_s,

@@ -25,8 +25,11 @@ runtime inherited across a fork is never used (nor closed: its sockets are the p
 A task blocks its thread on ``run_call`` while the call runs on the loop.
 
 :class:`CallTask` sets what a durable call needs (``acks_late``,
-``reject_on_worker_lost``, ``acks_on_failure_or_timeout``; retries on
-:class:`~callwarden.errors.DatabaseUnavailable`); :func:`register` also defaults the broker's
+``reject_on_worker_lost``, ``acks_on_failure_or_timeout``) and retries a task whose try met
+a database outage (:class:`~callwarden.errors.DatabaseUnavailable`) with a countdown on
+the schedule of :class:`~callwarden.queue.outage.OutageRetries`, for as long as the outage
+lasts, whatever ``max_retries`` says: a task is never failed and acked because the database
+was unreachable, and runs once it answers. :func:`register` also defaults the broker's
 ``visibility_timeout`` to :func:`~callwarden.queue.process.longest_run_s` plus a margin and
 ``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -109,7 +113,10 @@ class Runtime:
 
     def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
             operation: str | None = None) -> CallOutcome:
-        return self._loop.call(self.process.run(job_id, kind, request, operation=operation))
+        outcome = self._loop.call(self.process.run(job_id, kind, request,
+                                                   operation=operation))
+        self.process.database_answered()
+        return outcome
 
     def close(self) -> None:
         try:
@@ -167,26 +174,42 @@ class CallTask(Task):  # type: ignore[type-arg]
     wants: after it ran (``acks_late``), redelivered when its process died
     (``reject_on_worker_lost``), acked when it raised or timed out
     (``acks_on_failure_or_timeout``: what is left of the call belongs to the reconciler),
-    retried with backoff while the database is unreachable."""
+    and retried, not failed, for as long as the database is unreachable."""
 
     acks_late = True
     reject_on_worker_lost = True
     acks_on_failure_or_timeout = True
-    autoretry_for = (DatabaseUnavailable,)
-    retry_backoff = 2
-    retry_backoff_max = 60
-    max_retries = 10
 
     def run_call(self, job_id: uuid.UUID | str, kind: str, request: Mapping[str, Any], *,
                  operation: str | None = None) -> CallOutcome:
         """``CallRunner.run`` on this process's loop; returns when the call is terminal,
-        left for the reconciler or out of poll budget."""
+        left for the reconciler or out of poll budget. A try that meets a database outage
+        is retried (``self.retry``, published again with a countdown, then acked)."""
         job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
         info = self.request.delivery_info or {}
         delivery = f"task={self.request.id} redelivered={bool(info.get('redelivered'))}"
-        outcome = current_runtime().run(job, kind, request, operation=operation)
+        runtime = current_runtime()
+        try:
+            outcome = runtime.run(job, kind, request, operation=operation)
+        except DatabaseUnavailable as exc:
+            raise self._retry_after_outage(runtime.process, job, delivery, exc) from exc
         log_outcome(outcome, kind, delivery)
         return outcome
+
+    def _retry_after_outage(self, process: ProcessRunner, job: uuid.UUID, delivery: str,
+                            exc: DatabaseUnavailable) -> BaseException:
+        """Publish the task again, deferred on the outage schedule; what to raise.
+        Unbounded in a worker; eagerly (``apply``, ``task_always_eager``: no countdown,
+        the retry runs at once, nested) bounded by the retries within the limit."""
+        retry = self.request.retries + 1
+        delay = process.retry_after_outage(job, delivery, retry, exc)
+        bound = process.options.outage.within_limit if self.request.is_eager else sys.maxsize
+        try:
+            retried: BaseException = self.retry(exc=exc, countdown=delay, max_retries=bound,
+                                                throw=False)
+        finally:  # Celery keeps the bound on the task object for autoretry_for: not ours
+            vars(self).pop("override_max_retries", None)
+        return retried
 
 
 def visibility_timeout_for(config: CallConfig | None = None,

@@ -12,7 +12,9 @@ A job's request is ``jobs.input_data``::
     {"provider_kind": "kie-standard", "request": {...}, "operation": null}
 
 :func:`parse_job` (pure) reads it; a job it refuses is cancelled (refunded) and acked in
-one transaction by :func:`reject` — never lost, never redelivered forever.
+one transaction by :func:`reject` — never lost, never redelivered forever. The same
+:func:`reject` gives up a job delivered too often; either way it cancels only a job on
+which no call ever started (a started call is the reconciler's).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import msgspec
 
 from callwarden.database.boundary import transaction
 from callwarden.database.db import Conn
-from callwarden.database.write import AppendResult, cancel, execute
+from callwarden.database.write import AppendResult, cancel_unstarted, execute
 from callwarden.providers.kinds import KINDS
 
 __all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
@@ -105,8 +107,11 @@ async def ack(conn: Conn, job_id: uuid.UUID, *, owner: str) -> bool:
 
 async def reject(conn: Conn, job_id: uuid.UUID, *, owner: str,
                  now: datetime) -> tuple[AppendResult, bool]:
-    """Cancel the job's call (refunding its reservation) and ack it, in one transaction."""
+    """Ack the job, and cancel it (refunding its reservation) if no call ever started on
+    it, in one transaction. A call that started, also one whose ``CallStarted`` another
+    delivery records while this runs, is not cancelled (``ok=False`` with the call as it
+    is): the reconciler finishes it (:func:`~callwarden.database.write.cancel_unstarted`)."""
     async with transaction(conn):
-        result = await cancel(conn, job_id, by=owner, now=now)
+        result = await cancel_unstarted(conn, job_id, by=owner, now=now)
         acked = await ack(conn, job_id, owner=owner)
     return result, acked

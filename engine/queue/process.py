@@ -9,7 +9,9 @@ By default everything comes from the environment, the way ``callwarden worker`` 
 the media store (:func:`~callwarden.providers.storage.media_from_env`: S3 when
 ``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else ``CALLWARDEN_MEDIA_DIR`` or
 ``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~callwarden.calls.config.CallConfig`),
-``CALLWARDEN_PRICING_FILE`` and ``CALLWARDEN_CALLBACK_BASE_URL``.
+``CALLWARDEN_PRICING_FILE``, ``CALLWARDEN_CALLBACK_BASE_URL`` and
+``CALLWARDEN_DB_OUTAGE_LIMIT_S`` (:class:`~callwarden.queue.outage.OutageRetries`: how a
+job is retried through a database outage, and how long a try waits for a connection).
 
 Each process gets its own owner id, made when the runner is opened: a forked child (Celery's
 prefork pool) must not share its parent's :func:`~callwarden.calls.identity.incarnation`, which
@@ -38,11 +40,13 @@ from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
 from callwarden.database.boundary import connection
 from callwarden.database.db import default_data_dir, open_pool
-from callwarden.database.write import cancel, load
+from callwarden.database.outage import LIMIT_ENV, Outage
+from callwarden.database.write import cancel_unstarted
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
 from callwarden.providers.storage import MediaStore, media_from_env
+from callwarden.queue.outage import OutageRetries
 
 __all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
            "open_runner", "options_from_env", "outcome_dict"]
@@ -56,7 +60,9 @@ MEDIA_PER_RESULT = 4
 @dataclass(frozen=True, kw_only=True)
 class RunnerOptions:
     """Everything a process's runner is built from (:func:`options_from_env` by default).
-    ``concurrency``: jobs the process runs at once (the pool holds that many plus two)."""
+    ``concurrency``: jobs the process runs at once (the pool holds that many plus two);
+    ``outage``: how a job is retried through a database outage (by default from
+    ``CALLWARDEN_DB_OUTAGE_LIMIT_S``)."""
 
     database_url: str
     settings: ProviderSettings
@@ -65,6 +71,7 @@ class RunnerOptions:
     pricing: Pricing | None = None
     callback_base_url: str | None = None
     concurrency: int = 1
+    outage: OutageRetries = field(default_factory=OutageRetries.from_env)
 
 
 def options_from_env(env: Mapping[str, str] | None = None, *,
@@ -81,7 +88,7 @@ def options_from_env(env: Mapping[str, str] | None = None, *,
         media=media_from_env(env, default_dir=default_data_dir() / "media"),
         config=load_call_config(env=env), pricing=pricing_from_env(env),
         callback_base_url=env.get("CALLWARDEN_CALLBACK_BASE_URL") or None,
-        concurrency=concurrency)
+        concurrency=concurrency, outage=OutageRetries.from_env(env))
 
 
 class ProcessRunner:
@@ -90,10 +97,12 @@ class ProcessRunner:
     def __init__(self, options: RunnerOptions, *, role: str) -> None:
         self.options, self.pid = options, os.getpid()
         self.pool = open_pool(options.database_url, max_size=options.concurrency + 2,
-                              check=True)
+                              check=True, wait_s=options.outage.wait_s)
         self.callbacks = (CallbackUrls(options.callback_base_url)
                           if options.callback_base_url else None)
         self.owner = f"{role}:{uuid.uuid4().hex[:12]}"
+        self.outage = Outage(log, f"{role} process {self.pid}",
+                             limit_s=options.outage.limit_s)
         self._session: aiohttp.ClientSession | None = None
         self._runner: CallRunner | None = None
 
@@ -133,16 +142,38 @@ class ProcessRunner:
                 self.callbacks.forget(job_id)
 
     async def give_up(self, job_id: uuid.UUID, reason: str) -> CallOutcome:
-        """A job delivered too often: cancel (refund) a call that never started; one that
-        started is left to the reconciler. Never touches the provider."""
+        """A job delivered too often: cancel (refund) it if no call ever started on it;
+        a started call (also one a delivery starts while this runs: the cancel decides
+        on what it writes over) is left to the reconciler. Never touches the provider."""
         runner = self.runner
         async with connection(self.pool) as conn:
-            p = await load(conn, job_id)
-            if p.state is None:
-                p = (await cancel(conn, job_id, by=self.owner, now=runner.clock())).projection
+            p = (await cancel_unstarted(conn, job_id, by=self.owner,
+                                        now=runner.clock())).projection
         result = cast(Result, p.state.value) if p.terminal and p.state else "left_for_reconciler"
         return CallOutcome(job_id=job_id, result=result, projection=p,
                            detail=f"given up: {reason}")
+
+    def retry_after_outage(self, job_id: uuid.UUID, delivery: str, retry: int,
+                           exc: BaseException) -> float:
+        """A try of ``job_id`` met a database outage, and the queue is to try it again
+        (its ``retry``-th retry for an outage): the seconds to defer it by. The process
+        logs the outage once (and once more past the limit); the job, one line per retry
+        and one error when it goes past the limit, after which it stays queued."""
+        self.outage.down(exc)
+        policy = self.options.outage
+        delay = policy.delay_s(retry)
+        if retry == policy.within_limit + 1:
+            log.error("job %s %s: database unavailable past the outage limit (%s=%g s, %d "
+                      "retries): the job stays queued, retried every %g s until the "
+                      "database answers", job_id, delivery, LIMIT_ENV, policy.limit_s,
+                      policy.within_limit, policy.step_s)
+        log.info("job %s %s: database unavailable; outage retry %d in %g s", job_id,
+                 delivery, retry, delay)
+        return delay
+
+    def database_answered(self) -> None:
+        """A job's try reached the database: the process's outage, if any, is over."""
+        self.outage.up()
 
 
 async def open_runner(options: RunnerOptions | Callable[[], RunnerOptions] | None = None, *,

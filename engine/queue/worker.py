@@ -12,8 +12,10 @@
 
 A job the worker cannot read (no or unknown ``provider_kind``) is cancelled, refunded and
 acked. A job delivered more than ``max_deliveries`` times (a poison job that kills or
-breaks its worker every time) is acked without running again: refunded if its call never
-started, else left to the reconciler. An exception while running a job leaves it leased:
+breaks its worker every time) is acked without running again. Either way the cancel is
+made only if no call ever started on the job, decided by the cancel itself on what it
+writes over (a delivery that records ``CallStarted`` meanwhile wins): a started call is
+left to the reconciler. An exception while running a job leaves it leased:
 it is delivered again after the visibility timeout, and ``queue_deliveries`` counts it.
 
 On ``stop`` (SIGTERM/SIGINT in the CLI) it stops claiming, waits up to ``grace_s`` for the
@@ -35,7 +37,6 @@ from callwarden.calls.runner import CallOutcome, CallRunner
 from callwarden.database.boundary import connection
 from callwarden.database.db import Pool, open_pool
 from callwarden.database.outage import Outage
-from callwarden.database.write import load
 from callwarden.errors import CallwardenError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import MediaStore
@@ -198,22 +199,19 @@ class Worker:
             return await ack(conn, job_id, owner=self.owner)
 
     async def _reject(self, job: Claimed, reason: str) -> None:
+        """Ack the job; cancel (refund) it only if no call started on it, a decision the
+        cancel makes itself, fenced (:func:`~callwarden.queue.claims.reject`)."""
         async with connection(self.pool) as conn:
             result, acked = await reject(conn, job.job_id, owner=self.owner,
                                          now=self.runner.clock())
-        log.error("job %s rejected: %s; call %s, acked=%s", job.job_id, reason,
-                  result.projection.state.value if result.projection.state else "none",
-                  acked)
+        state = result.projection.state
+        left = "" if result.ok or state is None else ", left to the reconciler"
+        log.error("job %s rejected: %s; call %s%s, acked=%s", job.job_id, reason,
+                  state.value if state else "none", left, acked)
 
     async def _give_up(self, job: Claimed) -> None:
-        async with connection(self.pool) as conn:
-            started = (await load(conn, job.job_id)).state is not None
-        if not started:
-            return await self._reject(job, f"delivered {job.deliveries} times")
-        acked = await self._ack(job.job_id)
-        log.error("job %s: delivered %d times (max %d); acked=%s, call left to the "
-                  "reconciler", job.job_id, job.deliveries, self.max_deliveries, acked)
-        return None
+        await self._reject(job, f"delivered {job.deliveries} times (max "
+                                f"{self.max_deliveries})")
 
 
 def _log_outcome(job: Claimed, spec: JobSpec, outcome: CallOutcome, acked: bool) -> None:

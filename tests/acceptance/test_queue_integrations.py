@@ -19,22 +19,17 @@ reservation settled exactly once (one settling event, one audited move, from
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from arq import create_pool
-from arq.connections import ArqRedis, RedisSettings
-from celery import Celery
+from arq.connections import ArqRedis
 
 from callwarden.database.db import Conn
 from callwarden.database.jobs import create_job
@@ -42,10 +37,8 @@ from callwarden.database.write import execute_script
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
 from callwarden.queue.arq import enqueue_call
-from callwarden.queue.celery import TASK_NAME as CELERY_TASK
-from callwarden.replay.verify import verify, verify_job
-from tests.acceptance.conftest import ROOT, Workers
-from tests.redis import running_redis
+from tests.acceptance.conftest import Workers
+from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task, until, value
 
 # One process runs every fleet test (README: the tests run in two), so two fleets of
 # worker processes never compete for the cores against their deadlines.
@@ -53,14 +46,12 @@ pytestmark = pytest.mark.xdist_group("fleets")
 
 VISIBILITY_S = 3.0  # Celery: an unacked message older than this is restored on Redis
 JOB_TIMEOUT_S = 5.0  # arq: a dead worker's job is taken again 10 s after this
-DEADLINE_S = 40.0
 HOUR = {"steps": [{"phase": "running", "seconds": 3600}], "end": "succeeded"}
 KIND = "kie-standard"
 REQUEST = {"model": "nano-banana-pro", "input": {"prompt": "a cat", "_sim": HOUR}}
 # What a second delivery running beside the first ends with: completed, or the first holds
 # the finalization claim (it completes the call; this one leaves it, never waits).
 BOTH = r"(completed|left_for_reconciler) state=(?:completed|finalizing)"
-SETTLING = ["Completed", "UpstreamFailed", "Swept", "Exhausted", "Cancelled"]
 ENV = {"CALLWARDEN_CALL_POLL_INTERVAL_KIE_STANDARD": "0.1",
        "CALLWARDEN_CALL_POLL_BUDGET_KIE_STANDARD": "30",
        "CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "0.2",
@@ -69,92 +60,11 @@ ENV = {"CALLWARDEN_CALL_POLL_INTERVAL_KIE_STANDARD": "0.1",
        "CALLWARDEN_TEST_MAX_JOBS": "1"}
 
 
-# -- the processes --------------------------------------------------------------------------
-
-class QueueWorker:
-    """One worker process (its own process group: the main process and its pool
-    children) and its log."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
-        self.proc, self.log = proc, log
-
-    def logs(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the whole group, as a lost host: nothing runs a shutdown hook."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-
-    async def exited(self, timeout_s: float = DEADLINE_S) -> int:
-        try:
-            return await asyncio.wait_for(self.proc.wait(), timeout=timeout_s)
-        except TimeoutError:
-            pytest.fail(f"worker {self.proc.pid} still running:\n{self.logs()}")
-
-    async def line(self, pattern: str, what: str, count: int = 1) -> list[re.Match[str]]:
-        """The first ``count`` log lines matching ``pattern``, waiting for them."""
-        deadline = time.monotonic() + DEADLINE_S
-        while len(found := list(re.finditer(pattern, self.logs()))) < count:
-            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.logs()}"
-            await asyncio.sleep(0.05)
-        return found[:count]
-
-
-class Queues:
-    """Starts Celery and arq workers against the test's database, simulator and Redis."""
-
-    def __init__(self, workers: Workers, redis_url: str, tmp_path: Path) -> None:
-        self.workers, self.redis_url, self.tmp_path = workers, redis_url, tmp_path
-        self.started: list[QueueWorker] = []
-
-    async def _start(self, args: Sequence[str]) -> QueueWorker:
-        log = self.tmp_path / f"queue-worker-{len(self.started) + 1}.log"
-        env = self.workers.env(None, {**ENV, "CALLWARDEN_REDIS_URL": self.redis_url,
-                                      "CALLWARDEN_MEDIA_DIR": str(self.tmp_path / "media"),
-                                      "PYTHONPATH": str(ROOT)})
-        with log.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", *args, env=env, cwd=ROOT,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                start_new_session=True)
-        worker = QueueWorker(proc, log)
-        self.started.append(worker)
-        return worker
-
-    async def celery(self, name: str) -> QueueWorker:
-        return await self._start([
-            "celery", "-A", "tests.acceptance.celery_app", "worker", "--pool", "prefork",
-            "--concurrency", "2", "--loglevel", "INFO", "--without-mingle",
-            "--without-gossip", "--without-heartbeat", "-n", f"{name}@%h"])
-
-    async def arq(self) -> QueueWorker:
-        return await self._start(["arq", "tests.acceptance.arq_app.WorkerSettings"])
-
-    async def kill_leftovers(self) -> None:
-        for w in self.started:
-            if w.proc.returncode is None:
-                w.kill()
-                await w.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as url:
-        yield url
-
-
-@pytest.fixture
-async def redis_url(redis_server: str) -> str:
-    """The module's server, emptied for this test."""
-    client = aioredis.Redis.from_url(redis_server)
-    await client.flushall()
-    await client.aclose()
-    return redis_server
-
-
 @pytest.fixture
 async def queues(workers: Workers, redis_url: str, tmp_path: Path) -> AsyncIterator[Queues]:
-    qs = Queues(workers, redis_url, tmp_path)
+    qs = Queues(workers.env(None, {**ENV, "CALLWARDEN_REDIS_URL": redis_url,
+                                   "CALLWARDEN_MEDIA_DIR": str(tmp_path / "media")}),
+                tmp_path)
     try:
         yield qs
     finally:
@@ -169,30 +79,7 @@ async def job(conn: Conn) -> uuid.UUID:
                             credits=10)
 
 
-@pytest.fixture
-async def arq_redis(redis_url: str) -> AsyncIterator[ArqRedis]:
-    client = await create_pool(RedisSettings.from_dsn(redis_url))
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 # -- conditions -----------------------------------------------------------------------------
-
-async def _value(conn: Conn, sql: str, *params: Any) -> Any:
-    row = await (await conn.execute(sql, params)).fetchone()
-    return None if row is None else next(iter(row.values()))
-
-
-async def _until(what: str, check: Any, *, deadline_s: float = DEADLINE_S) -> Any:
-    """Await ``check()`` until it is truthy (bounded); its value."""
-    deadline = time.monotonic() + deadline_s
-    while not (value := await check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-    return value
-
 
 async def _poller(conn: Conn, job: uuid.UUID, *, other_than: str | None = None,
                   what: str = "the call to be polling") -> str:
@@ -200,7 +87,7 @@ async def _poller(conn: Conn, job: uuid.UUID, *, other_than: str | None = None,
     ``other_than``."""
     sql = ("SELECT heartbeat_owner FROM jobs WHERE id = %s AND call_state = 'polling' "
            "AND heartbeat_owner IS NOT NULL AND heartbeat_owner IS DISTINCT FROM %s")
-    owner: str = await _until(what, lambda: _value(conn, sql, job, other_than))
+    owner: str = await until(what, lambda: value(conn, sql, job, other_than))
     return owner
 
 
@@ -209,13 +96,13 @@ async def _pollers(conn: Conn, job: uuid.UUID, n: int) -> set[str]:
     seen: set[str] = set()
 
     async def more() -> bool:
-        owner = await _value(conn, "SELECT heartbeat_owner FROM jobs WHERE id = %s "
+        owner = await value(conn, "SELECT heartbeat_owner FROM jobs WHERE id = %s "
                              "AND call_state = 'polling'", job)
         if owner is not None:
             seen.add(owner)
         return len(seen) >= n
 
-    await _until(f"{n} processes polling the job's one task", more)
+    await until(f"{n} processes polling the job's one task", more)
     return seen
 
 
@@ -224,35 +111,13 @@ def _finish_upstream(sim: RunningSimulator) -> None:
 
 
 async def _exactly_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID) -> None:
-    """One upstream create; completed; settled once; projections = log."""
-    await _until("the call to complete", lambda: _value(
+    await until("the call to complete", lambda: value(
         conn, "SELECT call_state = 'completed' FROM jobs WHERE id = %s", job))
-    assert sim.sim.journal.count("kie", "create") == 1
-    row = await (await conn.execute(
-        "SELECT (SELECT array_agg(u.status) FROM usage_logs u WHERE u.job_id = j.id) AS credits,"
-        " (SELECT count(*) FROM call_events e WHERE e.job_id = j.id AND e.type = ANY(%s))"
-        "   AS settlements,"
-        " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id) AS moves,"
-        " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id"
-        "   AND a.old_status <> 'reserved') AS bad_moves,"
-        " (SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
-        "FROM jobs j WHERE j.id = %s", (SETTLING, job))).fetchone()
-    assert row is not None
-    assert dict(row) == {"credits": ["committed"], "settlements": 1, "moves": 1,
-                         "bad_moves": 0, "assets": 1}
-    summary, _ = await verify(conn)
-    assert (summary.jobs, summary.mismatches, summary.errors) == (1, 0, 0)
-    assert await verify_job(conn, job) == []
+    await completed_once(conn, sim, job)
 
 
 async def _send(redis_url: str, job: uuid.UUID, task_id: str) -> None:
-    """Publish the task as a host's web process would (blocking kombu, off the loop)."""
-    producer = Celery("callwarden-test-producer", broker=redis_url)
-    try:
-        await asyncio.to_thread(producer.send_task, CELERY_TASK,
-                                args=[str(job), KIND, REQUEST], task_id=task_id)
-    finally:
-        producer.close()
+    await send_celery_task(redis_url, job, KIND, REQUEST, task_id)
 
 
 def _owner_pid(worker: QueueWorker, owner: str) -> int:
@@ -278,7 +143,7 @@ async def test_celery_worker_killed_while_polling_is_redelivered_and_resumed(
     first.kill()
     assert await first.exited() == -9
 
-    await _until("the unacked message to be older than the visibility timeout",
+    await until("the unacked message to be older than the visibility timeout",
                  lambda: broker.zcount("unacked_index", "-inf", time.time() - VISIBILITY_S))
     second = await queues.celery("second")
     resumed = await _poller(conn, job, other_than=dead, what="the second worker to poll")
@@ -293,7 +158,7 @@ async def test_celery_worker_killed_while_polling_is_redelivered_and_resumed(
     async def acked() -> bool:
         return bool(await broker.zcard("unacked_index") == 0)
 
-    await _until("the redelivered message to be acked", acked)
+    await until("the redelivered message to be acked", acked)
     await broker.aclose()
 
 

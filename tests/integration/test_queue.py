@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,16 @@ from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
 from callwarden.database.db import Conn, Pool, connect
 from callwarden.database.jobs import create_job
+from callwarden.database.write import AppendResult, append
+from callwarden.events.types import CallStarted
+from callwarden.projections.fold import EMPTY
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
-from callwarden.queue.claims import JobSpec, ack, claim, input_data, parse_job
+from callwarden.queue.claims import JobSpec, ack, claim, input_data, parse_job, reject
 from callwarden.queue.worker import Worker
 from callwarden.replay.verify import verify_job
 from tests.support import no_sleep
+from tests.support.queues import blocked_on_a_lock
 
 KIE = input_data("kie-standard", {"model": "nano-banana-pro", "input": {"prompt": "a cat"}})
 
@@ -279,3 +284,35 @@ async def test_enqueue_refuses_what_no_worker_could_run(
     assert code == 2, out
     assert "error" in out
     assert await claim(conn, owner="w:a", batch=10, visibility_s=30) == []
+
+
+async def test_a_rejected_job_whose_call_started_meanwhile_is_acked_not_cancelled(
+        conn: Conn, db_url: str) -> None:
+    """Issue 24.8, the reference worker's give-up and reject (``claims.reject``): another
+    delivery records ``CallStarted`` in a transaction still open when the reject reads
+    "never started" and sends its cancel (which waits for the row's lock); it then
+    commits. The cancel's own decision must see the started call: the job is acked and
+    its call left (``created``, reservation ``reserved``) for the reconciler."""
+    job = await create_job(conn, input_data=KIE, credits=2)
+    [claimed] = await claim(conn, owner="worker:a", batch=1, visibility_s=30)
+
+    async def rejected() -> tuple[AppendResult, bool]:
+        async with await connect(db_url) as own:
+            return await reject(own, job, owner="worker:a", now=datetime.now(UTC))
+
+    delivery = await connect(db_url)
+    async with delivery:
+        async with delivery.transaction():
+            assert (await append(delivery, job, EMPTY, CallStarted(
+                at=datetime.now(UTC), actor="worker:b", kind="kie-standard",
+                sync=False))).ok
+            rejecting = asyncio.create_task(rejected())
+            await blocked_on_a_lock(conn, rejecting)
+        result, acked = await rejecting
+    assert claimed.job_id == job
+    assert (result.ok, result.projection.state and result.projection.state.value) == (
+        False, "created")
+    assert acked
+    row = await _queue_row(conn, job)
+    assert (row["call_state"], row["credits"], row["acked"]) == ("created", "reserved", True)
+    assert await verify_job(conn, job) == []

@@ -1,20 +1,23 @@
 """What the Celery and arq integrations set up before any worker runs (no broker needed):
-redelivery later than the longest call, the acks a durable call wants, and the host's own
-settings kept."""
+redelivery later than the longest call, the acks a durable call wants, the host's own
+settings kept, and the schedule on which a job is retried through a database outage."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 from arq.worker import Worker
 from celery import Celery
 
 from callwarden.calls.config import CallConfig
+from callwarden.errors import ConfigError
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
 from callwarden.queue.arq import worker_settings
 from callwarden.queue.celery import TASK_NAME, CallTask, register, visibility_timeout_for
-from callwarden.queue.process import longest_run_s
+from callwarden.queue.outage import OutageRetries
+from callwarden.queue.process import RunnerOptions, longest_run_s, options_from_env
 
 
 def test_the_longest_run_covers_create_budget_last_poll_and_finalization() -> None:
@@ -56,7 +59,9 @@ async def test_arq_settings_time_out_after_the_longest_call_and_redeliver_10s_la
                                max_deliveries=3, log_level=None)
     assert settings["job_timeout"] == 1740
     fn = settings["functions"][0]
-    assert (fn.name, fn.timeout_s, fn.max_tries) == (ARQ_TASK, 1740, 4)
+    # arq's own count is out of reach: the function gives a job up after max_deliveries
+    # deliveries, not counting the tries that met a database outage
+    assert (fn.name, fn.timeout_s, fn.max_tries) == (ARQ_TASK, 1740, sys.maxsize)
     worker = Worker(**settings)  # nothing connects until it runs
     assert worker.in_progress_timeout_s == 1750  # how long a dead worker's job waits
     assert worker._job_completion_wait == 30
@@ -70,3 +75,46 @@ def test_arq_settings_warn_when_the_hosts_job_timeout_is_too_short(
     assert (settings["job_timeout"], settings["max_jobs"], settings["poll_delay"]) == (
         60, 2, 0.1)
     assert "job_timeout 60s is shorter than the longest call (1740s)" in caplog.text
+
+
+def test_outage_retries_cover_the_default_limit_then_keep_the_job_at_a_minute() -> None:
+    retries = OutageRetries()  # CALLWARDEN_DB_OUTAGE_LIMIT_S unset: 300 s
+    delays = [retries.delay_s(n) for n in range(1, 13)]
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60]
+    assert retries.within_limit == 10  # 303 s of delays >= 300 s; 9 give 243 s
+    assert sum(delays[:10]) >= 300 > sum(delays[:9])
+    assert (retries.past_limit(10), retries.past_limit(11)) == (False, True)
+    assert retries.delay_s(10_000) == retries.step_s == 60  # past the limit: as long as it lasts
+    assert retries.wait_s == 30  # a try waits for a connection as long as before
+
+
+def test_outage_retries_follow_a_small_limit() -> None:
+    retries = OutageRetries.from_env({"CALLWARDEN_DB_OUTAGE_LIMIT_S": "2"})
+    assert (retries.limit_s, retries.step_s, retries.wait_s) == (2, 0.4, 0.2)
+    assert [retries.delay_s(n) for n in (1, 2, 50)] == [0.4, 0.4, 0.4]
+    assert retries.within_limit == 5
+    long = OutageRetries(limit_s=3600)
+    assert (long.step_s, long.within_limit) == (60, 65)  # 123 s in 7, then 58 x 60 s
+
+
+def test_outage_retries_refuse_what_is_not_a_schedule() -> None:
+    with pytest.raises(ConfigError, match="CALLWARDEN_DB_OUTAGE_LIMIT_S"):
+        OutageRetries.from_env({"CALLWARDEN_DB_OUTAGE_LIMIT_S": "-1"})
+    with pytest.raises(ValueError, match="retry counts from 1"):
+        OutageRetries().delay_s(0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        OutageRetries(first_s=0)
+
+
+def test_a_queue_process_takes_its_outage_schedule_from_the_environment() -> None:
+    env = {"DATABASE_URL": "postgresql://127.0.0.1/x", "CALLWARDEN_DB_OUTAGE_LIMIT_S": "40"}
+    options = options_from_env(env)
+    assert options.outage == OutageRetries(limit_s=40)
+    assert RunnerOptions(database_url="x", settings=options.settings,
+                         media=options.media).outage == OutageRetries.from_env()
+
+
+def test_celery_call_task_leaves_outage_retries_to_itself() -> None:
+    """No ``autoretry_for``: a retry bounded by ``max_retries`` would fail and ack a
+    task whose job was never recorded (issue 24.1); ``run_call`` retries it itself."""
+    assert not getattr(CallTask, "autoretry_for", ())
