@@ -4,8 +4,8 @@ A settings struct (``ReconcileConfig``, ``CallConfig``, ``WebhookConfig``) decla
 fields and defaults and validates itself in ``__post_init__``; :func:`load` fills it:
 
 * the file (``--config``, TOML or JSON) holds one table per actor — ``[reconcile]``,
-  ``[calls]``, ``[webhooks]`` — so one file can configure a whole deployment (a file with
-  no tables at all is read as the one actor's settings);
+  ``[calls]``, ``[webhooks]``, ``[serve]`` (the service's listeners) — so one file can
+  configure a whole deployment (a file with no tables at all is read as the one actor's settings);
 * the environment overrides the file: ``<PREFIX><FIELD>`` (``CALLWARDEN_RECONCILE_BATCH_SIZE``),
   and for a per-kind map ``<PREFIX><MAP>_<KIND>`` with the kind's ``-`` spelled ``_``
   (``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``); a list field is comma-separated.
@@ -31,7 +31,7 @@ from callwarden.providers.kinds import KINDS
 __all__ = ["SECTIONS", "load", "read_section"]
 
 T = TypeVar("T", bound=msgspec.Struct)
-SECTIONS = ("reconcile", "calls", "webhooks")
+SECTIONS = ("reconcile", "calls", "webhooks", "serve")
 _ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 
 

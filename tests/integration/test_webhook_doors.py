@@ -58,7 +58,7 @@ from callwarden.providers.replicate.webhook import replicate_sign
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import RECEIVER, ServiceConfig, build_app
+from callwarden.service.app import RECEIVER, ServiceConfig, build_webhook_app
 from callwarden.service.webhooks import WebhookConfig
 from tests.integration.test_reconciler import NOW_SCRIPT, upstream_task
 from tests.integration.test_webhooks import AUTH, start_call, stt_body, task_created
@@ -130,7 +130,7 @@ async def doors(pool: Pool, conn: Conn, sim: RunningSimulator,
                                                           max_body_bytes=MAX_BODY))
             finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), sim.settings,
                                   owner=f"webhook:{door}", clock=lambda: datetime.now(UTC))
-            app = build_app(pool, finalizer, config, clock=lambda: now, poll=poll)
+            app = build_webhook_app(pool, finalizer, config, clock=lambda: now, poll=poll)
             runner = web.AppRunner(app)
             await runner.setup()
             stack.push_async_callback(runner.cleanup)

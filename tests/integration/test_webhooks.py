@@ -38,7 +38,12 @@ from callwarden.providers.replicate.webhook import replicate_sign
 from callwarden.providers.simulator.core import Delivery, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import RECEIVER, RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.app import (
+    RECEIVER,
+    RedactingAccessLogger,
+    ServiceConfig,
+    build_webhook_app,
+)
 from callwarden.service.webhooks import WebhookConfig
 from tests.recorded import load as load_fixture
 
@@ -70,8 +75,8 @@ async def serving(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, sim.settings, created_at=created_at)
 
-    app = build_app(pool, finalizer, config, clock=lambda: sim.sim.clock.now() + offset[0],
-                    poll=poll)
+    app = build_webhook_app(pool, finalizer, config,
+                            clock=lambda: sim.sim.clock.now() + offset[0], poll=poll)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -596,7 +601,7 @@ async def test_callback_token_in_the_url_never_reaches_the_access_log(
         pool: Pool, conn: Conn, sim: RunningSimulator, caplog: pytest.LogCaptureFixture,
         tmp_path: Path) -> None:
     finalizer = Finalizer(pool, LocalFolderStore(tmp_path), sim.settings, owner="webhook:t")
-    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig()),
+    runner = web.AppRunner(build_webhook_app(pool, finalizer, ServiceConfig()),
                            access_log_class=RedactingAccessLogger)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
