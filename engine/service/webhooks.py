@@ -8,7 +8,8 @@ a signed-body scheme at ``POST /webhooks/<provider>`` (Replicate: Svix, replay k
 job's secret callback token).
 
 Every request is answered from its own facts. Only a missing or wrong signature, a stale
-timestamp, an oversized body or a malformed one gets 4xx (providers retry on 4xx, so
+timestamp, an oversized, compressed (any ``Content-Encoding`` but identity: 415, never
+inflated) or malformed body gets 4xx (providers retry on 4xx, so
 nothing else may); a database error gets 503 with ``Retry-After`` (the delivery is
 forgotten, so the retry applies). Everything authentic is acknowledged with 2xx: a
 duplicate delivery (same ``webhook-id``, same signature) changes nothing; a task that is
@@ -126,6 +127,16 @@ def _signature_reject(exc: SignatureError) -> Reject:
     return Reject(401, "stale" if stale else "bad_signature", str(exc))
 
 
+def _refuse_encoded(request: web.Request) -> None:
+    """No provider compresses its deliveries: a body with any ``Content-Encoding`` but
+    ``identity`` is refused (415) before a byte of it is read, so a compressed bomb is
+    never inflated here (the service's runner also turns aiohttp's inflation off)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise Reject(415, "unsupported_encoding",
+                     "compressed bodies are not accepted (Content-Encoding must be identity)")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise Reject(413, "too_large", f"body over {limit} bytes")
@@ -201,6 +212,7 @@ class Receiver:
             started = time.perf_counter()
             headers: dict[str, str] = {}
             try:
+                _refuse_encoded(request)
                 await self.db.sync_clock(self.now)
                 outcome, message = await handler(request)
                 status = 200

@@ -1,14 +1,17 @@
-"""``callwarden serve`` as a process, from outside: who may read what, on which listener.
+"""``callwarden serve`` as a process, from outside: who may read what, on which listener,
+and what an unauthenticated webhook POST can cost it.
 
 The webhook listener is the one providers reach from the internet: it answers webhooks
 and health probes only. The dashboard, the job pages (model output, raw provider answers),
 ``/metrics`` and the admin actions are on the operator listener, which binds 127.0.0.1 on
-another port unless told otherwise.
+another port unless told otherwise. A compressed body is refused on the webhook routes
+before a byte of it is inflated: the server's memory does not move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
 import re
 import sys
@@ -28,6 +31,7 @@ from callwarden.events.types import CallStarted, TaskCreated
 from tests.acceptance.conftest import ROOT
 
 TOKEN = "listeners-admin"
+MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -118,3 +122,50 @@ async def test_the_webhook_listener_serves_only_webhooks_and_health(
         assert await status(http, "POST", f"{operator}/admin/jobs/{job}/force-fail",
                             headers=admin) == 200
     assert (await load(conn, job)).state == "cancelled"
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size, from /proc."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def counts(conn: Conn) -> tuple[int, int]:
+    row = await (await conn.execute(
+        "SELECT (SELECT count(*) FROM call_events) AS events, "
+        "(SELECT count(*) FROM webhook_deliveries) AS deliveries")).fetchone()
+    assert row is not None
+    return row["events"], row["deliveries"]
+
+
+async def test_a_gzip_bomb_to_a_webhook_route_is_refused_without_being_inflated(
+        db_url: str, conn: Conn) -> None:
+    """50 MiB of zeros, gzipped to about 50 KiB, to every webhook route (a real KIE
+    callback URL with its token included): refused 415, the server's memory does not
+    grow by the inflated size, nothing is recorded."""
+    job, token = await kie_call(conn)
+    bomb = gzip.compress(bytes(50 * MiB), compresslevel=9)
+    assert len(bomb) < MiB  # under the body limit as sent: only inflating it is the danger
+    env = environment(db_url, CALLWARDEN_REPLICATE_WEBHOOK_SECRET="whsec_" + "A" * 32,
+                      CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET="sek")
+    before_rows = await counts(conn)
+    async with serve(env, "--operator-port", "0") as served, \
+            aiohttp.ClientSession(auto_decompress=False) as http:
+        routes = ("/webhooks/replicate", "/webhooks/elevenlabs",
+                  f"/webhooks/kie/{job}/{token}")
+        assert await status(http, "GET", f"{served.webhooks}/healthz") == 200
+        baseline = rss_bytes(served.pid)
+        for encoding in ("gzip", "deflate", "br", "GZIP", "gzip, identity"):
+            for route in routes:
+                async with http.post(served.webhooks + route, data=bomb, headers={
+                        "Content-Encoding": encoding,
+                        "Content-Type": "application/json"}) as resp:
+                    assert (route, encoding, resp.status) == (route, encoding, 415)
+                    assert (await resp.json())["result"] == "unsupported_encoding"
+        grown = rss_bytes(served.pid) - baseline
+    assert grown < 8 * MiB, f"serve grew by {grown / MiB:.1f} MiB"
+    assert await counts(conn) == before_rows
+    assert (await load(conn, job)).state == "polling"

@@ -538,7 +538,8 @@ RUNNERS: dict[type, Callable[[Doors, Conn, Any], Any]] = {
 
 @example(plan=EVERY_SCHEME_AUTHENTIC)
 # Found by this property: a body its Content-Encoding does not decode made aiohttp raise
-# out of the receiver's body read, answered 500 (now 400 malformed).
+# out of the receiver's body read, answered 500 (then 400 malformed; now 415: no encoded
+# body is read at all).
 @example(plan=[Garbage(door="signed", provider="elevenlabs", body=b"\x00\x00",
                        headers=(("Content-Encoding", "gzip"),), job="anchor", token="",
                        chunked=False)])
