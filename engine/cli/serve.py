@@ -100,7 +100,8 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
                          read_token=env.get(args.read_token_env) or None,
-                         stale=reconcile.stale,
+                         stale=reconcile.stale, attempt_cap=reconcile.attempt_cap,
+                         repoll_interval_s=reconcile.repoll_interval_s,
                          legacy_cutoff=reconcile.legacy_cutoff)
 
 

@@ -57,13 +57,19 @@ RECEIVER = web.AppKey("receiver", Receiver)
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     """``admin_token``: enables the admin actions (unset: read-only); ``read_token``:
     wanted by every operator route but the probes (unset: whoever reaches the operator
-    listener reads it)."""
+    listener reads it). ``stale``, ``legacy_cutoff``, ``attempt_cap`` and
+    ``repoll_interval_s`` are the reconciler's (``callwarden serve`` reads its settings):
+    what ``/metrics`` and the dashboard call stale, and the cap a failed webhook-triggered
+    finalization counts towards."""
 
     webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
     admin_token: str | None = None
     read_token: str | None = None
     stale: StaleRule = msgspec.field(default_factory=lambda: ReconcileConfig().stale)
     legacy_cutoff: datetime | None = None
+    attempt_cap: int = msgspec.field(default_factory=lambda: ReconcileConfig().attempt_cap)
+    repoll_interval_s: float = msgspec.field(
+        default_factory=lambda: ReconcileConfig().repoll_interval_s)
     prune_every_s: float = 60.0
     ready_timeout_s: float = 2.0
 
@@ -172,7 +178,8 @@ def build_webhook_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *
     outage = outage if outage is not None else _outage()
     app = web.Application()
     receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll,
-                        outage=outage)
+                        outage=outage, attempt_cap=config.attempt_cap,
+                        repoll_interval_s=config.repoll_interval_s)
     app.add_routes(receiver.routes())
     app.add_routes(_probes(pool, config, now, outage).routes(detail=False))
 

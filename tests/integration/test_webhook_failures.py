@@ -216,10 +216,10 @@ async def test_a_failing_background_finalize_is_left_for_the_reconciler_settled_
                                  webhook={"drop": True})
         [d] = await terminal_delivery(sim, outcome="dropped")
         assert (await answer(http, d))[:2] == (200, "applied")
-        await service.drain()  # the background finalize ran, and failed
+        await service.drain()  # the background finalize ran, and failed: one attempt
         assert await state(conn, job) == ("upstream_succeeded", "reserved")
-        assert (await event_types(conn, job))[-3:] == [
-            "UpstreamSucceeded", "FinalizeClaimed", "FinalizeFailed"]
+        assert (await event_types(conn, job))[-4:] == [
+            "UpstreamSucceeded", "FinalizeClaimed", "FinalizeFailed", "ReconcileAttempted"]
         assert (await answer(http, d))[:2] == (200, "duplicate")
         await service.drain()
         assert (await event_types(conn, job)).count("FinalizeClaimed") == 1
