@@ -126,7 +126,7 @@ async def run(url: str, rows: int, n: int) -> Table:
                 for name, params in queries:
                     await execute(conn, name, params)
             floors[label] = await timed(sql, n)
-    proc, base = await start_service(url)
+    proc, _, base = await start_service(url)
     table = Table(title=f"dashboard pages, {n} sequential requests each")
     for col in ("page", "HTTP median ms", "HTTP p95 ms", "SQL floor median ms",
                 "SQL floor p95 ms", "bytes"):

@@ -87,22 +87,24 @@ def pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def start_service(db_url: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_service(db_url: str) -> tuple[asyncio.subprocess.Process, str, str]:
+    """``callwarden serve`` on free ports: the process, its webhook and operator URLs."""
     env = {**os.environ, "DATABASE_URL": db_url,
            "CALLWARDEN_REPLICATE_WEBHOOK_SECRET": SECRET}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", env=env,
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", "--operator-port", "0",
+        env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
     if "http://" not in line:
         proc.kill()
         raise RuntimeError(f"serve did not start: {line!r}")
-    return proc, line.split()[3]
+    return proc, line.split()[3], line.split("operator on ")[1].split()[0]
 
 
 async def run(db_url: str, jobs: int, levels: list[int]) -> Table:
-    proc, base = await start_service(db_url)
+    proc, base, _ = await start_service(db_url)
     table = Table(title=f"webhook receiver, {jobs} signed Replicate deliveries per burst")
     for col in ("concurrency", "burst", "deliveries/s", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right")

@@ -62,7 +62,12 @@ if TYPE_CHECKING:
     from callwarden.reconciler.config import load_config as load_reconcile_config
     from callwarden.reconciler.loop import Reconciler
     from callwarden.replay.verify import verify, verify_job
-    from callwarden.service.app import ServiceConfig, build_app
+    from callwarden.service.app import (
+        ServiceConfig,
+        build_apps,
+        build_operator_app,
+        build_webhook_app,
+    )
     from callwarden.service.webhooks import WebhookConfig
 
 #: engine's units, lowest layer first: a unit may import only units of lower layers.
@@ -111,7 +116,9 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "TaskIdConflict": ("callwarden.calls.own", "TaskIdConflict"),
     "WebhookConfig": ("callwarden.service.webhooks", "WebhookConfig"),
     "WrongKind": ("callwarden.calls.own", "WrongKind"),
-    "build_app": ("callwarden.service.app", "build_app"),
+    "build_apps": ("callwarden.service.app", "build_apps"),
+    "build_operator_app": ("callwarden.service.app", "build_operator_app"),
+    "build_webhook_app": ("callwarden.service.app", "build_webhook_app"),
     "cancel": ("callwarden.database.write", "cancel"),
     "connect": ("callwarden.database.db", "connect"),
     "create_job": ("callwarden.database.jobs", "create_job"),
@@ -156,7 +163,9 @@ __all__ = [
     "TaskIdConflict",
     "WebhookConfig",
     "WrongKind",
-    "build_app",
+    "build_apps",
+    "build_operator_app",
+    "build_webhook_app",
     "cancel",
     "connect",
     "create_job",

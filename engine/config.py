@@ -4,10 +4,11 @@ A settings struct (``ReconcileConfig``, ``CallConfig``, ``WebhookConfig``) decla
 fields and defaults and validates itself in ``__post_init__``; :func:`load` fills it:
 
 * the file (``--config``, TOML or JSON) holds one table per actor — ``[reconcile]``,
-  ``[calls]``, ``[webhooks]`` — so one file can configure a whole deployment. A *flat*
-  file (none of those tables) is split by name: each actor takes the settings that are
-  its own (its struct's fields, :func:`register` ed by the module that defines it), and a
-  name that is no registered actor's setting is an error (a typo never passes silently);
+  ``[calls]``, ``[webhooks]``, ``[serve]`` (the service's listeners) — so one file can
+  configure a whole deployment. A *flat* file (none of those tables) is split by name:
+  each actor takes the settings that are its own (its struct's fields, :func:`register`
+  ed by the module that defines it), and a name that is no registered actor's setting is
+  an error (a typo never passes silently);
 * the environment overrides the file: ``<PREFIX><FIELD>`` (``CALLWARDEN_RECONCILE_BATCH_SIZE``),
   and for a per-kind map ``<PREFIX><MAP>_<KIND>`` with the kind's ``-`` spelled ``_``
   (``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``); a list field is comma-separated.
@@ -33,7 +34,7 @@ from callwarden.providers.kinds import KINDS
 __all__ = ["SECTIONS", "load", "read_section", "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
-SECTIONS = ("reconcile", "calls", "webhooks")
+SECTIONS = ("reconcile", "calls", "webhooks", "serve")
 _ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 #: section -> its settings struct's field names (:func:`register`): how a flat file is split.
 _FIELDS: dict[str, frozenset[str]] = {}

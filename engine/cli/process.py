@@ -59,6 +59,9 @@ ENV: dict[str, str] = {
     "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY":
         "webhook signing secrets",
     "CALLWARDEN_ADMIN_TOKEN": "the admin token (unset: the admin actions are off)",
+    "CALLWARDEN_READ_TOKEN": "the operator listener's read token (unset: none asked)",
+    "CALLWARDEN_SERVE_<FIELD>": "the [serve] listeners: HOST, PORT (webhooks), "
+                                "OPERATOR_HOST, OPERATOR_PORT (dashboard, /metrics)",
     "CALLWARDEN_FAILPOINTS": "crash at a named point (tests and drills)",
     "CALLWARDEN_REDIS_URL": "demo --queue: the Redis of Celery or arq (unset: a private "
                             "redis-server)",
@@ -79,7 +82,7 @@ COMMAND_ENV: dict[str, list[str]] = {
     "reconcile": [*_LONG, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>"],
     "serve": [*_LONG, *_PROVIDERS, "CALLWARDEN_RECONCILE_<FIELD>", "CALLWARDEN_WEBHOOK_<FIELD>",
               "CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET, CALLWARDEN_KIE_WEBHOOK_HMAC_KEY",
-              "CALLWARDEN_ADMIN_TOKEN"],
+              "CALLWARDEN_ADMIN_TOKEN", "CALLWARDEN_READ_TOKEN", "CALLWARDEN_SERVE_<FIELD>"],
     "demo": ["DATABASE_URL", "CALLWARDEN_DB_OUTAGE_LIMIT_S", "CALLWARDEN_REDIS_URL"],
 }
 

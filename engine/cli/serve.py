@@ -1,17 +1,30 @@
-"""``callwarden serve``: the webhook receivers, ``/metrics``, health probes and dashboard.
+"""``callwarden serve``: two listeners over one pool.
+
+- the **webhook listener** (``--host``/``--port``, default 127.0.0.1:8000): the webhook
+  receivers and the health probes, nothing else — the one providers reach from the
+  internet;
+- the **operator listener** (``--operator-host``/``--operator-port``, default
+  127.0.0.1:8001): the dashboard, the job pages, ``/metrics``, the admin actions and the
+  probes, behind the read token when one is set.
+
+Both are also set by ``CALLWARDEN_SERVE_<FIELD>`` (``HOST``, ``PORT``, ``OPERATOR_HOST``,
+``OPERATOR_PORT``) and the ``--config`` file's ``[serve]`` table; a flag wins.
 
 Configuration (environment): ``CALLWARDEN_REPLICATE_WEBHOOK_SECRET`` (``whsec_...``),
 ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY`` (optional; without it KIE callbacks are authenticated
 by the per-job token in their URL), ``CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET``, the admin
 token in the variable named by ``--admin-token-env`` (default ``CALLWARDEN_ADMIN_TOKEN``;
-unset: read-only), provider endpoints as for the worker (``ProviderSettings.from_env``)
-and media storage as for the worker (``media_from_env``: S3 or ``--media-dir``).
+unset: read-only), the read token in the variable named by ``--read-token-env`` (default
+``CALLWARDEN_READ_TOKEN``; unset: the operator listener is open to whoever reaches it),
+provider endpoints as for the worker (``ProviderSettings.from_env``) and media storage as
+for the worker (``media_from_env``: S3 or ``--media-dir``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -33,25 +46,49 @@ from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
 from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
-from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.app import (
+    ListenConfig,
+    ServiceConfig,
+    build_apps,
+    is_loopback,
+    load_listen_config,
+    runner,
+)
 from callwarden.service.webhooks import load_webhook_config
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("serve", help="webhook receivers, /metrics, health and dashboard")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=port, default=8000)
+    s = sub.add_parser("serve", help="webhook receivers and health on one listener; "
+                                     "dashboard, /metrics and admin on another")
+    s.add_argument("--host", default=None,
+                   help="the webhook listener's address (default 127.0.0.1)")
+    s.add_argument("--port", type=port, default=None,
+                   help="the webhook listener's port (default 8000)")
+    s.add_argument("--operator-host", default=None,
+                   help="the operator listener's address (default 127.0.0.1: keep it off "
+                        "the internet)")
+    s.add_argument("--operator-port", type=port, default=None,
+                   help="the operator listener's port (default 8001)")
     s.add_argument("--admin-token-env", default="CALLWARDEN_ADMIN_TOKEN", metavar="VAR",
                    help="environment variable holding the admin token (unset: read-only)")
+    s.add_argument("--read-token-env", default="CALLWARDEN_READ_TOKEN", metavar="VAR",
+                   help="environment variable holding the operator listener's read token "
+                        "(unset: no token asked)")
     s.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (default: <data dir>/media)")
     s.add_argument("--pool-size", type=positive_int, default=10)
     s.add_argument("--config", type=Path, default=None,
-                   help="settings file (TOML or JSON): [webhooks], [calls] and the reconciler's "
-                        "[reconcile] (stale thresholds, legacy cutoff)")
+                   help="settings file (TOML or JSON): [serve], [webhooks], [calls] and the "
+                        "reconciler's [reconcile] (stale thresholds, legacy cutoff)")
     s.set_defaults(handler=_serve)
+
+
+def listen_config(args: argparse.Namespace) -> ListenConfig:
+    return load_listen_config(args.config, os.environ, {
+        "host": args.host, "port": args.port, "operator_host": args.operator_host,
+        "operator_port": args.operator_port})
 
 
 def service_config(args: argparse.Namespace) -> ServiceConfig:
@@ -62,14 +99,17 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
     webhooks = load_webhook_config(args.config, env)
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
-                         stale=reconcile.stale,
+                         read_token=env.get(args.read_token_env) or None,
+                         stale=reconcile.stale, attempt_cap=reconcile.attempt_cap,
+                         repoll_interval_s=reconcile.repoll_interval_s,
                          legacy_cutoff=reconcile.legacy_cutoff)
 
 
 async def _serve(args: argparse.Namespace, url: str) -> int:
     setup_logging(loggers=("callwarden", "aiohttp.access"))
-    if not 0 <= args.port < 65536 or args.pool_size < 1:
-        raise ConfigError("--port must be 0..65535 and --pool-size >= 1")
+    if args.pool_size < 1:
+        raise ConfigError("--pool-size must be >= 1")
+    listen = listen_config(args)
     settings = ProviderSettings.from_env()
     env = dict(os.environ)
     if args.media_dir is not None:
@@ -78,6 +118,11 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     config = service_config(args)
     call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)
+    if not is_loopback(listen.operator_host) and config.read_token is None:
+        logging.getLogger("callwarden.service").warning(
+            "the operator listener (dashboard, job pages, /metrics) binds %s with no read "
+            "token: anyone who reaches it reads every call's output (set %s)",
+            listen.operator_host, args.read_token_env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -91,16 +136,24 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
             return await poll_task(kind, task_id, session, settings, created_at=created_at)
 
-        runner = web.AppRunner(build_app(pool, finalizer, config, poll=poll),
-                               access_log_class=RedactingAccessLogger)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        print(f"callwarden serve on http://{args.host}:{runner.addresses[0][1]} "
-              f"(admin {'enabled' if config.admin_token else 'disabled'})", flush=True)
+        apps = build_apps(pool, finalizer, config, poll=poll)
+        public, operator = runner(apps.webhooks), runner(apps.operator)
+        await public.setup()
+        await operator.setup()
         try:
+            await web.TCPSite(public, listen.host, listen.port).start()
+            await web.TCPSite(operator, listen.operator_host, listen.operator_port).start()
+            print(f"callwarden serve on {_url(listen.host, public)} (webhooks, health); "
+                  f"operator on {_url(listen.operator_host, operator)} (dashboard, /metrics, "
+                  f"admin {'enabled' if config.admin_token else 'disabled'}, read token "
+                  f"{'required' if config.read_token else 'not set'})", flush=True)
             await stop.wait()
         finally:
-            await runner.cleanup()
+            await operator.cleanup()
+            await public.cleanup()
     return 0
 
+
+def _url(host: str, app_runner: web.AppRunner) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{app_runner.addresses[0][1]}"

@@ -47,7 +47,7 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.claims import JobSpec
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
-from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.app import ServiceConfig, build_webhook_app, runner
 from callwarden.service.webhooks import WebhookConfig
 
 __all__ = ["DEMO_RECONCILE", "Chaos", "DemoOptions", "DemoRun", "Tick", "run_demo"]
@@ -193,7 +193,8 @@ def creates_per_job(sim: Simulator, job_ids: list[uuid.UUID]) -> dict[str, int]:
 @contextlib.asynccontextmanager
 async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator,
                    media: Path) -> AsyncIterator[str]:
-    """``callwarden serve``'s app on 127.0.0.1 (webhooks: the happy path); yields its URL."""
+    """``callwarden serve``'s webhook app on 127.0.0.1 (webhooks: the happy path); yields
+    its URL."""
     finalizer = Finalizer(pool, LocalFolderStore(media), rs.settings,
                           owner=incarnation("webhook"), config=DEMO_CALLS,
                           pricing=DEMO_PRICING)
@@ -202,15 +203,14 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, rs.settings, created_at=created_at)
 
-    runner = web.AppRunner(build_app(pool, finalizer, config, poll=poll),
-                           access_log_class=RedactingAccessLogger)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    served = runner(build_webhook_app(pool, finalizer, config, poll=poll))
+    await served.setup()
+    site = web.TCPSite(served, "127.0.0.1", 0)
     await site.start()
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield f"http://127.0.0.1:{served.addresses[0][1]}"
     finally:
-        await runner.cleanup()
+        await served.cleanup()
 
 
 async def _states(pool: Pool) -> tuple[dict[str, int], int]:

@@ -1,5 +1,8 @@
-"""``callwarden serve``: webhook receivers, ``/metrics``, health probes, admin, dashboard.
+"""``callwarden serve``: webhook receivers and health probes on the internet-facing
+listener; ``/metrics``, the dashboard and the admin actions on the operator listener.
 
-``app`` (the aiohttp application), ``webhooks`` (verify, find the job, record, finalize in
-the background), ``metrics`` (Prometheus), ``dashboard`` (server-rendered HTML).
+``app`` (the two aiohttp applications and the listeners' settings), ``webhooks`` (verify,
+find the job, record, finalize in the background), ``operator`` (the operator app's
+routes, read token and admin actions), ``probes`` (``/healthz``, ``/readyz``,
+``/metrics``), ``metrics`` (Prometheus), ``dashboard`` (server-rendered HTML).
 """

@@ -1,176 +1,123 @@
-"""The service application: webhooks, ``/metrics``, ``/healthz``, ``/readyz``, the
-dashboard and the admin actions, over one connection pool.
+"""The service's two applications over one connection pool.
 
-``build_app(pool, finalizer, config)`` returns an ``aiohttp`` application; the caller owns
-the pool (opened) and runs the app (``callwarden serve`` or an ``AppRunner`` in tests).
-Admin actions need ``Authorization: Bearer <admin token>``; with no token configured they
-are refused (403) — the service is then read-only. A request a browser marks as coming
-from another site (``Sec-Fetch-Site``, ``Origin``) is refused even with the token; the
-dashboard's buttons send the token from the page's script (kept in ``sessionStorage``).
+- The **webhook** application (:func:`build_webhook_app`): the webhook routes and the
+  health probes (``/healthz``, ``/readyz`` without the database's error text) — all that
+  providers, which must reach it from the internet, ever need.
+- The **operator** application (:func:`build_operator_app`): the dashboard, the job pages,
+  ``/metrics``, the admin actions and the probes (:mod:`callwarden.service.operator`),
+  optionally behind a read token. ``callwarden serve`` binds it to 127.0.0.1 on its own
+  port (:class:`ListenConfig`).
 
-- ``POST /admin/jobs/{id}/force-fail``: ``Cancelled(by="admin")`` through the write path
-  (refunds the reservation in the same statement). Cancelled rather than Exhausted:
-  Exhausted means "the reconciler hit its attempt cap" and feeds the reconcile statistics;
-  an operator stopping a call is a cancellation, and ``by="admin"`` says who.
-- ``POST /admin/jobs/{id}/requeue-reconcile``: ``ReconcileAttempted(outcome="requeued",
-  next_attempt_at=None)`` with actor ``admin``: a fenced append that clears
-  ``reconcile_next_at`` so the next scan takes the call. An event rather than a bare
-  ``UPDATE``: ``reconcile_next_at`` is a folded column, and writing it outside the log
-  would make ``verify`` report the job (it counts one reconcile attempt).
+:func:`build_apps` builds both, sharing one outage tracker. The caller owns the pool
+(opened) and runs each app on its own listener (``callwarden serve``, or
+:func:`runner` in tests and embeddings): the webhook app never inflates a compressed
+request body (``auto_decompress=False``, and its routes refuse any ``Content-Encoding``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import ipaddress
 import logging
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import msgspec
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
+from callwarden import config as actor_config
 from callwarden.calls.finalize import Finalizer
 from callwarden.database.boundary import connection
 from callwarden.database.clock import Clock, DatabaseClock
 from callwarden.database.db import Pool
-from callwarden.database.migrate import pending
 from callwarden.database.outage import Outage
-from callwarden.database.write import AppendResult, cancel, execute, transition
-from callwarden.errors import DatabaseError, DatabaseUnavailable
-from callwarden.events.types import Event, ReconcileAttempted
-from callwarden.projections.fold import CallProjection
+from callwarden.database.write import execute
+from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from callwarden.providers.registry import WEBHOOKS
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard import Dashboard
-from callwarden.service.metrics import CallGauges, exposition
+from callwarden.service.operator import build_operator_routes, read_guard
+from callwarden.service.probes import Probes
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
 
-__all__ = ["RECEIVER", "RedactingAccessLogger", "ServiceConfig", "build_app",
-           "redact_path"]
+__all__ = ["RECEIVER", "ListenConfig", "RedactingAccessLogger", "ServiceApps", "ServiceConfig",
+           "build_apps", "build_operator_app", "build_webhook_app", "is_loopback",
+           "load_listen_config", "redact_path", "runner"]
 
 RECEIVER = web.AppKey("receiver", Receiver)
-METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """``admin_token``: enables the admin actions (unset: read-only); ``read_token``:
+    wanted by every operator route but the probes (unset: whoever reaches the operator
+    listener reads it). ``stale``, ``legacy_cutoff``, ``attempt_cap`` and
+    ``repoll_interval_s`` are the reconciler's (``callwarden serve`` reads its settings):
+    what ``/metrics`` and the dashboard call stale, and the cap a failed webhook-triggered
+    finalization counts towards."""
+
     webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
     admin_token: str | None = None
+    read_token: str | None = None
     stale: StaleRule = msgspec.field(default_factory=lambda: ReconcileConfig().stale)
     legacy_cutoff: datetime | None = None
+    attempt_cap: int = msgspec.field(default_factory=lambda: ReconcileConfig().attempt_cap)
+    repoll_interval_s: float = msgspec.field(
+        default_factory=lambda: ReconcileConfig().repoll_interval_s)
     prune_every_s: float = 60.0
     ready_timeout_s: float = 2.0
 
 
-def _cross_site(request: web.Request) -> bool:
-    """Whether a browser says the request comes from another site: ``Sec-Fetch-Site``
-    other than same-origin / none (typed by the user), or an ``Origin`` for another host.
-    ``curl`` sends neither, so the API keeps working from a shell."""
-    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where ``callwarden serve`` listens: ``host``:``port`` for the webhooks (the
+    listener providers reach), ``operator_host``:``operator_port`` for the operator
+    surface (loopback by default). Port 0: any free port."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    operator_host: str = "127.0.0.1"
+    operator_port: int = 8001
+
+    def __post_init__(self) -> None:
+        for name in ("port", "operator_port"):
+            value = getattr(self, name)
+            if not 0 <= value < 65536:
+                raise ConfigError(f"{name} must be 0..65535, got {value}")
+        for name in ("host", "operator_host"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name} must not be empty")
+        if self.port and (self.host, self.port) == (self.operator_host, self.operator_port):
+            raise ConfigError(f"the operator listener needs its own port: both are "
+                              f"{self.host}:{self.port}")
+
+
+actor_config.register("serve", ListenConfig)
+
+
+def load_listen_config(path: Path | None, env: Mapping[str, str],
+                       flags: Mapping[str, Any] | None = None) -> ListenConfig:
+    """Defaults < ``path``'s ``[serve]`` < ``CALLWARDEN_SERVE_<FIELD>`` < ``flags``
+    (``--host``, ``--port``, ``--operator-host``, ``--operator-port``; ``None``: unset)."""
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    origins = {k: "--" + k.replace("_", "-") for k in given}
+    return actor_config.load(ListenConfig, path=path, env=env, prefix="CALLWARDEN_SERVE_",
+                             section="serve", overrides=given, origins=origins)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
         return True
-    origin = request.headers.get("Origin")
-    return origin is not None and urlsplit(origin).netloc != request.host
-
-
-def _authorized(request: web.Request, token: str | None) -> bool:
-    """The admin token, sent as ``Authorization: Bearer`` — a header a cross-site form
-    cannot send and a cross-site script cannot add without a CORS preflight this service
-    never grants; never a cookie. Refused from another site even with the token."""
-    if _cross_site(request):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
         return False
-    given = request.headers.get("Authorization", "")
-    if not token or not given.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(given[7:].encode(), token.encode())
-
-
-class _Admin:
-    def __init__(self, pool: Pool, token: str | None, now: Callable[[], datetime]) -> None:
-        self.pool, self.token, self.now = pool, token, now
-
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post("/admin/jobs/{job_id}/force-fail", self.force_fail),
-                web.post("/admin/jobs/{job_id}/requeue-reconcile", self.requeue)]
-
-    def _job(self, request: web.Request) -> uuid.UUID:
-        if not _authorized(request, self.token):
-            raise web.HTTPForbidden(text="admin token required")
-        try:
-            return uuid.UUID(request.match_info["job_id"])
-        except ValueError:
-            raise web.HTTPNotFound(text="not a job id") from None
-
-    async def force_fail(self, request: web.Request) -> web.Response:
-        job_id = self._job(request)
-        async with connection(self.pool) as conn:
-            result = await cancel(conn, job_id, by="admin", now=self.now())
-        return _answer(job_id, result)
-
-    async def requeue(self, request: web.Request) -> web.Response:
-        job_id = self._job(request)
-        now = self.now()
-
-        def decide(p: CallProjection) -> Event | None:
-            if p.state is None or p.terminal:
-                return None
-            return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
-                                      next_attempt_at=None)
-
-        async with connection(self.pool) as conn:
-            result = await transition(conn, job_id, decide)
-        return _answer(job_id, result)
-
-
-def _answer(job_id: uuid.UUID, result: AppendResult) -> web.Response:
-    p = result.projection
-    body = {"job_id": str(job_id), "ok": result.ok,
-            "call_state": p.state.value if p.state else None,
-            "settlement": result.settlement}
-    return web.json_response(body, status=200 if result.ok else 409)
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "up"})
-
-
-class _Probes:
-    def __init__(self, pool: Pool, config: ServiceConfig, now: Callable[[], datetime],
-                 outage: Outage) -> None:
-        self.pool, self.config, self.now, self.outage = pool, config, now, outage
-        self.gauges = CallGauges(config.stale, legacy_cutoff=config.legacy_cutoff)
-
-    async def readyz(self, request: web.Request) -> web.Response:
-        try:
-            async with connection(self.pool, wait_s=self.config.ready_timeout_s) as conn:
-                await execute(conn, "service_ping", {})
-                todo = await pending(conn)
-        except Exception as exc:  # any failure to reach the database: not ready
-            if isinstance(exc, DatabaseUnavailable):
-                self.outage.down(exc)
-            return web.json_response({"status": "database unreachable",
-                                      **(self.outage.report() if self.outage.is_down else {}),
-                                      "detail": str(exc)[:300]}, status=503)
-        self.outage.up()
-        if todo:
-            names = [f"{m.version:04d}_{m.name}" for m in todo]
-            return web.json_response({"status": "migrations pending", "pending": names},
-                                     status=503)
-        return web.json_response({"status": "ready"})
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        try:
-            async with connection(self.pool, wait_s=self.config.ready_timeout_s) as conn:
-                families = await self.gauges.families(conn, self.now())
-        except DatabaseError:  # unavailable (a pool timeout too) or failing
-            families = []  # the process counters are still worth scraping
-        return web.Response(body=exposition(families), headers={"Content-Type": METRICS_TYPE})
 
 
 async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
@@ -206,24 +153,38 @@ class RedactingAccessLogger(AccessLogger):
         super().log(request, response, time)
 
 
-def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
-              clock: Callable[[], float] = time.time, now: Clock | None = None,
-              poll: TaskPoll | None = None) -> web.Application:
-    """The service over an opened ``pool``; ``clock`` (unix seconds) checks webhook
-    signature timestamps, ``now`` stamps events and windows (default: the database's
-    clock), ``poll`` checks a KIE task a callback signals. Run it with
-    ``web.AppRunner(app, access_log_class=RedactingAccessLogger)``."""
+def runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The ``AppRunner`` either app wants: secrets redacted from the access log, request
+    bodies never inflated by aiohttp (a gzip bomb stays the size it was sent)."""
+    return web.AppRunner(app, access_log_class=RedactingAccessLogger, auto_decompress=False,
+                         **kwargs)
+
+
+def _probes(pool: Pool, config: ServiceConfig, now: Clock, outage: Outage) -> Probes:
+    return Probes(pool, config.stale, config.legacy_cutoff, now, outage,
+                  timeout_s=config.ready_timeout_s)
+
+
+def _outage() -> Outage:
+    return Outage(logging.getLogger("callwarden.service"), "service")
+
+
+def build_webhook_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
+                      clock: Callable[[], float] = time.time, now: Clock | None = None,
+                      poll: TaskPoll | None = None, outage: Outage | None = None
+                      ) -> web.Application:
+    """The internet-facing app: the webhook routes, ``/healthz`` and ``/readyz``. ``clock``
+    (unix seconds) checks webhook signature timestamps, ``now`` stamps events and windows
+    (default: the database's clock), ``poll`` checks a KIE task a callback signals. Run it
+    with :func:`runner`."""
     now = now if now is not None else DatabaseClock()
+    outage = outage if outage is not None else _outage()
     app = web.Application()
-    outage = Outage(logging.getLogger("callwarden.service"), "service")
     receiver = Receiver(pool, finalizer, config.webhooks, clock=clock, now=now, poll=poll,
-                        outage=outage)
-    probes = _Probes(pool, config, now, outage)
+                        outage=outage, attempt_cap=config.attempt_cap,
+                        repoll_interval_s=config.repoll_interval_s)
     app.add_routes(receiver.routes())
-    app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", probes.readyz),
-                    web.get("/metrics", probes.metrics)])
-    app.add_routes(Dashboard(pool, config.stale, now=now).routes())
-    app.add_routes(_Admin(pool, config.admin_token, now).routes())
+    app.add_routes(_probes(pool, config, now, outage).routes(detail=False))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pruner = asyncio.get_running_loop().create_task(_prune_loop(pool, config, now))
@@ -237,3 +198,35 @@ def build_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
     app[RECEIVER] = receiver
     return app
 
+
+def build_operator_app(pool: Pool, config: ServiceConfig, *, now: Clock | None = None,
+                       outage: Outage | None = None) -> web.Application:
+    """The operator app: the dashboard, the job pages, ``/metrics``, the admin actions and
+    the probes; behind ``config.read_token`` when one is set. Never expose it where the
+    webhooks are (docs/service.md, "Deployment")."""
+    now = now if now is not None else DatabaseClock()
+    outage = outage if outage is not None else _outage()
+    guard = [read_guard(config.read_token, config.admin_token)] if config.read_token else []
+    app = web.Application(middlewares=guard)
+    app.add_routes(build_operator_routes(
+        pool, _probes(pool, config, now, outage), Dashboard(pool, config.stale, now=now),
+        config.admin_token, now))
+    return app
+
+
+class ServiceApps(NamedTuple):
+    webhooks: web.Application
+    operator: web.Application
+
+
+def build_apps(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *,
+               clock: Callable[[], float] = time.time, now: Clock | None = None,
+               poll: TaskPoll | None = None) -> ServiceApps:
+    """Both apps over ``pool``, sharing one clock and one outage tracker (what
+    ``callwarden serve`` runs, each on its own listener)."""
+    now = now if now is not None else DatabaseClock()
+    outage = _outage()
+    return ServiceApps(
+        webhooks=build_webhook_app(pool, finalizer, config, clock=clock, now=now, poll=poll,
+                                   outage=outage),
+        operator=build_operator_app(pool, config, now=now, outage=outage))

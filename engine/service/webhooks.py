@@ -8,7 +8,8 @@ a signed-body scheme at ``POST /webhooks/<provider>`` (Replicate: Svix, replay k
 job's secret callback token).
 
 Every request is answered from its own facts. Only a missing or wrong signature, a stale
-timestamp, an oversized body or a malformed one gets 4xx (providers retry on 4xx, so
+timestamp, an oversized, compressed (any ``Content-Encoding`` but identity: 415, never
+inflated) or malformed body gets 4xx (providers retry on 4xx, so
 nothing else may); a database error gets 503 with ``Retry-After`` (the delivery is
 forgotten, so the retry applies). Everything authentic is acknowledged with 2xx: a
 duplicate delivery (same ``webhook-id``, same signature) changes nothing; a task that is
@@ -22,6 +23,14 @@ signal — the receiver polls the task (``recordInfo`` and the family's own endp
 records what the poll says. Finalization runs after the answer, in a background task; if
 this process dies first, the reconciler finishes it (the call sits in
 ``upstream_succeeded``).
+
+What a replay may cost (a KIE callback URL in token mode has no timestamp): per job, one
+poll or finalization in flight, no webhook-triggered poll sooner than
+``signal_interval_s`` after the last one (a signal inside that window is acknowledged
+``coalesced``; the worker's and the reconciler's polls cover it), and a call found in
+``upstream_succeeded`` is finalized only when its next attempt is due, each failure
+recording ``ReconcileAttempted`` (next attempt one re-poll interval later) and the
+reconciler's attempt cap ending it ``exhausted`` (:mod:`callwarden.service.coalesce`).
 """
 
 from __future__ import annotations
@@ -33,9 +42,9 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -51,19 +60,24 @@ from callwarden.database.port import WebhookDatabase
 from callwarden.database.postgres import as_database
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from callwarden.events.states import CallState
+from callwarden.events.types import Event, Exhausted, ReconcileAttempted
 from callwarden.observe.metrics import record_webhook
 from callwarden.observe.tracing import call_context
+from callwarden.projections.fold import CallProjection
 from callwarden.providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import WEBHOOKS
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
+from callwarden.reconciler.config import ReconcileConfig
 from callwarden.rules.upstream import upstream_event
+from callwarden.service.coalesce import Throttle, finalize_step
 
 __all__ = ["Receiver", "Reject", "TaskPoll", "WebhookConfig", "load_webhook_config"]
 
 log = logging.getLogger("callwarden.webhooks")
 T = TypeVar("T")
 MiB = 2**20
+_RECONCILE = ReconcileConfig()
 TaskPoll = Callable[[str, str, float | None], Awaitable[PollOutcome]]
 """``poll(kind, task_id, created_at)``: one status check
 (``callwarden.providers.registry.poll_task``
@@ -72,12 +86,14 @@ over the service's session); raises ``ProviderError``."""
 
 class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Signing secrets by provider (a signed-body receiver without one refuses everything;
-    a signal receiver without one relies on per-job tokens), the body limit and how long
-    a KIE callback may wait for its poll."""
+    a signal receiver without one relies on per-job tokens), the body limit, how long
+    a KIE callback may wait for its poll, and how soon after one webhook-triggered poll
+    of a job another may start (``signal_interval_s``; 0: only one at a time)."""
 
     secrets: Mapping[str, str] = msgspec.field(default_factory=dict)
     max_body_bytes: int = MiB
     poll_timeout_s: float = 10.0
+    signal_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
@@ -85,6 +101,9 @@ class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if not (math.isfinite(self.poll_timeout_s) and self.poll_timeout_s > 0):
             raise ConfigError(f"poll_timeout_s must be a positive number of seconds, got "
                               f"{self.poll_timeout_s}")
+        if not (math.isfinite(self.signal_interval_s) and self.signal_interval_s >= 0):
+            raise ConfigError(f"signal_interval_s must be a number of seconds >= 0, got "
+                              f"{self.signal_interval_s}")
         unknown = sorted(set(self.secrets) - set(WEBHOOKS))
         if unknown:
             raise ConfigError(f"secrets: no webhook scheme for {', '.join(unknown)} "
@@ -106,7 +125,8 @@ actor_config.register("webhooks", WebhookConfig)
 
 def load_webhook_config(path: Path | None, env: Mapping[str, str]) -> WebhookConfig:
     """Like every actor's settings (:mod:`callwarden.config`): defaults < ``path``'s
-    ``[webhooks]`` (``max_body_bytes``, ``poll_timeout_s``) < ``CALLWARDEN_WEBHOOK_<FIELD>``.
+    ``[webhooks]`` (``max_body_bytes``, ``poll_timeout_s``, ``signal_interval_s``) <
+    ``CALLWARDEN_WEBHOOK_<FIELD>``.
     The secrets come from each scheme's variable, ``CALLWARDEN_<PROVIDER>_WEBHOOK_SECRET``
     (KIE's ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY``), over any ``secrets`` table in the file."""
     secrets = {name: env[s.secret_env] for name, s in WEBHOOKS.items() if env.get(s.secret_env)}
@@ -129,6 +149,16 @@ def _signature_reject(exc: SignatureError) -> Reject:
     return Reject(401, "stale" if stale else "bad_signature", str(exc))
 
 
+def _refuse_encoded(request: web.Request) -> None:
+    """No provider compresses its deliveries: a body with any ``Content-Encoding`` but
+    ``identity`` is refused (415) before a byte of it is read, so a compressed bomb is
+    never inflated here (the service's runner also turns aiohttp's inflation off)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise Reject(415, "unsupported_encoding",
+                     "compressed bodies are not accepted (Content-Encoding must be identity)")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise Reject(413, "too_large", f"body over {limit} bytes")
@@ -147,6 +177,27 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 Handler = Callable[[web.Request], Awaitable[tuple[str, str]]]
 
 
+class _Signal(NamedTuple):
+    """What a signal asks for: poll ``task_id`` of ``kind`` for ``provider``'s receiver."""
+
+    provider: str
+    kind: str
+    task_id: str
+    started: datetime | None
+
+
+class _Flight:
+    """A webhook-triggered poll in progress: ``done`` when it ended, ``next`` the poll
+    that trails it (started by the first signal that waited for it). A trailing poll is
+    trailed by no one at once (the interval applies), so a steady stream of replays costs
+    at most two polls per interval."""
+
+    def __init__(self, *, trailing: bool = False) -> None:
+        self.done = asyncio.Event()
+        self.next: _Flight | None = None
+        self.trailing = trailing  # signals that wait for a trailing poll never trail it
+
+
 class Reply(Exception):
     """Answer 2xx with ``outcome`` now (an acknowledged no-op)."""
 
@@ -161,20 +212,35 @@ class Receiver:
     the database's clock); ``poll`` checks a task when a signal scheme's callback names
     it (without one, such callbacks are acknowledged and left to the workers' and the
     reconciler's polls). ``db``: the database (a pool, or a
-    :class:`~callwarden.database.port.WebhookDatabase`)."""
+    :class:`~callwarden.database.port.WebhookDatabase`). ``attempt_cap`` and
+    ``repoll_interval_s``: the reconciler's, which a failed webhook-triggered finalization
+    counts towards (default: :class:`~callwarden.reconciler.config.ReconcileConfig`'s)."""
 
     def __init__(self, db: Pool | WebhookDatabase, finalizer: Finalizer,
                  config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
                  now: Callable[[], datetime] | None = None,
-                 poll: TaskPoll | None = None, outage: Outage | None = None) -> None:
+                 poll: TaskPoll | None = None, outage: Outage | None = None,
+                 attempt_cap: int = _RECONCILE.attempt_cap,
+                 repoll_interval_s: float = _RECONCILE.repoll_interval_s,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.db: WebhookDatabase = as_database(db)
         self.finalizer, self.config = finalizer, config
         self.outage = outage if outage is not None else Outage(log, "service")
         self.clock = clock
         self.now = now if now is not None else DatabaseClock()
         self.poll = poll
+        self.attempt_cap, self.repoll_interval_s = attempt_cap, repoll_interval_s
         self.background: set[asyncio.Task[None]] = set()
+        self.sleep = sleep
+        self.polls = Throttle(config.signal_interval_s)  # webhook-triggered polls
+        self.finalizing = Throttle()  # webhook-triggered finalizations: single flight
+        # A signal coalesced away is not lost: a signal that waited for the poll in flight
+        # polls next; one within the interval gets one trailing poll when it is over.
+        self._flights: dict[uuid.UUID, _Flight] = {}
+        self._pending: dict[uuid.UUID, _Signal] = {}
+        self._trailing: set[uuid.UUID] = set()
+        self.deferred: set[asyncio.Task[None]] = set()
 
     def routes(self) -> list[web.RouteDef]:
         """``POST /webhooks/<provider>`` for a signed-body scheme,
@@ -189,8 +255,11 @@ class Receiver:
         return out
 
     async def drain(self, timeout: float = 10.0) -> int:  # noqa: ASYNC109
-        """Wait for the background finalizations started so far; cancel those still
-        running after ``timeout``. Returns how many had to be cancelled."""
+        """Wait for the background finalizations (and trailing polls) started so far;
+        cancel those still running after ``timeout``, and every trailing poll still
+        waiting for its interval. Returns how many running ones had to be cancelled."""
+        for task in set(self.deferred):
+            task.cancel()
         if not self.background:
             return 0
         _, pending = await asyncio.wait(set(self.background), timeout=timeout)
@@ -204,6 +273,7 @@ class Receiver:
             started = time.perf_counter()
             headers: dict[str, str] = {}
             try:
+                _refuse_encoded(request)
                 await self.db.sync_clock(self.now)
                 outcome, message = await handler(request)
                 status = 200
@@ -294,19 +364,95 @@ class Receiver:
 
     async def _poll_and_record(self, provider: str, job_id: uuid.UUID, kind: str,
                                task_id: str, started: datetime | None) -> tuple[str, str]:
-        """A signal: poll the task and record what the poll says."""
+        """A signal: poll the task and record what the poll says (one poll per job at a
+        time, none sooner than ``signal_interval_s`` after the last)."""
         p = await self.db.load(job_id)
         if p.state not in ACTIVE:
-            if p.state is CallState.UPSTREAM_SUCCEEDED:
-                self._finalize_later(job_id)
-            return "noop", f"job {job_id} is already {p.state}"
+            return self._already(provider, job_id, p)
         if self.poll is None:
             raise Reply("noted", "no poller configured: left to the workers' polls", 202)
+        signal = _Signal(provider, kind, task_id, started)
+        waited = await self._after_flight(job_id)
+        trails = waited is not None and not waited.trailing
+        if not self.polls.begin(job_id, self.clock(), anyway=trails):
+            self._defer(job_id, signal)
+            raise Reply("coalesced", f"job {job_id} was polled less than "
+                        f"{self.config.signal_interval_s:g} s ago: one trailing poll "
+                        "follows when the interval is over")
+        return await self._fly(job_id, signal, after=waited if trails else None)
+
+    async def _after_flight(self, job_id: uuid.UUID) -> _Flight | None:
+        """Wait for the job's poll in flight, if any. The first signal that waited polls
+        next (a trailing poll: what it says may be news, e.g. Suno's ``complete`` right
+        after ``first``); every later one waits for that poll and is answered
+        ``coalesced``. The flight this signal waited for (``None``: none)."""
+        flight = self._flights.get(job_id)
+        if flight is None:
+            return None
+        await flight.done.wait()
+        if flight.next is not None:  # another waiter trails it: that poll covers this one
+            await flight.next.done.wait()
+            raise Reply("coalesced", f"job {job_id} was polled after this signal arrived")
+        return flight
+
+    async def _fly(self, job_id: uuid.UUID, signal: _Signal, *,
+                   after: _Flight | None = None, trailing: bool = False) -> tuple[str, str]:
+        """One poll of the job (admitted by ``self.polls``; ``after``: the flight it
+        trails), the one later signals wait for. No await before it is registered."""
+        flight = _Flight(trailing=after is not None or trailing)
+        if after is not None:
+            after.next = flight
+        self._flights[job_id] = flight
+        assert self.poll is not None
+        try:
+            return await self._poll_once(self.poll, job_id, signal)
+        except (DatabaseUnavailable, DatabaseError, StorageError):
+            self.polls.forget(job_id)  # nothing was recorded: the provider's retry polls
+            raise
+        finally:
+            self.polls.end(job_id)
+            flight.done.set()
+            if self._flights.get(job_id) is flight:
+                del self._flights[job_id]
+
+    def _defer(self, job_id: uuid.UUID, signal: _Signal) -> None:
+        """Keep ``signal`` for one trailing poll when the job's interval is over."""
+        self._pending[job_id] = signal
+        if job_id in self._trailing:
+            return
+        self._trailing.add(job_id)
+        delay = self.polls.wait_s(job_id, self.clock())
+        task = asyncio.get_running_loop().create_task(self._trailing_poll(job_id, delay))
+        self.deferred.add(task)
+        task.add_done_callback(self.deferred.discard)
+
+    async def _trailing_poll(self, job_id: uuid.UUID, delay: float) -> None:
+        try:
+            await self.sleep(delay)
+            signal = self._pending.pop(job_id, None)
+            self._trailing.discard(job_id)
+            if signal is None or job_id in self._flights:  # a poll after them is on its way
+                return
+            if (await self.db.load(job_id)).state not in ACTIVE:
+                return
+            if job_id not in self._flights and \
+                    self.polls.begin(job_id, self.clock(), anyway=True):
+                await self._fly(job_id, signal, trailing=True)
+        except Reply:
+            pass
+        except Exception:  # the workers' and the reconciler's polls cover it
+            log.exception("trailing poll of %s failed; left to the polls", job_id)
+        finally:
+            self._trailing.discard(job_id)
+
+    async def _poll_once(self, poll: TaskPoll, job_id: uuid.UUID, signal: _Signal
+                         ) -> tuple[str, str]:
+        provider, kind, task_id, started = signal
         try:
             async with asyncio.timeout(self.config.poll_timeout_s):
                 with call_context(job_id, kind):
-                    outcome = await self.poll(kind, task_id,
-                                              started.timestamp() if started else None)
+                    outcome = await poll(kind, task_id,
+                                         started.timestamp() if started else None)
         except (ProviderError, TimeoutError) as exc:
             raise Reply("noted", f"polling the task failed ({exc}); left to the polls",
                         202) from None
@@ -387,25 +533,78 @@ class Receiver:
         event = upstream_event(outcome, f"webhook:{provider}", self.now(), stored_keys=keys)
         result = await self.db.transition(
             job_id, lambda p: event if event is not None and p.state in ACTIVE else None)
-        state = result.projection.state
-        if state is CallState.UPSTREAM_SUCCEEDED:
-            self._finalize_later(job_id)
         if result.ok:
-            return "applied", f"job {job_id} is {state}"
-        log.info("webhook %s for job %s: no-op, the call is %s", provider, job_id, state)
-        return "noop", f"job {job_id} is already {state}"
+            if result.projection.state is CallState.UPSTREAM_SUCCEEDED:
+                self._finalize_soon(provider, job_id, result.projection, fresh=True)
+            return "applied", f"job {job_id} is {result.projection.state}"
+        log.info("webhook %s for job %s: no-op, the call is %s", provider, job_id,
+                 result.projection.state)
+        return self._already(provider, job_id, result.projection)
 
-    def _finalize_later(self, job_id: uuid.UUID) -> None:
-        task = asyncio.get_running_loop().create_task(self._finalize(job_id))
+    def _already(self, provider: str, job_id: uuid.UUID, p: CallProjection
+                 ) -> tuple[str, str]:
+        """A delivery about a call already past ``polling``: nothing to record; a call
+        left in ``upstream_succeeded`` may get a finalization (:func:`finalize_step`)."""
+        if p.state is not CallState.UPSTREAM_SUCCEEDED:
+            return "noop", f"job {job_id} is already {p.state}"
+        step = self._finalize_soon(provider, job_id, p, fresh=False)
+        return "noop", f"job {job_id} is already {p.state} (finalization: {step})"
+
+    def _finalize_soon(self, provider: str, job_id: uuid.UUID, p: CallProjection, *,
+                       fresh: bool) -> str:
+        """Start a background finalization unless one of this job's is in flight or
+        :func:`finalize_step` says to wait (a result just recorded, ``fresh``, is tried at
+        once); ``exhaust`` ends the call at the attempt cap instead. What was done."""
+        step = "finalize" if fresh else finalize_step(p, self.now(), self.attempt_cap)
+        if step == "held":
+            return "not due before its next attempt"
+        if not self.finalizing.begin(job_id, 0.0):
+            return "one in flight"
+        task = asyncio.get_running_loop().create_task(
+            self._finalize(provider, job_id, exhaust=step == "exhaust"))
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+        return step
 
-    async def _finalize(self, job_id: uuid.UUID) -> None:
+    async def _finalize(self, provider: str, job_id: uuid.UUID, *, exhaust: bool) -> None:
+        actor = f"webhook:{provider}"
         try:
+            if exhaust:
+                await self._exhaust(job_id, actor)
+                return
             done = await self.finalizer.finalize(job_id)
             log.info("webhook finalize of %s: %s", job_id, done.outcome)
+            if done.outcome == "retry_later":  # counts towards the cap, as the reconciler's
+                await self._attempted(job_id, actor, done.error)
         except Exception:  # the reconciler finishes what this could not
             log.exception("webhook finalize of %s failed; left for the reconciler", job_id)
+        finally:
+            self.finalizing.end(job_id)
+
+    async def _attempted(self, job_id: uuid.UUID, actor: str, error: str | None) -> None:
+        """Attempt + 1, the next one due a re-poll interval from now (the reconciler's
+        ``ReconcileAttempted`` after a finalization that will be retried)."""
+        now = self.now()
+        event = ReconcileAttempted(
+            at=now, actor=actor, outcome="finalize_failed", error=error,
+            next_attempt_at=now + timedelta(seconds=self.repoll_interval_s))
+        await self.db.transition(
+            job_id, lambda p: event if p.state is CallState.UPSTREAM_SUCCEEDED else None)
+
+    async def _exhaust(self, job_id: uuid.UUID, actor: str) -> None:
+        now = self.now()
+
+        def decide(p: CallProjection) -> Event | None:
+            if p.state is not CallState.UPSTREAM_SUCCEEDED or \
+                    p.reconcile_attempts < self.attempt_cap:
+                return None
+            return Exhausted(at=now, actor=actor, attempts=p.reconcile_attempts,
+                             last_error=p.reconcile_last_error)
+
+        result = await self.db.transition(job_id, decide)
+        if result.ok:
+            log.info("job %s: exhausted after %d attempts (webhook)", job_id,
+                     result.projection.reconcile_attempts)
 
 
 def _parse(fn: Callable[[], T]) -> T:

@@ -69,8 +69,8 @@ async def pool(db_url: str) -> AsyncIterator[Pool]:
 @pytest.fixture
 async def dashboard(pool: Pool, tmp_path: Path) -> AsyncIterator[str]:
     async with running_service(pool, tmp_path / "media",
-                               ServiceConfig(admin_token=TOKEN)) as url:
-        yield url
+                               ServiceConfig(admin_token=TOKEN)) as urls:
+        yield urls.operator
 
 
 async def open_call(db_url: str, kind: str, task: str, *, age_s: float = 0) -> uuid.UUID:

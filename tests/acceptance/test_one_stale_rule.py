@@ -27,16 +27,18 @@ ENV = "CALLWARDEN_RECONCILE_THRESHOLD_ANTHROPIC_SYNC"
 
 @asynccontextmanager
 async def served(env: dict[str, str]) -> AsyncIterator[str]:
-    """``callwarden serve --port 0`` as a process; its base URL (from its start line)."""
+    """``callwarden serve`` on free ports as a process; its operator listener's URL (from
+    its start line: dashboard and ``/metrics``)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", env=env, cwd=ROOT,
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", "--operator-port", "0",
+        env=env, cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
         assert line.startswith("callwarden serve on "), line
-        yield line.split()[3]
+        yield line.split("operator on ")[1].split()[0]
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=30)

@@ -63,8 +63,9 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import RECEIVER, ServiceConfig, build_app
+from callwarden.service.app import RECEIVER, ServiceConfig, build_apps
 from callwarden.service.webhooks import WebhookConfig
+from tests.service import listening
 from tests.support.paths import HOST_TERMINAL, HOST_WRITES
 
 KIND, PROVIDER = "replicate-prediction", "replicate"
@@ -171,7 +172,8 @@ class World:
     host: Conn
     http: aiohttp.ClientSession
     sim: RunningSimulator
-    service_url: str
+    service_url: str  # the webhook listener
+    operator_url: str  # the operator listener (admin actions)
     app: web.Application
     media: LocalFolderStore
     clock: LogicalClock
@@ -531,7 +533,7 @@ class ActorMachine(RuleBasedStateMachine):
         before = await self._version(job.id)
         headers = {"Authorization": f"Bearer {TOKEN}"} if with_token else {}
         async with self.world.http.post(
-                f"{self.world.service_url}/admin/jobs/{job.id}/force-fail",
+                f"{self.world.operator_url}/admin/jobs/{job.id}/force-fail",
                 headers=headers) as resp:
             if not with_token:
                 assert resp.status == 403
@@ -764,14 +766,13 @@ async def _open_world(db_url: str, tmp_path: Path, stack: AsyncExitStack) -> Wor
                           clock=clock, config=CALL_CONFIG, pricing=PRICING)
     config = ServiceConfig(admin_token=TOKEN, webhooks=WebhookConfig(
         secrets={PROVIDER: sim.sim.webhook_secrets[PROVIDER]}))
-    app = build_app(pool, finalizer, config, clock=sim.sim.clock.now, now=clock)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    apps = build_apps(pool, finalizer, config, clock=sim.sim.clock.now, now=clock)
+    service_url = await stack.enter_async_context(listening(apps.webhooks))
+    operator_url = await stack.enter_async_context(listening(apps.operator))
     world = World(loop=asyncio.get_running_loop(), pool=pool, conn=conn, host=host, http=http,
-                  sim=sim, service_url=f"http://127.0.0.1:{runner.addresses[0][1]}",
-                  app=app, media=media, clock=clock, refusing_port=_refusing_port(stack))
+                  sim=sim, service_url=service_url, operator_url=operator_url,
+                  app=apps.webhooks, media=media, clock=clock,
+                  refusing_port=_refusing_port(stack))
     return world
 
 

@@ -30,8 +30,8 @@ TOKEN = "dash-admin"
 @pytest.fixture
 async def base(db_url: str, tmp_path: Path) -> AsyncIterator[str]:
     async with open_pool(db_url, max_size=4) as pool, running_service(
-            pool, tmp_path, ServiceConfig(admin_token=TOKEN)) as url:
-        yield url
+            pool, tmp_path, ServiceConfig(admin_token=TOKEN)) as urls:
+        yield urls.operator
 
 
 async def call(conn: Conn, kind: str, *, at: datetime, end: str | None = None,

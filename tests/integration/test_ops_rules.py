@@ -49,7 +49,7 @@ from callwarden.observe.metrics import REGISTRY
 from callwarden.service.app import ServiceConfig
 from tests.debian import binary
 from tests.integration.conftest import MakeReconciler
-from tests.service import running_service
+from tests.service import Listeners, running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "ops" / "prometheus" / "callwarden-rules.yml"
@@ -328,9 +328,9 @@ def test_the_dashboard_imports_anywhere() -> None:
 
 
 @pytest.fixture
-async def base(pool: Pool, tmp_path: Path) -> AsyncIterator[str]:
-    async with running_service(pool, tmp_path, ServiceConfig(admin_token=TOKEN)) as url:
-        yield url
+async def service(pool: Pool, tmp_path: Path) -> AsyncIterator[Listeners]:
+    async with running_service(pool, tmp_path, ServiceConfig(admin_token=TOKEN)) as urls:
+        yield urls
 
 
 async def _open_call(conn: Conn, kind: str, *, age_s: float = 0.0, sync: bool = False,
@@ -376,31 +376,31 @@ def exported_from(text: str) -> tuple[Exported, set[str]]:
     return exported, families
 
 
-async def _traffic(conn: Conn, http: aiohttp.ClientSession, base: str,
+async def _traffic(conn: Conn, http: aiohttp.ClientSession, service: Listeners,
                    make_reconciler: MakeReconciler) -> uuid.UUID:
     """A little of everything the processes count; the job whose reservation is left
     reserved after its call ended (what the leaked-reservations gauge must see)."""
     await _open_call(conn, "kie-standard", age_s=3600, task_id="t-ops-stale")  # stale
     await _open_call(conn, "replicate-prediction", age_s=5)
     ended = await _open_call(conn, "kie-standard", task_id="t-ops-ended")
-    await _force_fail(http, base, ended)  # Cancelled by admin: refunded
+    await _force_fail(http, service.operator, ended)  # Cancelled by admin: refunded
     await conn.execute("UPDATE usage_logs SET status = 'reserved' WHERE job_id = %s",
                        (ended,))  # the host re-opens it: leaked
     await _open_call(conn, "kie-llm", age_s=3600, sync=True)  # swept by the pass below
     assert (await make_reconciler().reconcile_once()).swept >= 1
-    async with http.post(f"{base}/webhooks/replicate", data=b"{}") as resp:
+    async with http.post(f"{service.webhooks}/webhooks/replicate", data=b"{}") as resp:
         assert resp.status == 401  # no secret configured
     return ended
 
 
 async def test_rules_and_dashboard_use_only_what_callwarden_exports(
-        conn: Conn, http: aiohttp.ClientSession, base: str,
+        conn: Conn, http: aiohttp.ClientSession, service: Listeners,
         make_reconciler: MakeReconciler) -> None:
-    ended = await _traffic(conn, http, base, make_reconciler)
+    ended = await _traffic(conn, http, service, make_reconciler)
     outage = Outage(logging.getLogger("callwarden.test"), "worker ops-test")
     outage.down(DatabaseUnavailable("drill"))  # a loop's outage: the outage gauges live
     try:
-        text = await _scrape(http, base)
+        text = await _scrape(http, service.operator)
     finally:
         outage.up()
     exported, families = exported_from(text)

@@ -174,7 +174,8 @@ async def test_a_delivery_answered_without_the_database_does_not_end_the_outage(
     monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "0.5")
     pool = open_pool("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1", wait_s=0.3)
     config = ServiceConfig(webhooks=WebhookConfig(secrets={"elevenlabs": "sek"}))
-    async with pool, running_service(pool, tmp_path / "media", config) as base:
+    async with pool, running_service(pool, tmp_path / "media", config) as urls:
+        base = urls.webhooks
         assert (await over_limit_within(http, f"{base}/readyz", 30.0))["over_limit"]
         body = json.dumps({"type": "voice_removal_notice", "data": {}}).encode()
         headers = {"ElevenLabs-Signature": elevenlabs_sign("sek", int(time.time()), body)}

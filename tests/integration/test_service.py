@@ -1,9 +1,10 @@
 """The service's other faces: /metrics (scraped and parsed), /healthz, /readyz, the
-admin actions (refused without the token), the dashboard's HTML (escaped), and a worker's
-own metrics port."""
+admin actions (refused without the token), the dashboard's HTML (escaped), the read token
+of the operator listener, and a worker's own metrics port."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -21,21 +22,27 @@ from callwarden.events.types import CallStarted, Cancelled, ReconcileAttempted, 
 from callwarden.observe.metrics import record_reconcile, start_metrics_server
 from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig
-from tests.service import running_service
+from tests.service import Listeners, running_service
 
 TOKEN = "s3cret-admin"
 
 
 def serve(pool: Pool, http: aiohttp.ClientSession, tmp_path: Path
-          ) -> AbstractAsyncContextManager[str]:
+          ) -> AbstractAsyncContextManager[Listeners]:
     return running_service(pool, tmp_path, ServiceConfig(admin_token=TOKEN))
 
 
 @pytest.fixture
-async def base(db_url: str, http: aiohttp.ClientSession, tmp_path: Path
-               ) -> AsyncIterator[str]:
-    async with open_pool(db_url, max_size=4) as pool, serve(pool, http, tmp_path) as url:
-        yield url
+async def service(db_url: str, http: aiohttp.ClientSession, tmp_path: Path
+                  ) -> AsyncIterator[Listeners]:
+    async with open_pool(db_url, max_size=4) as pool, serve(pool, http, tmp_path) as urls:
+        yield urls
+
+
+@pytest.fixture
+def base(service: Listeners) -> str:
+    """The operator listener."""
+    return service.operator
 
 
 async def open_call(conn: Conn, kind: str, *, age_s: float = 0.0,
@@ -59,12 +66,13 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple
 
 
 async def test_metrics_report_open_and_stale_calls_and_webhook_results(
-        conn: Conn, http: aiohttp.ClientSession, base: str) -> None:
+        conn: Conn, http: aiohttp.ClientSession, service: Listeners) -> None:
+    base = service.operator
     await open_call(conn, "kie-standard", age_s=3600, task_id="t-stale")   # past 10 min
     await open_call(conn, "kie-standard", age_s=5, task_id="t-fresh")
     await open_call(conn, "replicate-prediction", age_s=5)
     before = await scrape(http, f"{base}/metrics")
-    async with http.post(f"{base}/webhooks/replicate", data=b"{}") as resp:
+    async with http.post(f"{service.webhooks}/webhooks/replicate", data=b"{}") as resp:
         assert resp.status == 401  # no secret configured: refused
     samples = await scrape(http, f"{base}/metrics")
     assert samples[("callwarden_calls", (("kind", "kie-standard"), ("state", "polling")))] == 2
@@ -111,22 +119,24 @@ async def test_admin_actions_need_the_token_and_go_through_the_write_path(
 
 
 async def test_healthz_and_readyz_on_a_migrated_database(
-        http: aiohttp.ClientSession, base: str) -> None:
-    async with http.get(f"{base}/healthz") as resp:
-        assert resp.status == 200
-    async with http.get(f"{base}/readyz") as resp:
-        assert (resp.status, (await resp.json())["status"]) == (200, "ready")
+        http: aiohttp.ClientSession, service: Listeners) -> None:
+    for base in (service.webhooks, service.operator):
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/readyz") as resp:
+            assert (resp.status, (await resp.json())["status"]) == (200, "ready")
 
 
 async def test_readyz_fails_on_an_unmigrated_database(
         empty_db_url: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
-    async with open_pool(empty_db_url, max_size=2) as pool, serve(pool, http, tmp_path) as url:
-        async with http.get(f"{url}/healthz") as resp:
-            assert resp.status == 200
-        async with http.get(f"{url}/readyz") as resp:
-            body = await resp.json()
-        assert (resp.status, body["status"]) == (503, "migrations pending")
-        assert body["pending"][0] == "0001_host_baseline"
+    async with open_pool(empty_db_url, max_size=2) as pool, serve(pool, http, tmp_path) as urls:
+        for url in (urls.webhooks, urls.operator):
+            async with http.get(f"{url}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{url}/readyz") as resp:
+                body = await resp.json()
+            assert (resp.status, body["status"]) == (503, "migrations pending")
+            assert body["pending"][0] == "0001_host_baseline"
 
 
 async def test_dashboard_pages_show_calls_and_escape_what_they_show(
@@ -159,3 +169,52 @@ async def test_a_worker_exposes_its_counters_on_its_own_port(
     finally:
         server.shutdown()
     assert after[key] - before.get(key, 0.0) == 1
+
+
+async def test_the_operator_listener_wants_the_read_token_when_one_is_set(
+        conn: Conn, db_url: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """With a read token, every operator route but the probes wants it (a bearer header
+    for scrapers and scripts, the password of HTTP Basic for a browser's prompt); the admin
+    token reads too, the read token never acts."""
+    job = await open_call(conn, "kie-standard", task_id="t-read")
+    config = ServiceConfig(admin_token=TOKEN, read_token="reader")
+    basic = "Basic " + base64.b64encode(b"anyone:reader").decode()
+    async with open_pool(db_url, max_size=4) as pool, running_service(
+            pool, tmp_path, config) as urls:
+        op = urls.operator
+        for path in ("/", f"/jobs/{job}", "/metrics", "/static/callwarden.css"):
+            for headers in ({}, {"Authorization": "Bearer wrong"},
+                            {"Authorization": "Basic " + base64.b64encode(b"reader:x").decode()}):
+                async with http.get(op + path, headers=headers) as resp:
+                    assert (path, resp.status) == (path, 401)
+                    assert resp.headers["WWW-Authenticate"].startswith("Basic ")
+            for headers in ({"Authorization": "Bearer reader"}, {"Authorization": basic},
+                            {"Authorization": f"Bearer {TOKEN}"}):
+                async with http.get(op + path, headers=headers) as resp:
+                    assert (path, resp.status) == (path, 200)
+        for path in ("/healthz", "/readyz"):
+            async with http.get(op + path) as resp:
+                assert resp.status == 200
+        async with http.post(f"{op}/admin/jobs/{job}/force-fail",
+                             headers={"Authorization": "Bearer reader"}) as resp:
+            assert resp.status == 403
+        async with http.post(f"{urls.webhooks}/webhooks/replicate", data=b"{}") as resp:
+            assert resp.status == 401  # webhooks know nothing of the read token
+    assert (await load(conn, job)).state == "polling"
+
+
+async def test_the_webhook_listener_never_shows_the_database_error(
+        http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """``/readyz`` says "database unreachable" on both listeners; the database's own
+    error text (hosts, ports) only on the operator's."""
+    pool = open_pool("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1", wait_s=0.3)
+    async with pool, running_service(pool, tmp_path, ServiceConfig(ready_timeout_s=0.3)) as urls:
+        bodies = []
+        for base in (urls.webhooks, urls.operator):
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+                bodies.append(await resp.json())
+    public, operator = bodies
+    assert public["status"] == operator["status"] == "database unreachable"
+    assert "detail" not in public
+    assert "detail" in operator

@@ -43,7 +43,7 @@ from callwarden.providers.simulator.core import Delivery, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore, MediaStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import ServiceConfig, build_app
+from callwarden.service.app import ServiceConfig, build_webhook_app
 from callwarden.service.webhooks import WebhookConfig
 from tests.support import no_sleep
 from tests.support.webhooks import (
@@ -87,8 +87,9 @@ async def serving(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, sim.settings, created_at=created_at)
 
-    app = build_app(pool, finalizer, ServiceConfig(webhooks=WebhookConfig(secrets=secrets)),
-                    clock=sim.sim.clock.now, poll=poll)
+    app = build_webhook_app(pool, finalizer,
+                            ServiceConfig(webhooks=WebhookConfig(secrets=secrets)),
+                            clock=sim.sim.clock.now, poll=poll)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -215,10 +216,10 @@ async def test_a_failing_background_finalize_is_left_for_the_reconciler_settled_
                                  webhook={"drop": True})
         [d] = await terminal_delivery(sim, outcome="dropped")
         assert (await answer(http, d))[:2] == (200, "applied")
-        await service.drain()  # the background finalize ran, and failed
+        await service.drain()  # the background finalize ran, and failed: one attempt
         assert await state(conn, job) == ("upstream_succeeded", "reserved")
-        assert (await event_types(conn, job))[-3:] == [
-            "UpstreamSucceeded", "FinalizeClaimed", "FinalizeFailed"]
+        assert (await event_types(conn, job))[-4:] == [
+            "UpstreamSucceeded", "FinalizeClaimed", "FinalizeFailed", "ReconcileAttempted"]
         assert (await answer(http, d))[:2] == (200, "duplicate")
         await service.drain()
         assert (await event_types(conn, job)).count("FinalizeClaimed") == 1

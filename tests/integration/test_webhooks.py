@@ -33,7 +33,7 @@ from callwarden.providers.replicate.webhook import replicate_sign
 from callwarden.providers.simulator.core import Delivery, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_app
+from callwarden.service.app import RedactingAccessLogger, ServiceConfig, build_webhook_app
 from tests.support.webhooks import (
     AUTH,
     KIE_FAMILIES,
@@ -444,9 +444,12 @@ async def test_forged_kie_callback_while_the_task_runs_changes_nothing(
     assert url is not None
     fail = msgspec.json.encode({"code": 501, "msg": "forged failure",
                                 "data": {"taskId": task_id, "state": "fail"}})
+    answers = []
     for body in (_forged_success(task_id, ["https://evil.example/x.png"]), fail):
         async with http.post(url, data=body) as resp:
-            assert (resp.status, (await resp.json())["result"]) == (200, "intermediate")
+            answers.append((resp.status, (await resp.json())["result"]))
+    # polled once (the task runs), then coalesced: within signal_interval_s of that poll
+    assert answers == [(200, "intermediate"), (200, "coalesced")]
     assert await state(conn, job) == ("polling", "reserved")
     assert await event_types(conn, job) == ["CallStarted", "TaskCreated"]
 
@@ -473,7 +476,7 @@ async def test_callback_token_in_the_url_never_reaches_the_access_log(
         pool: Pool, conn: Conn, sim: RunningSimulator, caplog: pytest.LogCaptureFixture,
         tmp_path: Path) -> None:
     finalizer = Finalizer(pool, LocalFolderStore(tmp_path), sim.settings, owner="webhook:t")
-    runner = web.AppRunner(build_app(pool, finalizer, ServiceConfig()),
+    runner = web.AppRunner(build_webhook_app(pool, finalizer, ServiceConfig()),
                            access_log_class=RedactingAccessLogger)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

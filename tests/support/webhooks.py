@@ -26,7 +26,7 @@ from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
 from callwarden.providers.simulator.core import Delivery, RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
-from callwarden.service.app import RECEIVER, ServiceConfig, build_app
+from callwarden.service.app import RECEIVER, ServiceConfig, build_webhook_app
 from callwarden.service.webhooks import WebhookConfig
 from tests.recorded import load as load_fixture
 
@@ -60,8 +60,8 @@ async def serving(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession
     async def poll(kind: str, task_id: str, created_at: float | None) -> PollOutcome:
         return await poll_task(kind, task_id, http, sim.settings, created_at=created_at)
 
-    app = build_app(pool, finalizer, config, clock=lambda: sim.sim.clock.now() + offset[0],
-                    poll=poll)
+    app = build_webhook_app(pool, finalizer, config,
+                            clock=lambda: sim.sim.clock.now() + offset[0], poll=poll)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

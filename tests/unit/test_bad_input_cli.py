@@ -44,6 +44,7 @@ from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 from callwarden.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
 from callwarden.reconciler.config import ReconcileConfig, load_config
+from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
 ROOT = Path(__file__).parents[2]
@@ -66,6 +67,7 @@ ACTORS: dict[str, Actor] = {
                    {"POLL_INTERVAL": "poll_interval_s", "POLL_BUDGET": "poll_budget_s",
                     "AMBIGUOUS_CREATE": "ambiguous_create_by_kind"}),
     "webhooks": Actor(WebhookConfig, load_webhook_config, "CALLWARDEN_WEBHOOK_", {}),
+    "serve": Actor(ListenConfig, load_listen_config, "CALLWARDEN_SERVE_", {}),
 }
 FIELDS: dict[str, dict[str, Any]] = {
     section: {f.name: f.type for f in msgspec.structs.fields(actor.struct)}
@@ -540,6 +542,7 @@ RANGES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "jobs": (int, 1, None, False), "workers": (int, 1, None, False),
     "count": (int, 0, None, False), "seed": (int, None, None, False),
     "port": (int, 0, 65535, False), "metrics_port": (int, 0, 65535, False),
+    "operator_port": (int, 0, 65535, False),
     "grace": (float, 0, None, False), "credits": (float, 0, None, False),
     "kill_rate": (float, 0, None, False),
     **{name: (float, 0, None, True) for name in (

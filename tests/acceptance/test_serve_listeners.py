@@ -1,0 +1,171 @@
+"""``callwarden serve`` as a process, from outside: who may read what, on which listener,
+and what an unauthenticated webhook POST can cost it.
+
+The webhook listener is the one providers reach from the internet: it answers webhooks
+and health probes only. The dashboard, the job pages (model output, raw provider answers),
+``/metrics`` and the admin actions are on the operator listener, which binds 127.0.0.1 on
+another port unless told otherwise. A compressed body is refused on the webhook routes
+before a byte of it is inflated: the server's memory does not move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import re
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import aiohttp
+
+from callwarden.calls.callbacks import ensure_callback_token
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
+from callwarden.events.types import CallStarted, TaskCreated
+from tests.acceptance.conftest import ROOT
+
+TOKEN = "listeners-admin"
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Served:
+    pid: int
+    webhooks: str
+    operator: str | None
+
+
+def environment(db_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLWARDEN_", "AWS_"))}
+    env.update({"DATABASE_URL": db_url, "CALLWARDEN_ADMIN_TOKEN": TOKEN, **extra})
+    return env
+
+
+@asynccontextmanager
+async def serve(env: dict[str, str], *args: str) -> AsyncIterator[Served]:
+    """``callwarden serve --port 0`` as a process; its listeners (from its start line)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", *args, env=env,
+        cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+        assert line.startswith("callwarden serve on "), line
+        operator = re.search(r"operator on (http://\S+)", line)
+        yield Served(pid=proc.pid, webhooks=line.split()[3],
+                     operator=operator.group(1) if operator else None)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def kie_call(conn: Conn) -> tuple[uuid.UUID, str]:
+    """An open KIE call with a callback token: (job, token)."""
+    job = await create_job(conn, credits=5)
+    now = datetime.now(UTC)
+    p = (await append(conn, job, await load(conn, job), CallStarted(
+        at=now, actor="worker:t", kind="kie-standard"))).projection
+    await append(conn, job, p, TaskCreated(at=now, actor="worker:t", task_id=f"t-{job}"))
+    token = await ensure_callback_token(conn, job)
+    assert token is not None
+    return job, token
+
+
+async def status(http: aiohttp.ClientSession, method: str, url: str, **kw: object) -> int:
+    async with http.request(method, url, **kw) as resp:  # type: ignore[arg-type]
+        await resp.read()
+        return resp.status
+
+
+async def test_the_webhook_listener_serves_only_webhooks_and_health(
+        db_url: str, conn: Conn) -> None:
+    """What the internet reaches answers 404 for every operator page; the operator
+    listener (127.0.0.1 by default, its port from the environment) serves them all."""
+    job, _ = await kie_call(conn)
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")
+    async with serve(env) as served, aiohttp.ClientSession() as http:
+        public = served.webhooks
+        for path in ("/", "/jobs", f"/jobs/{job}", f"/jobs?q={job}", "/metrics",
+                     "/static/callwarden.css"):
+            assert (path, await status(http, "GET", public + path)) == (path, 404)
+        assert await status(http, "POST", f"{public}/admin/jobs/{job}/force-fail",
+                            headers=admin) == 404
+        assert await status(http, "GET", f"{public}/healthz") == 200
+        assert await status(http, "GET", f"{public}/readyz") == 200
+        assert await status(http, "POST", f"{public}/webhooks/replicate", data=b"{}") == 401
+
+        operator = served.operator
+        assert operator is not None
+        assert operator.startswith("http://127.0.0.1:")
+        assert operator != public
+        assert await status(http, "GET", f"{operator}/") == 200
+        async with http.get(f"{operator}/jobs") as resp:
+            assert resp.status == 200
+            assert str(job) in await resp.text()
+        async with http.get(f"{operator}/jobs/{job}") as resp:
+            assert resp.status == 200
+            assert "TaskCreated" in await resp.text()
+        async with http.get(f"{operator}/metrics") as resp:
+            assert resp.status == 200
+            assert "callwarden_calls{" in await resp.text()
+        assert await status(http, "GET", f"{operator}/static/callwarden.css") == 200
+        assert await status(http, "POST", f"{operator}/webhooks/replicate",
+                            data=b"{}") == 404
+        assert await status(http, "POST", f"{operator}/admin/jobs/{job}/force-fail",
+                            headers=admin) == 200
+    assert (await load(conn, job)).state == "cancelled"
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size, from /proc."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def counts(conn: Conn) -> tuple[int, int]:
+    row = await (await conn.execute(
+        "SELECT (SELECT count(*) FROM call_events) AS events, "
+        "(SELECT count(*) FROM webhook_deliveries) AS deliveries")).fetchone()
+    assert row is not None
+    return row["events"], row["deliveries"]
+
+
+async def test_a_gzip_bomb_to_a_webhook_route_is_refused_without_being_inflated(
+        db_url: str, conn: Conn) -> None:
+    """50 MiB of zeros, gzipped to about 50 KiB, to every webhook route (a real KIE
+    callback URL with its token included): refused 415, the server's memory does not
+    grow by the inflated size, nothing is recorded."""
+    job, token = await kie_call(conn)
+    bomb = gzip.compress(bytes(50 * MiB), compresslevel=9)
+    assert len(bomb) < MiB  # under the body limit as sent: only inflating it is the danger
+    env = environment(db_url, CALLWARDEN_REPLICATE_WEBHOOK_SECRET="whsec_" + "A" * 32,
+                      CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET="sek")
+    before_rows = await counts(conn)
+    async with serve(env, "--operator-port", "0") as served, \
+            aiohttp.ClientSession(auto_decompress=False) as http:
+        routes = ("/webhooks/replicate", "/webhooks/elevenlabs",
+                  f"/webhooks/kie/{job}/{token}")
+        assert await status(http, "GET", f"{served.webhooks}/healthz") == 200
+        baseline = rss_bytes(served.pid)
+        for encoding in ("gzip", "deflate", "br", "GZIP", "gzip, identity"):
+            for route in routes:
+                async with http.post(served.webhooks + route, data=bomb, headers={
+                        "Content-Encoding": encoding,
+                        "Content-Type": "application/json"}) as resp:
+                    assert (route, encoding, resp.status) == (route, encoding, 415)
+                    assert (await resp.json())["result"] == "unsupported_encoding"
+        grown = rss_bytes(served.pid) - baseline
+    assert grown < 8 * MiB, f"serve grew by {grown / MiB:.1f} MiB"
+    assert await counts(conn) == before_rows
+    assert (await load(conn, job)).state == "polling"
