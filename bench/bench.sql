@@ -118,3 +118,13 @@ CHECKPOINT;
 
 -- name: capacity_settings
 SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%(names)s::text[]) ORDER BY name;
+
+-- name: peer_insert_assets
+-- bench/lifecycle.py, the DBOS peer's asset rows (as callwarden's completion writes them).
+INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
+SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
+FROM jobs j,
+     unnest(%(keys)s::text[], %(urls)s::text[], %(types)s::text[], %(sizes)s::bigint[])
+         AS a(key, url, content_type, size)
+WHERE j.id = %(job_id)s
+ON CONFLICT (job_id, storage_key) DO NOTHING;

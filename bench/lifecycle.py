@@ -41,17 +41,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, cast
 
 import aiohttp
-import psycopg
 from _common import SQL, conninfo_parts, fresh_database
+from counting import CountingConnection, configure_counted
 from dbos import DBOS, DBOSConfig, SetWorkflowID
-from psycopg import AsyncTransaction
-from psycopg.abc import PQGen
 from psycopg.conninfo import make_conninfo
-from psycopg.pq import TransactionStatus
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from rich.console import Console
 from rich.table import Table
@@ -63,8 +60,7 @@ from callwarden.database.databases import drop_database
 from callwarden.database.db import Pool, connect, open_pool
 from callwarden.database.jobs import create_job
 from callwarden.database.postgres import PostgresDatabase
-from callwarden.database.queries import QUERIES
-from callwarden.database.write import execute, load
+from callwarden.database.write import load
 from callwarden.providers.base import AsyncKindClient, ProviderSettings
 from callwarden.providers.media import download
 from callwarden.providers.outcomes import Running, Succeeded
@@ -77,50 +73,6 @@ SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}
 REQUEST: dict[str, Any] = {"model": "nano-banana-pro",
                            "input": {"prompt": "bench", "_sim": SCRIPT}}
 POOL_SIZE = 8
-_NAMES = {sql: name for name, sql in QUERIES.items()}
-RV = TypeVar("RV")
-
-
-class CountingConnection(psycopg.AsyncConnection[DictRow]):
-    """Counts, per class: round trips (``wait`` calls that send something: a statement,
-    ``BEGIN``, ``COMMIT``), statements (``execute`` calls, by query name) and transactions
-    as the client sees them (autocommit statements + outermost transaction blocks)."""
-
-    round_trips: ClassVar[int] = 0
-    transactions: ClassVar[int] = 0
-    statements: ClassVar[Counter[str]] = Counter()
-
-    async def wait(self, gen: PQGen[RV], interval: float = 0.1,
-                   timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
-        if not self._no_op(gen):
-            type(self).round_trips += 1
-        return await super().wait(gen, interval, timeout)
-
-    def _no_op(self, gen: PQGen[Any]) -> bool:
-        """The pool's commit on returning an idle autocommit connection sends nothing."""
-        ending = getattr(gen, "__qualname__", "").endswith(("._commit_gen", "._rollback_gen"))
-        return ending and self.info.transaction_status == TransactionStatus.IDLE
-
-    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
-                      binary: bool = False) -> Any:
-        type(self).statements[_NAMES.get(str(query), str(query)[:40])] += 1
-        self._count_if_idle()  # an autocommit statement is a transaction of its own
-        return await super().execute(query, params, prepare=prepare, binary=binary)
-
-    @asynccontextmanager
-    async def transaction(self, savepoint_name: str | None = None,
-                          force_rollback: bool = False) -> AsyncIterator[AsyncTransaction]:
-        self._count_if_idle()  # an outermost transaction block
-        async with super().transaction(savepoint_name, force_rollback) as tx:
-            yield tx
-
-    def _count_if_idle(self) -> None:
-        if self.info.transaction_status == TransactionStatus.IDLE:
-            type(self).transactions += 1
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.round_trips, cls.transactions, cls.statements = 0, 0, Counter()
 
 
 @asynccontextmanager
@@ -129,7 +81,7 @@ async def counting_pool(url: str) -> AsyncIterator[Pool]:
     pool: Pool = AsyncConnectionPool(
         url, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
         kwargs={"autocommit": True, "row_factory": dict_row},
-        connection_class=CountingConnection)
+        connection_class=CountingConnection, configure=configure_counted)
     async with pool:
         await pool.wait(timeout=30)
         yield pool
@@ -292,7 +244,7 @@ async def finalize_step(job: str, result: dict[str, Any]) -> None:
                                            got.content_type))
     async with peer.pool.connection() as conn, conn.transaction():
         await conn.execute(SQL["peer_complete"], {"job_id": job, "cost": result["cost"]})
-        await execute(conn, "insert_assets", {
+        await conn.execute(SQL["peer_insert_assets"], {
             "job_id": job, "keys": [o.key for o in stored], "urls": [o.uri for o in stored],
             "types": [o.content_type for o in stored], "sizes": [o.size for o in stored]})
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from callwarden.database import write
-from callwarden.database.boundary import connection, transaction
+from callwarden.database.boundary import connection
 from callwarden.database.clock import Clock
 from callwarden.database.clock import sync_clock as _sync_clock
 from callwarden.database.db import Pool
@@ -62,24 +62,10 @@ class PostgresDatabase:
                      event: Event | Sequence[Event], *,
                      assets: Sequence[StoredMedia] | None = None,
                      before: Before | None = None) -> AppendResult:
-        if assets is None:
-            async with connection(self.pool) as conn:
-                if before is not None:
-                    await before()
-                return await write.append(conn, job_id, current, event)
-        async with connection(self.pool) as conn, transaction(conn):
+        async with connection(self.pool) as conn:  # one statement, with assets too
             if before is not None:
                 await before()
-            r = await write.append(conn, job_id, current, event)
-            if r.ok:
-                if assets:
-                    await _execute(conn, "insert_assets", {
-                        "job_id": job_id, "keys": [m.key for m in assets],
-                        "urls": [m.url for m in assets],
-                        "types": [m.content_type for m in assets],
-                        "sizes": [m.size for m in assets]})
-                await _execute(conn, "reopen_workflow", {"job_id": job_id})
-            return r
+            return await write.append(conn, job_id, current, event, assets=assets)
 
     async def transition(self, job_id: uuid.UUID, decide: Decide, *,
                          current: CallProjection | None = None,

@@ -51,12 +51,20 @@ def _fragments(text: str) -> tuple[str, dict[str, str]]:
 
 
 def _splice(name: str, sql: str, fragments: dict[str, str]) -> LiteralString:
+    """``sql`` with its fragments spliced in (a fragment may use another, to a depth of 4)."""
     def one(m: re.Match[str]) -> str:
         if m[1] not in fragments:
             raise RuntimeError(f"query {name!r} uses an unknown fragment {{{{{m[1]}}}}}")
         return fragments[m[1]]
 
-    return _USE.sub(one, sql)  # text of our own .sql files, as every query
+    for _ in range(4):
+        if _USE.search(sql) is None:
+            break
+        sql = _USE.sub(one, sql)
+    else:
+        if _USE.search(sql) is not None:
+            raise RuntimeError(f"query {name!r}: fragments nested too deep")
+    return sql  # text of our own .sql files, as every query
 
 
 def _load_all() -> dict[str, LiteralString]:

@@ -15,7 +15,7 @@ SELECT id, status, call_state, call_version, provider_kind, provider_task_id,
 FROM jobs j
 WHERE id = %(job_id)s;
 
--- name: append_event
+-- fragment: append_ctes
 -- One transition in one statement (so one transaction, one round trip): update the
 -- projection fenced on what the writer read, append the events (one, or a run of them an
 -- actor decided at once: UpstreamSucceeded, FinalizeClaimed, Completed) at seq = the
@@ -88,6 +88,41 @@ WITH upd AS (
       AND EXISTS (SELECT 1 FROM ev)
     RETURNING u.id
 )
+
+-- name: append_event
+-- One transition (see the fragment append_ctes above).
+{{append_ctes}}
+SELECT (SELECT count(*) FROM ev) AS appended,
+       (SELECT count(*) FROM settle) AS settled,
+       (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
+
+-- name: append_completion
+-- A completing transition in ONE statement (one round trip, its own commit): the append
+-- (fragment append_ctes), then, only if it was appended, the asset rows and the sole-cause
+-- reopen of the parent workflow (Seed §5.7: only if this node was its sole failure, with a
+-- compare-and-set on 'failed' so a user's cancel is never overwritten). Neither reads
+-- a column the append changes, so the one snapshot of the data-modifying CTEs serves.
+{{append_ctes}},
+assets_in AS (
+    INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
+    SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
+    FROM jobs j,
+         unnest(%(asset_keys)s::text[], %(asset_urls)s::text[], %(asset_types)s::text[],
+                %(asset_sizes)s::bigint[]) AS a(key, url, content_type, size)
+    WHERE j.id = %(job_id)s::uuid AND EXISTS (SELECT 1 FROM ev)
+    ON CONFLICT (job_id, storage_key) DO NOTHING
+    RETURNING 1
+), reopen AS (
+    UPDATE workflow_executions w
+    SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
+    FROM jobs j
+    WHERE j.id = %(job_id)s::uuid
+      AND w.id = j.workflow_execution_id
+      AND w.status = 'failed'
+      AND w.failed_nodes = ARRAY[j.node_id]::text[]
+      AND EXISTS (SELECT 1 FROM ev)
+    RETURNING w.id
+)
 SELECT (SELECT count(*) FROM ev) AS appended,
        (SELECT count(*) FROM settle) AS settled,
        (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
@@ -122,27 +157,6 @@ SELECT id, user_id, job_type, status, is_public, workflow_execution_id, node_id,
        input_data::text AS input_data
 FROM jobs
 WHERE id = %(job_id)s;
-
--- name: insert_assets
-INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
-SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
-FROM jobs j,
-     unnest(%(keys)s::text[], %(urls)s::text[], %(types)s::text[], %(sizes)s::bigint[])
-         AS a(key, url, content_type, size)
-WHERE j.id = %(job_id)s
-ON CONFLICT (job_id, storage_key) DO NOTHING;
-
--- name: reopen_workflow
--- Seed §5.7: reopen the parent execution only if this node was its sole failure, with a
--- compare-and-set on 'failed' so a user's cancel is never overwritten.
-UPDATE workflow_executions w
-SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
-FROM jobs j
-WHERE j.id = %(job_id)s
-  AND w.id = j.workflow_execution_id
-  AND w.status = 'failed'
-  AND w.failed_nodes = ARRAY[j.node_id]::text[]
-RETURNING w.id;
 
 -- name: clock_now
 -- The database's clock: the one every actor compares leases and heartbeats on.

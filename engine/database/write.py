@@ -52,7 +52,7 @@ from callwarden.errors import (
     WriteConflict,
 )
 from callwarden.events.codec import EventDecodeError, decode
-from callwarden.events.types import Cancelled, Event
+from callwarden.events.types import Cancelled, Event, StoredMedia
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
 
@@ -170,25 +170,29 @@ async def from_log(conn: Conn, job_id: uuid.UUID, row: DictRow) -> CallProjectio
 
 
 async def append(
-    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event | Sequence[Event]
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, event: Event | Sequence[Event],
+    *, assets: Sequence[StoredMedia] | None = None,
 ) -> AppendResult:
     """Append ``event`` (or a run of events one actor decided at once, in one statement)
-    to a call whose projection the caller read as ``current``.
+    to a call whose projection the caller read as ``current``. ``assets`` (a completion):
+    the same statement inserts the asset rows and reopens the parent workflow when this
+    node was its sole failure, only if the events were appended.
 
     Raises ``InvalidTransition`` (nothing written) if an event may not follow the one
     before it; returns ``ok=False`` with the fresh projection if someone else wrote
     first, or if the host's state changed since ``current`` was read."""
     events = as_run(event)
     if _trace is None:
-        return await _append(conn, job_id, current, events)
+        return await _append(conn, job_id, current, events, assets)
     with _trace(job_id, current, events) as done:
-        result = await _append(conn, job_id, current, events)
+        result = await _append(conn, job_id, current, events, assets)
         done(result)
         return result
 
 
 async def _append(
-    conn: Conn, job_id: uuid.UUID, current: CallProjection, events: Sequence[Event]
+    conn: Conn, job_id: uuid.UUID, current: CallProjection, events: Sequence[Event],
+    assets: Sequence[StoredMedia] | None,
 ) -> AppendResult:
     check_run(events)
     events = [recordable(e) for e in events]
@@ -196,8 +200,14 @@ async def _append(
     for e in events:
         new = apply(new, e)
     params = append_params(job_id, current, new, events)
+    statement = "append_event"
+    if assets is not None:
+        statement = "append_completion"
+        params.update(asset_keys=[m.key for m in assets], asset_urls=[m.url for m in assets],
+                      asset_types=[m.content_type for m in assets],
+                      asset_sizes=[m.size for m in assets])
     try:
-        rows = await _run(conn, "append_event", params)
+        rows = await _run(conn, statement, params)
     except WriteConflict as exc:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
