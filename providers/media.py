@@ -8,6 +8,9 @@ media type, decoding in memory linear in the URI).
 Every http(s) URL, and every redirect hop (followed by hand, up to the policy's limit),
 must pass the :class:`~callwarden.providers.media_guard.MediaPolicy` the caller gives; use a session
 from :func:`~callwarden.providers.media_guard.media_session` so resolved addresses are checked too.
+:class:`Credentials` (ElevenLabs serves dubbed audio only with its key) are sent to their
+own origin only — the provider's configured API endpoint — on the first request and on any
+hop, never to another host media may come from (a media endpoint, an allow-listed CDN).
 
 Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
 (``image/*``); ``*`` (:data:`ANY_FILE`) any type but a web page; ``None`` accepts anything.
@@ -59,7 +62,7 @@ from callwarden.providers.errors import (
     RateLimited,
     TransientError,
 )
-from callwarden.providers.media_guard import MediaPolicy, check_url, shown_url
+from callwarden.providers.media_guard import MediaPolicy, Origin, check_url, origin_of, shown_url
 from callwarden.providers.media_types import media_type, stored_type
 from callwarden.providers.raw import parse_retry_after
 
@@ -69,6 +72,7 @@ __all__ = [
     "DEFAULT_MEDIA_TYPES",
     "GENERIC_TYPES",
     "PAGE_TYPES",
+    "Credentials",
     "Downloaded",
     "decode_data_uri",
     "download",
@@ -112,6 +116,23 @@ _FTYP_BRANDS: Mapping[bytes, str] = {
     b"avif": "image/avif", b"heic": "image/heic", b"heix": "image/heic", b"mif1": "image/heic",
     b"M4A ": "audio/mp4", b"qt  ": "video/quicktime",
 }
+
+
+class Credentials(msgspec.Struct, frozen=True, kw_only=True):
+    """Headers that authenticate to one origin only (a provider's API endpoint)."""
+
+    origin: Origin
+    headers: dict[str, str]
+
+    @classmethod
+    def for_endpoint(cls, base_url: str, headers: Mapping[str, str]) -> Credentials | None:
+        """``headers`` for ``base_url``'s origin (``None`` if it has none)."""
+        origin = origin_of(base_url)
+        return None if origin is None else cls(origin=origin, headers=dict(headers))
+
+    def for_url(self, url: str) -> dict[str, str] | None:
+        """The headers to send to ``url``: these, on their own origin only."""
+        return dict(self.headers) if origin_of(url) == self.origin else None
 
 
 class Downloaded(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,15 +261,14 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 async def _fetch(
     session: aiohttp.ClientSession, url: str, *, policy: MediaPolicy, max_bytes: int,
-    allowed_types: frozenset[str] | None, headers: Mapping[str, str] | None,
+    allowed_types: frozenset[str] | None, credentials: Credentials | None,
 ) -> tuple[str, bytes]:
     """GET ``url``, following redirects by hand: each hop is checked by ``policy`` before
-    it is requested. Credentials (``headers``) go only to the first host."""
-    first_host = check_url(url, policy)
+    it is requested. ``credentials`` go only to their own origin, hop by hop."""
     for _ in range(policy.max_redirects + 1):
-        host = check_url(url, policy)
+        check_url(url, policy)
         shown = shown_url(url)
-        send = dict(headers) if headers and host == first_host else None
+        send = credentials.for_url(url) if credentials is not None else None
         async with session.get(url, headers=send, allow_redirects=False) as resp:
             location = resp.headers.get("Location")
             if resp.status in _REDIRECTS and location:
@@ -272,13 +292,12 @@ async def download(
     policy: MediaPolicy,
     max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
-    headers: Mapping[str, str] | None = None,
+    credentials: Credentials | None = None,
     timeout_s: float = 120,
 ) -> Downloaded:
     """Fetch ``url`` (``http``, ``https`` or ``data:``) within ``timeout_s`` in total, body
-    included, from where ``policy`` allows. Raises only :mod:`callwarden.providers.errors` types
-    (see
-    the module docstring)."""
+    included, from where ``policy`` allows, sending ``credentials`` to their origin only.
+    Raises only :mod:`callwarden.providers.errors` types (see the module docstring)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "data":
         return decode_data_uri(url, max_bytes=max_bytes, allowed_types=allowed_types)
@@ -288,7 +307,8 @@ async def download(
     try:
         async with asyncio.timeout(timeout_s):
             declared, data = await _fetch(session, url, policy=policy, max_bytes=max_bytes,
-                                          allowed_types=allowed_types, headers=headers)
+                                          allowed_types=allowed_types,
+                                          credentials=credentials)
     except TimeoutError as exc:
         raise ProviderTimeout(f"GET {shown} timed out after {timeout_s}s") from exc
     except (aiohttp.InvalidURL, UnicodeError, ValueError) as exc:

@@ -35,8 +35,8 @@ from aiohttp.resolver import DefaultResolver
 
 from callwarden.providers.errors import MediaRefused
 
-__all__ = ["GuardedResolver", "MediaPolicy", "check_url", "is_public_address",
-           "media_session", "shown_url"]
+__all__ = ["GuardedResolver", "MediaPolicy", "Origin", "check_url", "is_public_address",
+           "media_session", "origin_of", "shown_url"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -48,6 +48,23 @@ def shown_url(url: str) -> str:
     except ValueError:
         return url.split("?", 1)[0].split("#", 1)[0]
     return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+
+
+#: ``(scheme, host, port)``, lower case, the port made explicit.
+Origin = tuple[str, str, int]
+
+
+def origin_of(url: str) -> Origin | None:
+    """``url``'s origin; ``None`` for a URL that is not http(s) with a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme]
 
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")

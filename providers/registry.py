@@ -30,7 +30,7 @@ from callwarden.providers.errors import MediaExpired, TaskNotFound, UnknownProvi
 from callwarden.providers.kie import webhook as kie_webhook
 from callwarden.providers.kie.client import kie_client_for
 from callwarden.providers.kinds import get_kind
-from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
+from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES, Credentials
 from callwarden.providers.media_guard import MediaPolicy
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome
 from callwarden.providers.replicate import webhook as replicate_webhook
@@ -43,12 +43,13 @@ __all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
-    hosts and its provider's configured endpoint, plus an operator allow-list), extra
-    headers (ElevenLabs serves dubbed audio only with the API key) and the content types
-    accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
+    hosts and its provider's configured endpoint, plus an operator allow-list), the
+    credentials sent to the provider's API endpoint only (ElevenLabs serves dubbed audio
+    only with the API key; no other host media may come from ever gets it) and the content
+    types accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
 
     policy: MediaPolicy = MediaPolicy()
-    headers: dict[str, str] | None = None
+    credentials: Credentials | None = None
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES
 
 
@@ -150,7 +151,8 @@ for _entry in (
     Provider(name="elevenlabs", client=_elevenlabs, endpoint=lambda s: s.elevenlabs,
              webhook=elevenlabs_webhook.SCHEME,
              media=lambda fetch, s: msgspec.structs.replace(
-                 fetch, headers=media_auth_headers(s.elevenlabs))),
+                 fetch, credentials=Credentials.for_endpoint(
+                     s.elevenlabs.base_url, media_auth_headers(s.elevenlabs)))),
     Provider(name="anthropic", client=_anthropic, endpoint=lambda s: s.anthropic),
 ):
     register(_entry)
