@@ -134,6 +134,12 @@ class MediaPolicy(msgspec.Struct, frozen=True, kw_only=True):
         host = host.lower()
         return self.is_endpoint(host, port) or any(_matches(host, p) for p in self.hosts)
 
+    def allows_url(self, url: str) -> bool:
+        """Whether ``url`` is an http(s) URL on a host this policy allows (the host
+        alone: :func:`check_url` checks the rest before anything is fetched)."""
+        origin = origin_of(url)
+        return origin is not None and self.allows_host(origin[1], origin[2])
+
 
 def _ip_literal(host: str) -> bool:
     try:

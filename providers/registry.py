@@ -14,7 +14,7 @@ calls) — never another provider's client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -39,7 +39,7 @@ from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
 __all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
-           "media_fetch_for", "poll_task", "provider_for", "register"]
+           "media_fetch_for", "media_url_test", "poll_task", "provider_for", "register"]
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
@@ -196,3 +196,12 @@ def media_fetch_for(kind: str | None, settings: ProviderSettings,
     policy = MediaPolicy.build((*spec.media_hosts, *extra_hosts),
                                _endpoint_urls(provider, settings))
     return provider.media(MediaFetch(policy=policy), settings)
+
+
+def media_url_test(kinds: Iterable[str], settings: ProviderSettings) -> Callable[[str], bool]:
+    """Whether a URL is on a host one of ``kinds``' result files come from: the kind's
+    media hosts or its provider's configured endpoint — what makes a URL in a model's
+    free-form output a file rather than text (Replicate). The operator's extra
+    allow-list widens where files may be downloaded from, not what counts as one."""
+    policies = [media_fetch_for(kind, settings).policy for kind in kinds]
+    return lambda url: any(policy.allows_url(url) for policy in policies)

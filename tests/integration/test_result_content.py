@@ -1,9 +1,14 @@
-"""What a provider's answer may put in the user's assets (issue 24, items 3 and 9), end to
-end: a worker's real ``CallRunner`` against the simulator answering over HTTP in
-Replicate's and KIE's recorded shapes, jobs and reservations written by plain SQL as a
-host writes them, and what the host then sees read back by SQL (``jobs``, ``usage_logs``,
-``assets``, ``call_events``) and from the media folder.
+"""What a provider's answer may put in the user's assets (issue 24, items 2, 3 and 9), end
+to end: a worker's real ``CallRunner`` (and the reconciler, and the webhook receiver)
+against the simulator answering over HTTP in Replicate's and KIE's recorded shapes, jobs
+and reservations written by plain SQL as a host writes them, and what the host then sees
+read back by SQL (``jobs``, ``usage_logs``, ``assets``, ``call_events``) and from the
+media folder.
 
+- **Text that mentions a link is text.** Only a URL on the kind's media hosts (or its
+  configured endpoint, or the operator's allow-list) and a ``data:`` URI is a file; a
+  caption, a JSON answer or a language model's tokens citing a web page complete with the
+  link kept in the text.
 - **No active content is stored as the user's asset.** A script-bearing type (SVG, XML,
   JavaScript, or a Content-Type that is a list ending in ``text/html``) is stored inert:
   the bytes as they came, as ``application/octet-stream`` under a ``.bin`` key.
@@ -19,18 +24,30 @@ from __future__ import annotations
 import base64
 import urllib.parse
 import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
+from aiohttp import web
 
-from callwarden.database.db import Conn
+from callwarden.calls.finalize import Finalizer
+from callwarden.database.db import Conn, Pool
+from callwarden.database.write import append, load
+from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.providers.registry import poll_task
 from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.simulator.media import fake_media
 from callwarden.providers.simulator.model import Script
 from callwarden.providers.storage import LocalFolderStore
-from tests.integration.conftest import MakeRunner
+from callwarden.service.webhooks import Receiver, WebhookConfig
+from tests.integration.conftest import MakeReconciler, MakeRunner
 
+AUTH = {"Authorization": "Bearer sim-key"}
+LINK = "https://en.wikipedia.org/wiki/Cat"
 # 0xFF bytes encode as "/" in base64: percent-encoded, each one is three characters.
 PNG = b"\x89PNG\r\n\x1a\n" + b"\xff" * 600
 B64 = base64.b64encode(PNG).decode()
@@ -92,6 +109,122 @@ def kie(**script: Any) -> dict[str, Any]:
 
 def stored_bytes(media: Path, key: str) -> bytes:
     return (media / key).read_bytes()
+
+
+# -- item 2: text that mentions a link is text --------------------------------------------
+
+@pytest.mark.parametrize(("output", "text"), [
+    (LINK, LINK),  # a model that answers with a link
+    ({"answer": "a cat", "source": LINK, "model_page": "https://replicate.com/owner/model"},
+     msgspec.json.encode({"answer": "a cat", "source": LINK,
+                          "model_page": "https://replicate.com/owner/model"}).decode()),
+    (["See ", LINK, " and http://example.com/cats", "."],  # a language model's tokens
+     f"See {LINK} and http://example.com/cats."),
+], ids=["url-string", "json-answer", "token-list"])
+async def test_replicate_text_citing_a_web_page_completes_with_the_link_kept(
+        conn: Conn, make_runner: MakeRunner, sim: RunningSimulator, output: Any,
+        text: str) -> None:
+    job = await host_job(conn)
+    out = await make_runner().run(job, "replicate-prediction", replicate(output))
+    assert out.result == "completed", out
+    row = await seen_by_host(conn, job)
+    assert (row["status"], row["credits"], row["assets"]) == ("completed", "committed", 0)
+    assert row["output_data"]["text"] == text
+    assert "UpstreamFailed" not in await event_types(conn, job)
+
+
+async def test_a_file_on_the_media_host_is_stored_and_the_cited_link_kept(
+        conn: Conn, make_runner: MakeRunner, sim: RunningSimulator, tmp_path: Path) -> None:
+    image = sim.sim.media.put(fake_media("image/png", "cat"), "image/png", None)
+    job = await host_job(conn)
+    out = await make_runner().run(job, "replicate-prediction",
+                                  replicate({"image": image, "source": LINK}))
+    assert out.result == "completed", out
+    row = await seen_by_host(conn, job)
+    assert (row["credits"], row["assets"]) == ("committed", 1)
+    assert msgspec.json.decode(row["output_data"]["text"]) == {
+        "image": {"media": 0}, "source": LINK}
+    [stored] = await assets(conn, job)
+    assert stored_bytes(tmp_path / "media", stored["storage_key"]) == fake_media(
+        "image/png", "cat")
+
+
+async def dead_workers_call(conn: Conn, job: uuid.UUID, kind: str, task: str) -> None:
+    """What a worker that created ``task`` and then died left: CallStarted, TaskCreated."""
+    at = datetime.now(UTC) - timedelta(hours=1)
+    p = (await append(conn, job, await load(conn, job),
+                      CallStarted(at=at, actor="worker:dead", kind=kind))).projection
+    await append(conn, job, p, TaskCreated(at=at, actor="worker:dead", task_id=task))
+
+
+async def prediction(http: aiohttp.ClientSession, sim: RunningSimulator,
+                     request: dict[str, Any]) -> str:
+    async with http.post(sim.url("replicate", "/v1/predictions"), json=request,
+                         headers=AUTH) as resp:
+        assert resp.status == 201, await resp.text()
+        return str((await resp.json())["id"])
+
+
+async def test_the_reconciler_keeps_a_recovered_answers_link_as_text(
+        conn: Conn, make_reconciler: MakeReconciler, sim: RunningSimulator,
+        http: aiohttp.ClientSession) -> None:
+    job = await host_job(conn)
+    task = await prediction(http, sim, replicate({"answer": "a cat", "source": LINK},
+                                                 steps=[]))
+    await dead_workers_call(conn, job, "replicate-prediction", task)
+    await make_reconciler(thresholds_s={"replicate-prediction": 60.0}).reconcile_once()
+    row = await seen_by_host(conn, job)
+    assert (row["call_state"], row["credits"], row["assets"]) == (
+        "completed", "committed", 0)
+    assert msgspec.json.decode(row["output_data"]["text"])["source"] == LINK
+
+
+@pytest.fixture
+async def receiver(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                   tmp_path: Path) -> AsyncIterator[tuple[str, Receiver]]:
+    """The webhook receiver alone on 127.0.0.1, checking the simulator's signatures on
+    the simulator's clock."""
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "media"), sim.settings,
+                          owner="webhook:test", clock=lambda: datetime.now(UTC))
+
+    async def poll(kind: str, task_id: str, created_at: float | None) -> Any:
+        return await poll_task(kind, task_id, http, sim.settings, created_at=created_at)
+
+    config = WebhookConfig(secrets={"replicate": sim.sim.webhook_secrets["replicate"]})
+    got = Receiver(pool, finalizer, config, clock=sim.sim.clock.now,
+                   now=lambda: datetime.now(UTC), poll=poll)
+    app = web.Application()
+    app.add_routes(got.routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", got
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_webhook_delivering_an_answer_that_cites_a_link_completes(
+        conn: Conn, sim: RunningSimulator, http: aiohttp.ClientSession,
+        receiver: tuple[str, Receiver]) -> None:
+    url, got = receiver
+    job = await host_job(conn)
+    request = replicate({"answer": "a cat", "source": LINK},
+                        steps=[{"phase": "running", "seconds": 30}])
+    task = await prediction(http, sim, {**request, "webhook": f"{url}/webhooks/replicate",
+                                        "webhook_events_filter": ["completed"]})
+    p = (await append(conn, job, await load(conn, job), CallStarted(
+        at=datetime.now(UTC), actor="worker:test", kind="replicate-prediction"))).projection
+    await append(conn, job, p, TaskCreated(at=datetime.now(UTC), actor="worker:test",
+                                           task_id=task))
+    sim.sim.clock.advance(60)
+    [delivered] = await sim.sim.webhooks.wait_for(1, outcome="delivered")
+    assert delivered.status == 200
+    assert await got.drain() == 0
+    row = await seen_by_host(conn, job)
+    assert (row["call_state"], row["credits"], row["assets"]) == (
+        "completed", "committed", 0)
+    assert msgspec.json.decode(row["output_data"]["text"])["source"] == LINK
 
 
 # -- item 3: no active content is stored as the user's asset --------------------------------
