@@ -2,10 +2,15 @@
 
 :func:`download` streams the body in chunks and aborts (closing the connection) as soon as it
 passes ``max_bytes``; a ``Content-Length`` above the limit is refused before any body is read.
-``data:`` URIs (Replicate's sync mode returns them) are decoded under the same checks.
+``data:`` URIs (Replicate's sync mode returns them) are decoded under the same checks, within
+their own limits (:mod:`callwarden.providers.data_uri`: the length first, a header that is a
+media type, decoding in memory linear in the URI).
 Every http(s) URL, and every redirect hop (followed by hand, up to the policy's limit),
 must pass the :class:`~callwarden.providers.media_guard.MediaPolicy` the caller gives; use a session
 from :func:`~callwarden.providers.media_guard.media_session` so resolved addresses are checked too.
+:class:`Credentials` (ElevenLabs serves dubbed audio only with its key) are sent to their
+own origin only — the provider's configured API endpoint — on the first request and on any
+hop, never to another host media may come from (a media endpoint, an allow-listed CDN).
 
 Content types. ``allowed_types`` holds exact types (``audio/mpeg``) and major-type wildcards
 (``image/*``); ``*`` (:data:`ANY_FILE`) any type but a web page; ``None`` accepts anything.
@@ -15,6 +20,11 @@ it, yet CDNs often label media that way: a generic or missing type is resolved b
 first bytes (PNG, JPEG, GIF, WebP, AVIF/HEIC, MP4/MOV, WebM, MP3, AAC, WAV, OGG, FLAC); media
 that sniffs as an allowed type is accepted *with the sniffed type*, anything else is refused.
 So an HTML error page or an unknown blob served with status 200 is never stored as a result.
+A declared type that is not one ``type/subtype`` (a list such as ``image/png, text/html``)
+counts as missing. What is accepted is stored as
+:func:`~callwarden.providers.media_types.stored_type` says: a type a browser could run
+script in (SVG, XML, JavaScript, anything not known to be inert) as
+``application/octet-stream``, so it can never execute where it is served.
 
 Errors (all from :mod:`callwarden.providers.errors`; no aiohttp exception escapes)::
 
@@ -33,8 +43,6 @@ Messages show URLs without their query string (signed URLs carry credentials the
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -42,6 +50,7 @@ from collections.abc import Mapping
 import aiohttp
 import msgspec
 
+from callwarden.providers.data_uri import decode_payload, read_header
 from callwarden.providers.errors import (
     MediaError,
     MediaExpired,
@@ -53,7 +62,8 @@ from callwarden.providers.errors import (
     RateLimited,
     TransientError,
 )
-from callwarden.providers.media_guard import MediaPolicy, check_url, shown_url
+from callwarden.providers.media_guard import MediaPolicy, Origin, check_url, origin_of, shown_url
+from callwarden.providers.media_types import media_type, stored_type
 from callwarden.providers.raw import parse_retry_after
 
 __all__ = [
@@ -62,6 +72,7 @@ __all__ = [
     "DEFAULT_MEDIA_TYPES",
     "GENERIC_TYPES",
     "PAGE_TYPES",
+    "Credentials",
     "Downloaded",
     "decode_data_uri",
     "download",
@@ -107,6 +118,23 @@ _FTYP_BRANDS: Mapping[bytes, str] = {
 }
 
 
+class Credentials(msgspec.Struct, frozen=True, kw_only=True):
+    """Headers that authenticate to one origin only (a provider's API endpoint)."""
+
+    origin: Origin
+    headers: dict[str, str]
+
+    @classmethod
+    def for_endpoint(cls, base_url: str, headers: Mapping[str, str]) -> Credentials | None:
+        """``headers`` for ``base_url``'s origin (``None`` if it has none)."""
+        origin = origin_of(base_url)
+        return None if origin is None else cls(origin=origin, headers=dict(headers))
+
+    def for_url(self, url: str) -> dict[str, str] | None:
+        """The headers to send to ``url``: these, on their own origin only."""
+        return dict(self.headers) if origin_of(url) == self.origin else None
+
+
 class Downloaded(msgspec.Struct, frozen=True, kw_only=True):
     """A fetched media body; ``content_type`` is the checked (possibly sniffed) type."""
 
@@ -131,7 +159,8 @@ def sniff_media_type(data: bytes) -> str | None:
 
 
 def _base_type(header: str | None) -> str:
-    return (header or "").split(";", 1)[0].strip().lower()
+    """The declared ``type/subtype``; ``""`` (generic: sniffed) when missing or not one."""
+    return media_type(header or "") or ""
 
 
 def type_allowed(content_type: str, allowed: frozenset[str] | None) -> bool:
@@ -190,46 +219,23 @@ def _checked(declared: str, data: bytes, allowed: frozenset[str] | None, url: st
             f"{shown}: content type {declared or 'missing'!r} (sniffed {sniffed!r}) "
             "is not allowed"
         )
-    return Downloaded(data=data, content_type=content_type, url=url)
+    return Downloaded(data=data, content_type=stored_type(content_type), url=url)
 
 
 # --------------------------------------------------------------------------- data: URIs
-
-
-def _decoded_lower_bound(payload: str, is_base64: bool) -> int:
-    return len(payload) // 4 * 3 - 2 if is_base64 else len(payload) // 3
-
-
-def _decode_payload(payload: str, is_base64: bool) -> bytes:
-    if not is_base64:
-        return urllib.parse.unquote_to_bytes(payload)
-    if "%" in payload:
-        payload = urllib.parse.unquote(payload)
-    try:
-        return base64.b64decode("".join(payload.split()), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise MediaError(f"data: URI has invalid base64: {exc}") from exc
 
 
 def decode_data_uri(
     uri: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
 ) -> Downloaded:
-    """Decode an RFC 2397 ``data:`` URI under the same size and type rules as a download.
-    A missing media type is treated as generic and sniffed."""
-    header, comma, payload = uri[len("data:"):].partition(",")
-    if uri[:5].lower() != "data:" or not comma:
-        raise MediaError("malformed data: URI (expected data:[<type>][;base64],<data>)")
-    params = header.split(";")
-    is_base64 = params[-1].strip().lower() == "base64"
-    declared = _base_type(params[0])
-    _refuse_declared(declared, allowed_types, "data: URI")
-    if _decoded_lower_bound(payload, is_base64) > max_bytes:
-        raise MediaTooLarge(f"data: URI payload exceeds {max_bytes} bytes")
-    data = _decode_payload(payload, is_base64)
-    if len(data) > max_bytes:
-        raise MediaTooLarge(f"data: URI payload is {len(data)} bytes, over {max_bytes}")
-    return _checked(declared, data, allowed_types, uri, "data: URI")
+    """Decode an RFC 2397 ``data:`` URI under the same size and type rules as a download
+    (:mod:`callwarden.providers.data_uri`). A missing media type is treated as generic and
+    sniffed; one that is not a media type is refused."""
+    header = read_header(uri, max_bytes)
+    _refuse_declared(header.declared, allowed_types, "data: URI")
+    data = decode_payload(uri, header, max_bytes)
+    return _checked(header.declared, data, allowed_types, uri, "data: URI")
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -255,15 +261,14 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 async def _fetch(
     session: aiohttp.ClientSession, url: str, *, policy: MediaPolicy, max_bytes: int,
-    allowed_types: frozenset[str] | None, headers: Mapping[str, str] | None,
+    allowed_types: frozenset[str] | None, credentials: Credentials | None,
 ) -> tuple[str, bytes]:
     """GET ``url``, following redirects by hand: each hop is checked by ``policy`` before
-    it is requested. Credentials (``headers``) go only to the first host."""
-    first_host = check_url(url, policy)
+    it is requested. ``credentials`` go only to their own origin, hop by hop."""
     for _ in range(policy.max_redirects + 1):
-        host = check_url(url, policy)
+        check_url(url, policy)
         shown = shown_url(url)
-        send = dict(headers) if headers and host == first_host else None
+        send = credentials.for_url(url) if credentials is not None else None
         async with session.get(url, headers=send, allow_redirects=False) as resp:
             location = resp.headers.get("Location")
             if resp.status in _REDIRECTS and location:
@@ -287,13 +292,12 @@ async def download(
     policy: MediaPolicy,
     max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES,
-    headers: Mapping[str, str] | None = None,
+    credentials: Credentials | None = None,
     timeout_s: float = 120,
 ) -> Downloaded:
     """Fetch ``url`` (``http``, ``https`` or ``data:``) within ``timeout_s`` in total, body
-    included, from where ``policy`` allows. Raises only :mod:`callwarden.providers.errors` types
-    (see
-    the module docstring)."""
+    included, from where ``policy`` allows, sending ``credentials`` to their origin only.
+    Raises only :mod:`callwarden.providers.errors` types (see the module docstring)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "data":
         return decode_data_uri(url, max_bytes=max_bytes, allowed_types=allowed_types)
@@ -303,7 +307,8 @@ async def download(
     try:
         async with asyncio.timeout(timeout_s):
             declared, data = await _fetch(session, url, policy=policy, max_bytes=max_bytes,
-                                          allowed_types=allowed_types, headers=headers)
+                                          allowed_types=allowed_types,
+                                          credentials=credentials)
     except TimeoutError as exc:
         raise ProviderTimeout(f"GET {shown} timed out after {timeout_s}s") from exc
     except (aiohttp.InvalidURL, UnicodeError, ValueError) as exc:

@@ -35,8 +35,8 @@ from aiohttp.resolver import DefaultResolver
 
 from callwarden.providers.errors import MediaRefused
 
-__all__ = ["GuardedResolver", "MediaPolicy", "check_url", "is_public_address",
-           "media_session", "shown_url"]
+__all__ = ["GuardedResolver", "MediaPolicy", "Origin", "check_url", "is_public_address",
+           "media_session", "origin_of", "shown_url"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -48,6 +48,23 @@ def shown_url(url: str) -> str:
     except ValueError:
         return url.split("?", 1)[0].split("#", 1)[0]
     return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+
+
+#: ``(scheme, host, port)``, lower case, the port made explicit.
+Origin = tuple[str, str, int]
+
+
+def origin_of(url: str) -> Origin | None:
+    """``url``'s origin; ``None`` for a URL that is not http(s) with a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme]
 
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -116,6 +133,12 @@ class MediaPolicy(msgspec.Struct, frozen=True, kw_only=True):
     def allows_host(self, host: str, port: int) -> bool:
         host = host.lower()
         return self.is_endpoint(host, port) or any(_matches(host, p) for p in self.hosts)
+
+    def allows_url(self, url: str) -> bool:
+        """Whether ``url`` is an http(s) URL on a host this policy allows (the host
+        alone: :func:`check_url` checks the rest before anything is fetched)."""
+        origin = origin_of(url)
+        return origin is not None and self.allows_host(origin[1], origin[2])
 
 
 def _ip_literal(host: str) -> bool:

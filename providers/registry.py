@@ -14,7 +14,7 @@ calls) — never another provider's client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -30,7 +30,7 @@ from callwarden.providers.errors import MediaExpired, TaskNotFound, UnknownProvi
 from callwarden.providers.kie import webhook as kie_webhook
 from callwarden.providers.kie.client import kie_client_for
 from callwarden.providers.kinds import get_kind
-from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES
+from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES, Credentials
 from callwarden.providers.media_guard import MediaPolicy
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome
 from callwarden.providers.replicate import webhook as replicate_webhook
@@ -39,16 +39,17 @@ from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
 __all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
-           "media_fetch_for", "poll_task", "provider_for", "register"]
+           "media_fetch_for", "media_url_test", "poll_task", "provider_for", "register"]
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
-    hosts and its provider's configured endpoint, plus an operator allow-list), extra
-    headers (ElevenLabs serves dubbed audio only with the API key) and the content types
-    accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
+    hosts and its provider's configured endpoint, plus an operator allow-list), the
+    credentials sent to the provider's API endpoint only (ElevenLabs serves dubbed audio
+    only with the API key; no other host media may come from ever gets it) and the content
+    types accepted (``ANY_FILE`` for Replicate, whose models may output any file)."""
 
     policy: MediaPolicy = MediaPolicy()
-    headers: dict[str, str] | None = None
+    credentials: Credentials | None = None
     allowed_types: frozenset[str] | None = DEFAULT_MEDIA_TYPES
 
 
@@ -150,7 +151,8 @@ for _entry in (
     Provider(name="elevenlabs", client=_elevenlabs, endpoint=lambda s: s.elevenlabs,
              webhook=elevenlabs_webhook.SCHEME,
              media=lambda fetch, s: msgspec.structs.replace(
-                 fetch, headers=media_auth_headers(s.elevenlabs))),
+                 fetch, credentials=Credentials.for_endpoint(
+                     s.elevenlabs.base_url, media_auth_headers(s.elevenlabs)))),
     Provider(name="anthropic", client=_anthropic, endpoint=lambda s: s.anthropic),
 ):
     register(_entry)
@@ -194,3 +196,12 @@ def media_fetch_for(kind: str | None, settings: ProviderSettings,
     policy = MediaPolicy.build((*spec.media_hosts, *extra_hosts),
                                _endpoint_urls(provider, settings))
     return provider.media(MediaFetch(policy=policy), settings)
+
+
+def media_url_test(kinds: Iterable[str], settings: ProviderSettings) -> Callable[[str], bool]:
+    """Whether a URL is on a host one of ``kinds``' result files come from: the kind's
+    media hosts or its provider's configured endpoint — what makes a URL in a model's
+    free-form output a file rather than text (Replicate). The operator's extra
+    allow-list widens where files may be downloaded from, not what counts as one."""
+    policies = [media_fetch_for(kind, settings).policy for kind in kinds]
+    return lambda url: any(policy.allows_url(url) for policy in policies)

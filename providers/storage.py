@@ -13,7 +13,11 @@ Adapters:
 - :class:`LocalFolderStore` writes atomically (temp file in the target folder, ``fsync``,
   ``os.replace``) and keeps the content type and SHA-256 in a sidecar under ``<root>/.meta``.
 - :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
-  content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``.
+  content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``. An
+  object whose type a browser could run script in — ``application/octet-stream``, what
+  such results are stored as (:mod:`callwarden.providers.media_types`), or such a type
+  given directly — is served with ``Content-Disposition: attachment``: downloaded, never
+  rendered (every other object ``inline``).
 
 Both run their blocking I/O in :func:`asyncio.to_thread`. Errors::
 
@@ -43,6 +47,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from callwarden.providers.errors import StorageError
+from callwarden.providers.media_types import media_type, stored_type
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -289,6 +294,11 @@ def make_s3_client(
     return session.client("s3", endpoint_url=endpoint_url, config=config)
 
 
+def _download_only(content_type: str) -> bool:
+    """Whether an object of ``content_type`` must be served as an attachment."""
+    return stored_type(media_type(content_type) or _GENERIC_TYPE) == _GENERIC_TYPE
+
+
 class S3Store:
     """A :class:`MediaStore` in an S3 (or S3-compatible) bucket, under an optional prefix."""
 
@@ -310,9 +320,11 @@ class S3Store:
 
     def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
         obj = self._object(key, len(data), content_type, _sha256(data))
+        served = "attachment" if _download_only(content_type) else "inline"
         with _boto_errors("put", self.bucket, key):
             self._client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
-                                    ContentType=content_type, Metadata={"sha256": obj.sha256})
+                                    ContentType=content_type, ContentDisposition=served,
+                                    Metadata={"sha256": obj.sha256})
         return obj
 
     def _get_sync(self, key: str) -> bytes:

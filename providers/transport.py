@@ -11,6 +11,13 @@ A create request is **not idempotent** upstream (no provider takes an idempotenc
 for ``idempotent=False`` only failures that prove the request was never processed are
 retried: HTTP 429 and a connection that could not be opened. A timeout, a reset or a 5xx
 after sending is ambiguous and is raised at once for the caller to decide.
+
+**No redirect is ever followed.** Every request here carries the provider's key
+(``Authorization``, ``xi-api-key``, ``x-api-key``), and aiohttp strips only
+``Authorization`` when a redirect leaves the origin: a followed redirect would hand the
+other keys to whoever the ``Location`` names. A 3xx answer is
+:class:`~callwarden.providers.errors.MalformedResponse` (no provider API documents one), its
+``Location`` named without the query; nothing is sent there.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ import aiohttp
 
 from callwarden.providers.base import RetryPolicy
 from callwarden.providers.errors import (
+    MalformedResponse,
     NotSent,
     ProviderError,
     ProviderTimeout,
     RateLimited,
     TransientError,
 )
+from callwarden.providers.media_guard import shown_url
 from callwarden.providers.raw import RawResponse
 
 __all__ = ["Classify", "RetryPolicy", "Sleep", "TraceRequest", "send", "trace_requests"]
@@ -105,6 +114,12 @@ async def _checked(
                       kwargs=kwargs)
     if seen is not None:
         seen(raw)
+    if 300 <= raw.status < 400:
+        location = shown_url(raw.headers.get("location", "")) or "nowhere"
+        raise MalformedResponse(
+            f"{method} {shown_url(url)} answered HTTP {raw.status} redirecting to "
+            f"{location}: not followed (a request carrying credentials never is)",
+            provider=provider, status=raw.status)
     err = classify(raw)
     if err is not None:
         raise err
@@ -130,8 +145,7 @@ async def send(
     ``headers=``). Raises a :class:`ProviderError` subclass, never an aiohttp error.
     """
     rng = rng or random.Random()
-    if not idempotent:  # a redirect followed after the provider got the request would
-        kwargs.setdefault("allow_redirects", False)  # make a connect failure not NotSent
+    kwargs["allow_redirects"] = False  # never: the key would go along (module docstring)
     deadline = time.monotonic() + policy.max_total_s
     attempt = 0
     while True:

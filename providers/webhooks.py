@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -84,8 +84,12 @@ class WebhookScheme(Protocol):
         ``task_id``: for a signal scheme, the task the body names (what is signed)."""
         ...
 
-    def parse(self, body: bytes) -> Parsed | None:
-        """A signed body's delivery (``None``: an event that concerns no call)."""
+    def parse(self, body: bytes, *,
+              is_media: Callable[[str], bool] | None = None) -> Parsed | None:
+        """A signed body's delivery (``None``: an event that concerns no call).
+        ``is_media``: whether a URL the body names is on a host the kinds' result files
+        come from (a scheme whose bodies name URLs in free-form output reads the rest as
+        text; ``None``: the provider's own media hosts)."""
         ...
 
     def task_id(self, body: bytes) -> str:

@@ -236,7 +236,8 @@ class Finalizer:
                 got = await download(session, url, policy=fetch.policy,
                                      max_bytes=self.config.media_max_bytes,
                                      timeout_s=self.config.media_timeout_s,
-                                     headers=fetch.headers, allowed_types=fetch.allowed_types)
+                                     credentials=fetch.credentials,
+                                     allowed_types=fetch.allowed_types)
                 key = media_key(str(job_id), index, got.content_type)
                 obj = await self.media.put(key, got.data, got.content_type)
                 out.append(StoredMedia(key=obj.key, url=obj.uri,

@@ -8,7 +8,9 @@ that records an upstream answer (the worker, the reconciler, the webhook receive
 calls :func:`store_inline`: each inline result is decoded under the kind's size and type
 limits and stored under the job's deterministic key (``media/<job>/<index>.<ext>``, so a
 retry overwrites the same object), and the outcome it returns carries only URLs; the keys go
-into the event (``UpstreamResult.stored_keys``), which the finalizer then only checks.
+into the event (``UpstreamResult.stored_keys``), which the finalizer then only checks. Like a
+download, an inline result a browser could run script in is stored as
+``application/octet-stream`` (:func:`~callwarden.providers.media_types.stored_type`).
 
 A result that can never be stored (too large, a refused type, a malformed ``data:`` URI) is
 a :class:`~callwarden.providers.outcomes.Failed` with ``code="media_unusable"`` (refunded); a
@@ -26,6 +28,7 @@ from callwarden.calls.config import CallConfig
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import MediaError
 from callwarden.providers.media import decode_data_uri
+from callwarden.providers.media_types import GENERIC, media_type, stored_type
 from callwarden.providers.outcomes import Blob, Failed, PollOutcome, Succeeded
 from callwarden.providers.registry import media_fetch_for
 from callwarden.providers.storage import MediaStore, media_key
@@ -68,7 +71,8 @@ async def store_inline(media: MediaStore, job_id: uuid.UUID, kind: str,
                       raw=outcome.raw), ()
     keys = []
     for index, blob in enumerate(blobs):
-        obj = await media.put(media_key(str(job_id), index, blob.content_type), blob.data,
-                              blob.content_type)
+        content_type = stored_type(media_type(blob.content_type) or GENERIC)
+        obj = await media.put(media_key(str(job_id), index, content_type), blob.data,
+                              content_type)
         keys.append(obj.key)
     return msgspec.structs.replace(outcome, blobs=(), media_urls=urls), tuple(keys)

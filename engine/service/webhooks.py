@@ -66,7 +66,7 @@ from callwarden.observe.tracing import call_context
 from callwarden.projections.fold import CallProjection
 from callwarden.providers.errors import ProviderError, SignatureError, StaleSignature, StorageError
 from callwarden.providers.outcomes import PollOutcome
-from callwarden.providers.registry import WEBHOOKS
+from callwarden.providers.registry import WEBHOOKS, media_url_test
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, WebhookScheme
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.rules.upstream import upstream_event
@@ -320,7 +320,8 @@ class Receiver:
                                            now=self.clock())
             except SignatureError as exc:
                 raise _signature_reject(exc) from None
-            parsed = _parse(lambda: scheme.parse(body))
+            is_media = media_url_test(scheme.kinds, self.finalizer.settings)
+            parsed = _parse(lambda: scheme.parse(body, is_media=is_media))
             if parsed is None:
                 return "ignored", "event type concerns no call"
             return await self._deliver(scheme.provider, replay_key, scheme.kinds, parsed)

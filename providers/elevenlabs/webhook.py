@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from callwarden.providers.errors import SignatureError
@@ -93,7 +93,8 @@ class _ElevenLabs:
         return "sig:" + verify_elevenlabs(secret, lower(headers).get("elevenlabs-signature"),
                                           body, now=now, tolerance_s=self.tolerance_s)
 
-    def parse(self, body: bytes) -> Parsed | None:
+    def parse(self, body: bytes, *,
+              is_media: Callable[[str], bool] | None = None) -> Parsed | None:
         return parse_elevenlabs(body)
 
     def task_id(self, body: bytes) -> str:

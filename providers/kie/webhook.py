@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import hmac
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from callwarden.providers.errors import SignatureError
@@ -73,7 +73,8 @@ class _Kie:
         verify_kie(secret, task_id or "", headers, now=now, tolerance_s=self.tolerance_s)
         return f"sig:{lower(headers).get('x-webhook-signature')}"
 
-    def parse(self, body: bytes) -> Parsed | None:
+    def parse(self, body: bytes, *,
+              is_media: Callable[[str], bool] | None = None) -> Parsed | None:
         raise MalformedDelivery("a KIE callback is a signal: its body is never the outcome")
 
     def task_id(self, body: bytes) -> str:

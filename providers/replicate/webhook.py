@@ -4,7 +4,8 @@
 ``v1,<base64>``): HMAC-SHA256 over ``"{id}.{ts}.{body}"`` keyed with the base64-decoded
 part of the ``whsec_...`` secret (the official Svix vectors pass). The body is the
 prediction (or training) object, read by
-:func:`callwarden.providers.replicate.wire.parse_prediction`:
+:func:`callwarden.providers.replicate.wire.parse_prediction` (``is_media``: which URLs in its
+output are files, as for a poll):
 ``starting``/``processing`` (the ``start`` and ``output`` events) are intermediate,
 ``data_removed`` is ``Failed(code="result_gone")``. The replay key is the ``webhook-id``
 (the same across a delivery's retries).
@@ -23,7 +24,7 @@ from callwarden.providers.errors import MediaExpired, ProviderError, SignatureEr
 from callwarden.providers.kinds import kinds_of
 from callwarden.providers.outcomes import Failed
 from callwarden.providers.raw import RawResponse
-from callwarden.providers.replicate.wire import parse_prediction
+from callwarden.providers.replicate.wire import IsMedia, on_replicate_hosts, parse_prediction
 from callwarden.providers.webhooks import (
     MalformedDelivery,
     Parsed,
@@ -68,12 +69,13 @@ def verify_replicate(
     raise SignatureError("no matching v1 signature")
 
 
-def parse_replicate(body: bytes) -> Parsed:
+def parse_replicate(body: bytes, is_media: IsMedia = on_replicate_hosts) -> Parsed:
     """A Replicate webhook body (prediction or training object)."""
     doc = json_object(body)
     task_id = text_field(doc.get("id"), "id")
     try:
-        outcome = parse_prediction(RawResponse(status=200, headers={}, body=body))
+        outcome = parse_prediction(RawResponse(status=200, headers={}, body=body),
+                                   is_media=is_media)
     except MediaExpired as exc:
         outcome = Failed(error=f"result expired: {exc}", code="result_gone")
     except ProviderError as exc:
@@ -93,8 +95,8 @@ class _Replicate:
         return "id:" + verify_replicate(secret, headers, body, now=now,
                                         tolerance_s=self.tolerance_s)
 
-    def parse(self, body: bytes) -> Parsed | None:
-        return parse_replicate(body)
+    def parse(self, body: bytes, *, is_media: IsMedia | None = None) -> Parsed | None:
+        return parse_replicate(body, is_media or on_replicate_hosts)
 
     def task_id(self, body: bytes) -> str:
         return parse_replicate(body).task_id

@@ -12,10 +12,14 @@ Mapping of a prediction/training object (reference §11, §14):
 
 - ``starting`` / ``processing``                 -> ``Running``
 - ``succeeded``                                 -> ``Succeeded``: ``output`` is any JSON.
-  As the official SDKs read it, every ``https:`` (or ``http:``) URL and ``data:`` URI
-  anywhere in it is a file to store (a string, a list, object values such as a
-  training's ``weights``); with no file, the output is text: a string, a list of string
-  tokens joined (a language model), anything else as JSON
+  A ``data:`` URI anywhere in it (a string, a list, object values such as a training's
+  ``weights``) is a file to store, and so is a URL on a host the kind's media come from
+  (``is_media``: by default Replicate's ``replicate.delivery`` hosts; the engine adds the
+  configured endpoint). Any other URL is text: model authors write outputs, and a caption,
+  a JSON answer or a language model's tokens that cite a web page are an answer, not a
+  file (the official SDKs take every ``https:`` string for a file; we do not). With no
+  file, the output is text: a string, a list of string tokens joined (a language model),
+  anything else as JSON
 - ``succeeded`` with ``data_removed: true``     -> :class:`MediaExpired` (the output is
   gone after one hour: fail and refund)
 - ``failed`` / ``canceled`` / ``aborted``       -> ``Failed(error=error or status)``
@@ -29,9 +33,9 @@ Mapping of a prediction/training object (reference §11, §14):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import msgspec
 
@@ -45,6 +49,7 @@ from callwarden.providers.errors import (
     RateLimited,
     TransientError,
 )
+from callwarden.providers.kinds import REPLICATE_MEDIA_HOSTS
 from callwarden.providers.outcomes import (
     Failed,
     NotFound,
@@ -56,9 +61,10 @@ from callwarden.providers.outcomes import (
 )
 from callwarden.providers.raw import JSONTooDeep, RawResponse, decode_json
 
-__all__ = ["PROVIDER", "Request", "build_get_request", "build_prediction_request",
+__all__ = ["PROVIDER", "IsMedia", "Request", "build_get_request", "build_prediction_request",
            "build_training_request", "classify_replicate", "classify_replicate_poll",
-           "output_text", "output_urls", "parse_created", "parse_prediction", "throttle_delay"]
+           "on_replicate_hosts", "output_text", "output_urls", "parse_created",
+           "parse_prediction", "throttle_delay"]
 
 
 PROVIDER: Final = "replicate"
@@ -208,28 +214,44 @@ def parse_created(raw: RawResponse) -> str:
                                 status=raw.status)
     return task_id
 
-_FILE_PREFIXES: Final = ("https://", "http://", "data:")
+IsMedia = Callable[[str], bool]
+"""Whether an ``http(s)`` URL is on a host the kind's result files come from."""
 
-def _is_file(value: str) -> bool:
-    # The official SDKs' rule: an https: or data: string anywhere in the output is a file
-    # (http: too here, for a simulator or a proxy).
-    return value[:8].lower().startswith(_FILE_PREFIXES)
+_URL_PREFIXES: Final = ("https://", "http://")
 
-def _walk_files(value: Any) -> Iterator[str]:
+
+def on_replicate_hosts(url: str) -> bool:
+    """Whether ``url`` is on Replicate's own media hosts (``replicate.delivery`` and its
+    subdomains): the default :data:`IsMedia`."""
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return False
+    return any(host == p or (p.startswith("*.") and host.endswith(p[1:]) and host != p[2:])
+               for p in REPLICATE_MEDIA_HOSTS)
+
+
+def _is_file(value: str, is_media: IsMedia) -> bool:
+    if value[:5].lower() == "data:":
+        return True
+    return value[:8].lower().startswith(_URL_PREFIXES) and is_media(value)
+
+def _walk_files(value: Any, is_media: IsMedia) -> Iterator[str]:
     if isinstance(value, str):
-        if _is_file(value):
+        if _is_file(value, is_media):
             yield value
     elif isinstance(value, list):
         for item in value:
-            yield from _walk_files(item)
+            yield from _walk_files(item, is_media)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _walk_files(item)
+            yield from _walk_files(item, is_media)
 
-def output_urls(output: Any) -> tuple[str, ...]:
-    """Every file in ``output`` — an ``http(s)`` URL or a ``data:`` URI, anywhere in a
-    string, a list or an object's values — in order, without repeats."""
-    return tuple(dict.fromkeys(_walk_files(output)))
+def output_urls(output: Any, is_media: IsMedia = on_replicate_hosts) -> tuple[str, ...]:
+    """Every file in ``output`` — a ``data:`` URI, or a URL ``is_media`` says is on a
+    media host, anywhere in a string, a list or an object's values — in order, without
+    repeats. Any other URL is text."""
+    return tuple(dict.fromkeys(_walk_files(output, is_media)))
 
 def output_text(output: Any) -> str | None:
     """A result with no file as text: a string as is, a list of string tokens joined (a
@@ -290,18 +312,20 @@ def _usage(doc: dict[str, Any]) -> Usage:
             usage[key] = doc[key]
     return usage
 
-def _succeeded(doc: dict[str, Any], raw: RawResponse) -> Succeeded:
+def _succeeded(doc: dict[str, Any], raw: RawResponse, is_media: IsMedia) -> Succeeded:
     if doc.get("data_removed") is True:
         raise MediaExpired(f"output of {doc.get('id')} was removed (data_removed)",
                            provider=PROVIDER, status=raw.status)
     output = doc.get("output")
-    files = output_urls(output)
+    files = output_urls(output, is_media)
     trimmed = {k: _redacted(v) for k, v in doc.items() if k != "logs"}
     text = structured_text(output, files) if files else output_text(output)
     return Succeeded(media_urls=files, text=text, cost=None, raw=trimmed, usage=_usage(doc))
 
-def parse_prediction(raw: RawResponse) -> PollOutcome:
-    """A GET (or cancel) answer for a prediction or training."""
+def parse_prediction(raw: RawResponse, *,
+                     is_media: IsMedia = on_replicate_hosts) -> PollOutcome:
+    """A GET (or cancel) answer for a prediction or training; ``is_media`` tells which
+    URLs in the output are files (the rest is text)."""
     if raw.status == 404:
         return NotFound(message=_detail(raw)[0])
     doc = _document(raw)
@@ -312,7 +336,7 @@ def parse_prediction(raw: RawResponse) -> PollOutcome:
     if status in RUNNING_STATES:
         return Running(raw_state=status)
     if status == "succeeded":
-        return _succeeded(doc, raw)
+        return _succeeded(doc, raw, is_media)
     if status in FAILED_STATES:
         error = doc.get("error")
         message = error if isinstance(error, str) and error else status

@@ -263,6 +263,9 @@ async def _apply_fault(fault: Fault, module: ProviderModule, request: web.Reques
                                    in_body=kind == "rate_limit_in_body")
     if kind == "reset":
         return await _reset(request)
+    if kind == "redirect":
+        status = fault.status if 300 <= fault.status < 400 else 307
+        return web.Response(status=status, headers={"Location": fault.location or "/"})
     if kind == "hang":  # the answer is late and the request not yet handled
         await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))
         return await handler(request)

@@ -54,11 +54,15 @@ class MediaHost:
     def put(self, data: bytes, content_type: str, ttl_s: float | None, *,
             script: Script | None = None) -> str:
         """Store ``data``; return its absolute URL (valid ``ttl_s`` simulated seconds).
-        ``script``'s hostile options apply: an HTML page instead of the media, a redirect."""
+        ``script``'s hostile options apply: an HTML page or a given body instead of the
+        media, a redirect."""
         token = f"{self._rng.getrandbits(128):032x}"
         expires = None if ttl_s is None else self._clock.now() + ttl_s
         if script is not None and script.media_body == "html":
             data, content_type = b"<!doctype html><h1>502 Bad Gateway</h1>", "text/html"
+        if script is not None and script.media_served is not None:
+            data = script.media_served.body.encode()
+            content_type = script.media_served.content_type
         redirect = script.media_redirect if script is not None else None
         status = script.media_status if script is not None else None
         self._items[token] = StoredMedia(data, content_type, expires, redirect=redirect,

@@ -25,6 +25,7 @@ __all__ = [
     "Phase",
     "PhaseName",
     "Script",
+    "ServedMedia",
     "Step",
     "Task",
     "TaskStore",
@@ -104,6 +105,15 @@ def _default_steps() -> list[Step]:
 MediaBody = Literal["media", "html"]
 
 
+class ServedMedia(msgspec.Struct, frozen=True, kw_only=True):
+    """A result file served as given: ``body`` (text, sent UTF-8 encoded) under the
+    ``Content-Type`` header ``content_type`` (an SVG with a script, XHTML as ``text/xml``,
+    a script as ``text/javascript``)."""
+
+    content_type: str
+    body: str
+
+
 class Script(msgspec.Struct, frozen=True, kw_only=True):
     """What one simulated task does over its life.
 
@@ -111,8 +121,9 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     task reports on success (a foreign host, an internal address, ...); ``media_body``
     ``"html"`` serves an HTML error page (200, ``text/html``) where the media should be;
     ``media_redirect`` makes every media URL answer ``302`` to that location;
-    ``media_status`` makes it answer that HTTP status; ``cost`` is the cost reported where
-    the provider reports one (e.g. a negative one).
+    ``media_status`` makes it answer that HTTP status; ``media_served`` serves that body
+    under that content type instead of the media (:class:`ServedMedia`); ``cost`` is the
+    cost reported where the provider reports one (e.g. a negative one).
 
     Other result shapes: ``output`` is the task's output as the provider's JSON (a
     Replicate language model's token list, a string, ``data:`` URIs) instead of minted
@@ -127,6 +138,7 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     media_body: MediaBody = "media"
     media_redirect: str | None = None
     media_status: int | None = None
+    media_served: ServedMedia | None = None
     cost: float | None = None
     output: Any = None
     stop_reason: str | None = None
@@ -138,13 +150,14 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
 
 
 FaultKind = Literal["http_status", "rate_limit", "rate_limit_in_body", "reset", "hang",
-                    "late", "malformed_json"]
+                    "late", "malformed_json", "redirect"]
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True):
     """A fault armed on one provider route, applied to the next ``times`` requests — or,
     with ``for_s``, to every request for ``for_s`` simulated seconds from when it is armed
-    (a provider outage; ``times`` is then ignored)."""
+    (a provider outage; ``times`` is then ignored). ``redirect`` answers ``status`` (307
+    unless a 3xx is given) with ``Location: location``, without handling the request."""
 
     kind: FaultKind
     status: int = 500
@@ -152,6 +165,7 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True):
     times: int = 1
     hang_s: float = 30.0
     for_s: float | None = None
+    location: str | None = None
 
 
 class Phase(msgspec.Struct, frozen=True, kw_only=True):

@@ -241,13 +241,15 @@ async def test_a_failing_background_finalize_is_left_for_the_reconciler_settled_
 async def test_a_background_finalize_refused_by_the_media_guard_fails_and_refunds_once(
         conn: Conn, pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
         tmp_path: Path) -> None:
-    """The delivered result points at a host the kind's media may not come from: the
-    background finalize fails the call at once (a permanent error) and refunds; the
-    provider's retry of the delivery and a later reconcile pass change nothing."""
+    """The delivered result is a file on a media host the guard refuses (not a valid
+    name; a URL on any other host would be text): the background finalize fails the call
+    at once (a permanent error) and refunds; the provider's retry of the delivery and a
+    later reconcile pass change nothing."""
     async with serving(pool, sim, http, LocalFolderStore(tmp_path / "media")) as service:
         job = await start_call(conn, "replicate-prediction")
         script = {"steps": [{"phase": "queued", "seconds": 30}], "end": "succeeded",
-                  "webhook": {"drop": True}, "result_urls": ["https://evil.example/x.png"]}
+                  "webhook": {"drop": True},
+                  "result_urls": ["https://a..replicate.delivery/x.png"]}
         async with http.post(sim.url("replicate", "/v1/predictions"), json={
                 "version": "owner/model", "input": {"prompt": "x", "_sim": script},
                 "webhook": f"{service.url}/webhooks/replicate",

@@ -51,7 +51,7 @@ from callwarden.projections.fold import CallProjection, fold
 from callwarden.projections.verify import compare, compare_settlement
 from callwarden.providers.base import RetryPolicy
 from callwarden.providers.outcomes import Usage
-from callwarden.providers.registry import WEBHOOKS
+from callwarden.providers.registry import WEBHOOKS, media_url_test
 from callwarden.providers.replicate.webhook import replicate_sign
 from callwarden.providers.simulator import replicate as sim_replicate
 from callwarden.providers.simulator.core import RunningSimulator
@@ -421,7 +421,7 @@ class Schedule:
             headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts),
                        "webhook-signature": replicate_sign(secret, msg_id, ts, body)}
             replay = scheme.verify(secret, None, headers, body, now=self.clock.unix())
-            parsed = scheme.parse(body)
+            parsed = scheme.parse(body, is_media=media_url_test(scheme.kinds, self.settings))
             if parsed is None:
                 return
             try:

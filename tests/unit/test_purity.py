@@ -23,6 +23,7 @@ NAMED = ["callwarden.errors", "callwarden.machine", "callwarden.reconciler.decid
          "callwarden.database.appending",
          "callwarden.database.port", "callwarden.providers.errors",
          "callwarden.providers.kinds", "callwarden.providers.llm_stop",
+         "callwarden.providers.data_uri", "callwarden.providers.media_types",
          "callwarden.providers.outcomes", "callwarden.providers.raw",
          "callwarden.providers.webhooks"]
 # (Not ``socket``: the standard library's own email.utils imports it, doing no I/O.)

@@ -22,7 +22,7 @@ from callwarden.providers.errors import (
     RateLimited,
     TransientError,
 )
-from callwarden.providers.media import download
+from callwarden.providers.media import Credentials, download
 from callwarden.providers.media_guard import MediaPolicy
 
 # The tiny media server runs on 127.0.0.1: allowed as if it were the provider's endpoint.
@@ -166,9 +166,15 @@ async def test_download_returns_body_and_type(
     assert got.url.endswith("/ok.png?sig=secret")
 
 
-async def test_request_headers_are_sent(server: MediaServer, http: aiohttp.ClientSession) -> None:
-    got = await fetch(http, f"{server.base_url}/auth", headers={"Authorization": "Bearer k"})
+async def test_credentials_are_sent_to_their_own_origin(
+    server: MediaServer, http: aiohttp.ClientSession
+) -> None:
+    credentials = Credentials.for_endpoint(server.base_url, {"Authorization": "Bearer k"})
+    got = await fetch(http, f"{server.base_url}/auth", credentials=credentials)
     assert got.data == PNG
+    other = Credentials.for_endpoint("http://127.0.0.1:1", {"Authorization": "Bearer k"})
+    with pytest.raises(MediaError):  # the server answers 401 to a request without them
+        await fetch(http, f"{server.base_url}/auth", credentials=other)
 
 
 @pytest.mark.parametrize("code", [403, 404, 410])
@@ -251,7 +257,7 @@ async def test_explicit_allow_list_is_honoured(
     with pytest.raises(MediaTypeRejected):
         await fetch(http, url, allowed_types=frozenset({"audio/*"}))
     got = await fetch(http, f"{server.base_url}/typed/html?ct=text/html", allowed_types=None)
-    assert got.content_type == "text/html"
+    assert got.content_type == "application/octet-stream"  # accepted, stored inert
 
 
 async def test_octet_stream_media_is_accepted_with_its_sniffed_type(

@@ -208,6 +208,23 @@ async def test_s3_store_writes_under_its_prefix(
     assert [o["Key"] for o in listing["Contents"]] == ["tenant-a/media/j/0.png"]
 
 
+@pytest.mark.parametrize(("content_type", "disposition"), [
+    ("application/octet-stream", "attachment"),  # what active content is stored as
+    ("image/svg+xml", "attachment"),  # given directly: still never rendered where served
+    ("image/png", "inline"),
+])
+async def test_s3_serves_what_could_run_as_an_attachment_only(
+    moto_endpoint: str, aws_env: dict[str, str], content_type: str, disposition: str
+) -> None:
+    """An object a browser could execute is served as a download, never inline."""
+    bucket = _bucket()
+    store = S3Store(bucket, endpoint_url=moto_endpoint, region="us-east-1")
+    await store.ensure_bucket()
+    await store.put("media/j/0.bin", b"<svg><script>alert(1)</script></svg>", content_type)
+    head = store._client.head_object(Bucket=bucket, Key="media/j/0.bin")
+    assert head.get("ContentDisposition") == disposition
+
+
 async def test_ensure_bucket_twice_is_harmless(
     moto_endpoint: str, aws_env: dict[str, str]
 ) -> None:

@@ -68,12 +68,18 @@ def test_media_fetch_options_come_from_the_kind() -> None:
     from callwarden.providers.registry import media_fetch_for
 
     settings = ProviderSettings.for_simulator("http://127.0.0.1:1", api_key="k")
-    assert media_fetch_for("elevenlabs-async", settings).headers == {"xi-api-key": "k"}
+    dub = media_fetch_for("elevenlabs-async", settings).credentials
+    assert dub is not None
+    assert (dub.origin, dub.headers) == (("http", "127.0.0.1", 1), {"xi-api-key": "k"})
+    assert dub.for_url("http://127.0.0.1:1/elevenlabs/v1/dubbing/d/audio/es") == {
+        "xi-api-key": "k"}
+    for elsewhere in ("http://127.0.0.1:2/x", "https://127.0.0.1:1/x", "http://localhost:1/x"):
+        assert dub.for_url(elsewhere) is None
     assert media_fetch_for("replicate-training", settings).allowed_types == ANY_FILE
     assert media_fetch_for("replicate-prediction", settings).allowed_types == ANY_FILE
     plain = media_fetch_for("kie-standard", settings)
-    assert (plain.headers, plain.allowed_types) == (None, DEFAULT_MEDIA_TYPES)
-    assert media_fetch_for("midjourney", settings).headers is None
+    assert (plain.credentials, plain.allowed_types) == (None, DEFAULT_MEDIA_TYPES)
+    assert media_fetch_for("midjourney", settings).credentials is None
 
 
 def _acme_spec() -> KindSpec:

@@ -156,6 +156,31 @@ def test_an_output_with_files_keeps_the_rest_of_its_structure(
     assert (outcome.media_urls, outcome.text) == (media, text)
 
 
+WIKI = "https://en.wikipedia.org/wiki/Fox"
+
+
+@pytest.mark.parametrize(("output", "media", "text"), [
+    (WIKI, (), WIKI),
+    ({"image": IMG, "source": "https://replicate.com/owner/model"}, (IMG,),
+     '{"image":{"media":0},"source":"https://replicate.com/owner/model"}'),
+    (["see ", "http://evilreplicate.delivery/x.png"], (),
+     "see http://evilreplicate.delivery/x.png"),  # the suffix without its dot
+])
+def test_a_url_off_the_media_hosts_is_text(
+        output: Any, media: tuple[str, ...], text: str | None) -> None:
+    outcome = parse_prediction(_raw(_doc(status="succeeded", output=output)))
+    assert isinstance(outcome, Succeeded)
+    assert (outcome.media_urls, outcome.text) == (media, text)
+
+
+def test_the_caller_says_which_hosts_hold_files() -> None:
+    mine = "http://127.0.0.1:9/media/abc"
+    outcome = parse_prediction(_raw(_doc(status="succeeded", output=[mine, WIKI])),
+                               is_media=lambda url: url.startswith("http://127.0.0.1:9/"))
+    assert isinstance(outcome, Succeeded)
+    assert (outcome.media_urls, outcome.text) == ((mine,), f'[{{"media":0}},"{WIKI}"]')
+
+
 def test_data_uri_outputs_are_files_and_are_not_copied_into_raw() -> None:
     uri = "data:image/png;base64," + "A" * 4000
     outcome = parse_prediction(_raw(_doc(status="succeeded", output=[uri])))

@@ -9,6 +9,7 @@ whatsoever answered typed: test_parsers_total.py.) Pure: no I/O, no clock."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -231,8 +232,9 @@ NOT_AN_OBJECT = [b"", b"not json", b"[1, 2]", b'"text"', b"null", b"{" * 10 + b"
 @pytest.mark.parametrize("body", NOT_AN_OBJECT)
 @pytest.mark.parametrize("scheme", ["replicate", "kie", "elevenlabs"])
 def test_a_body_that_is_not_a_json_object_is_malformed(scheme: str, body: bytes) -> None:
-    read = {"replicate": REPLICATE.parse, "kie": KIE.task_id,
-            "elevenlabs": ELEVENLABS.parse}[scheme]
+    readers: dict[str, Callable[[bytes], object]] = {
+        "replicate": REPLICATE.parse, "kie": KIE.task_id, "elevenlabs": ELEVENLABS.parse}
+    read = readers[scheme]
     with pytest.raises(MalformedDelivery):
         read(body)
 
