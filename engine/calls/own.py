@@ -43,9 +43,11 @@ nothing written. The same task id reported twice is ``ok=False`` too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from callwarden.calls.config import CallConfig
@@ -315,6 +317,24 @@ class OwnCall:
     async def heartbeat(self, progress: float | None = None) -> None:
         """While the host polls: the call is alive (projection only)."""
         await self.calls.heartbeat(self.job_id, progress)
+
+    @asynccontextmanager
+    async def beating(self) -> AsyncIterator[OwnCall]:
+        """Heartbeat every ``CallConfig.heartbeat_every_s`` while the block runs (the
+        host's own poll loop), so a worker killed inside it is taken over after the
+        heartbeat timeout, not the kind's threshold (``TaskCreated`` was the first beat)::
+
+            async with call.beating():
+                data = await my_client.poll_until_done(call.task_id)
+            await call.succeeded(media_urls=data.urls)
+        """
+        task = asyncio.get_running_loop().create_task(self.calls._beat_forever(self.job_id))
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _keep(self, r: Reported) -> Reported:
         if r.projection is not EMPTY:

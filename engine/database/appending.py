@@ -27,6 +27,7 @@ from callwarden.events.types import (
     FinalizeFailed,
     HostEnded,
     ReconcileAttempted,
+    TaskCreated,
     UpstreamFailed,
 )
 from callwarden.projections.columns import to_columns
@@ -122,6 +123,7 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
     host's decision comes alone (:func:`check_run`)."""
     first = events[0]
     encoded = [encode(e) for e in events]
+    beat = next((e for e in reversed(events) if isinstance(e, TaskCreated)), None)
     settling = new.terminal and not current.terminal
     is_start = isinstance(first, CallStarted)
     params = to_columns(new)
@@ -135,6 +137,8 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
         expected_settled=None if is_start else current.settled_reservations,
         settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
         cost=_cost(new),
+        beat_at=beat.at if beat is not None else None,
+        beat_owner=beat.actor if beat is not None else None,
     )
     return params
 

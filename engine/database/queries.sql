@@ -41,6 +41,9 @@ WITH upd AS (
         call_version = %(new_version)s::int,
         status = COALESCE(%(status)s::text, status),
         {{projection_set}}
+        -- TaskCreated is the call's first heartbeat (stamped with the event's own time)
+        heartbeat_at = COALESCE(%(beat_at)s::timestamptz, heartbeat_at),
+        heartbeat_owner = COALESCE(%(beat_owner)s::text, heartbeat_owner),
         updated_at = now()
     WHERE id = %(job_id)s::uuid
       AND call_version = %(expected_version)s::int

@@ -235,8 +235,10 @@ def _claim(env: Env, owner: str, now_s: float, config: ReconcileConfig) -> Claim
 
 
 async def test_claim_respects_staleness_and_leases(env: Env) -> None:
-    config = ReconcileConfig(claim_lease_s=120.0)
-    threshold = config.stale.threshold_for(KIND)
+    # (TaskCreated is each call's first heartbeat: a timeout as long as the threshold
+    # keeps the fresh call out of reach for this test's whole span)
+    threshold = ReconcileConfig().stale.threshold_for(KIND)
+    config = ReconcileConfig(claim_lease_s=120.0, heartbeat_timeout_s=threshold)
     old, fresh = await env.job("1"), await env.job("1")
     await env.run(old, CallStarted(at=EPOCH, actor="w", kind=KIND),
                   TaskCreated(at=EPOCH, actor="w", task_id="o"))

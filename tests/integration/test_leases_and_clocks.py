@@ -108,7 +108,8 @@ async def test_reconciler_claim_renewal_extends_from_the_time_of_renewal(
     p = await load(conn, job)
     p = (await append(conn, job, p, CallStarted(at=start - timedelta(hours=1), actor="w",
                                                 kind="kie-standard"))).projection
-    await append(conn, job, p, TaskCreated(at=start, actor="w", task_id="t"))
+    await append(conn, job, p, TaskCreated(at=start - timedelta(hours=1), actor="w",
+                                           task_id="t"))
     clock = LogicalClock(start)
     leases: list[datetime] = []
 

@@ -643,3 +643,33 @@ async def test_a_process_killed_inside_the_context_is_swept_and_refunded_once(
     assert f["types"] == ["CallStarted", "Swept"]
     assert (f["reservations"], f["credits"], f["charged"]) == (1, "refunded", 0)
     assert await verify_job(conn, job) == []
+
+
+async def test_an_own_call_beats_while_the_hosts_block_runs_and_stops_after(
+        conn: Conn, pool: Pool, http: aiohttp.ClientSession, sim: RunningSimulator,
+        tmp_path: Path) -> None:
+    """TaskCreated stamps the first heartbeat; ``beating()`` keeps stamping while the host
+    polls, and stops when its block ends (issue 25.2)."""
+    calls = OwnCalls(pool, media=LocalFolderStore(tmp_path / "media"), settings=sim.settings,
+                     config=CallConfig(heartbeat_every_s=0.01))
+    job = await create_job(conn, credits=10)
+    call = await calls.start(job, "kie-standard")
+    await call.task_created(await kie_create(http, sim, KIE_REQ))
+
+    async def beat() -> Any:
+        row = await (await conn.execute("SELECT heartbeat_at FROM jobs WHERE id = %s",
+                                        (job,))).fetchone()
+        assert row is not None
+        return row["heartbeat_at"]
+
+    first = await beat()
+    assert first is not None  # TaskCreated's
+    async with call.beating():
+        deadline = asyncio.get_running_loop().time() + 10
+        while await beat() == first:  # a condition, polled with a deadline
+            assert asyncio.get_running_loop().time() < deadline, "no heartbeat while polling"
+            await asyncio.sleep(0.01)
+    after = await beat()
+    for _ in range(5):  # several beat periods later, nothing moved it
+        await calls.sleep(0.02)
+    assert await beat() == after
