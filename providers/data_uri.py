@@ -31,7 +31,8 @@ import msgspec
 from callwarden.providers.errors import MediaError, MediaTooLarge
 from callwarden.providers.media_types import TOKEN, media_type
 
-__all__ = ["HEADER_MAX", "DataHeader", "decode_payload", "longest_payload", "read_header"]
+__all__ = ["HEADER_MAX", "DataHeader", "decode_payload", "is_data_uri", "longest_payload",
+           "read_header"]
 
 HEADER_MAX: Final = 256
 _SCHEME: Final = len("data:")
@@ -48,6 +49,19 @@ class DataHeader(msgspec.Struct, frozen=True, kw_only=True):
     declared: str
     is_base64: bool
     start: int
+
+
+def is_data_uri(value: str) -> bool:
+    """Whether ``value`` is written as a ``data:`` URI (``data:`` then a well-formed header
+    and a comma within :data:`HEADER_MAX` characters), whatever its length: a model's text
+    that only starts with ``data:`` ("data: none found") is text, not a file."""
+    if value[:_SCHEME].lower() != "data:":
+        return False
+    comma = value.find(",", _SCHEME, _SCHEME + HEADER_MAX + 1)
+    if comma < 0:
+        return False
+    found = _HEADER.fullmatch(value[_SCHEME:comma])
+    return found is not None and (not found["type"] or media_type(found["type"]) is not None)
 
 
 def longest_payload(max_bytes: int, is_base64: bool) -> int:

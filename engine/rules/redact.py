@@ -3,21 +3,32 @@
 Errors reach ``call_events``, ``jobs.error_message``, logs and the dashboard from many
 places: a provider's answer, an exception a host's own code raised inside a sync call
 (whose text is the host's: an HTTP client error names its full URL, signature and key
-included), a media download. :func:`safe_error` is applied to every error an event
-carries, once, in the write path (``callwarden.database.appending.recordable``), so no
-path can record one unredacted:
+included; a client's repr shows its headers), a media download. :func:`safe_error` is
+applied to every error an event carries, once, in the write path
+(``callwarden.database.appending.recordable``), so no path can record one unredacted:
 
-* a URL keeps its scheme, host and path; its query string and fragment become
-  ``?[redacted]`` and its user info ``[redacted]@``;
-* ``Bearer``/``Basic``/``Token`` credentials and ``key=value`` pairs whose key names a secret
-  (``api_key``, ``token``, ``secret``, ``signature``, ``password``, ``xi-api-key``, ...)
-  keep the key and lose the value;
+* the text is read unescaped first (``\\/`` and percent-escapes), so an escaped URL or
+  header is judged as written;
+* a URL (with a scheme or not: ``host.tld/path?...``) keeps its host and path; its query
+  string and fragment become ``?[redacted]`` and its user info ``[redacted]@``;
+* the value of a credential header (``Authorization``, ``Proxy-Authorization``,
+  ``Cookie``, ``Set-Cookie``, ``X-Api-Key``, ``Xi-Api-Key``, signature headers...) is
+  dropped whole, quoted or to the end of its line;
+* ``Bearer``/``Basic``/``Token`` credentials, and ``name=value`` / ``name: value`` pairs
+  whose name says secret (``key``, ``token``, ``secret``, ``signature``, ``password``,
+  ``pwd``, ``pass``, ``private``, ``credential``, ``session``...) keep the name only;
+* values that look like keys by their prefix (``sk-...``, ``r8_...``, ``AKIA...``,
+  ``AIza...``) and a long key-like word after ``key``/``token``/``secret`` are dropped;
 * the text is cut to :data:`MAX_ERROR` characters, saying how much was cut.
+
+It errs on the side of dropping: a word that merely looks like a secret's name loses the
+value after it.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 __all__ = ["MAX_ERROR", "safe_error"]
 
@@ -25,25 +36,39 @@ __all__ = ["MAX_ERROR", "safe_error"]
 MAX_ERROR = 1000
 REDACTED = "[redacted]"
 
+_HEADERS = (r"(?:proxy-)?authorization|set-cookie|cookie|x-api-key|xi-api-key|x-goog-api-key"
+            r"|api-key|x-amz-security-token|[\w-]*signature|x-kie-[\w-]+|webhook-id")
+_HEADER_VALUE = re.compile(
+    rf"(?i)([\"']?\b(?:{_HEADERS})\b[\"']?\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|[^\r\n]+)")
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"<>]+@")
 _URL_QUERY = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s?#'\"<>]*)[?#][^\s'\"<>]*")
-_AUTH = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}")
-#: Replicate's ``Token r8_...`` scheme: only a value that looks like a key (digits, 16+).
-_TOKEN = re.compile(r"\b(Token)\s+(?=[\w.-]*\d)[\w.-]{16,}")
+_BARE_QUERY = re.compile(r"(?i)\b([\w-]+(?:\.[\w-]+)+(?::\d+)?/[^\s?#'\"<>]*)\?[^\s'\"<>]*")
+_AUTH = re.compile(r"(?i)\b(bearer|basic)\s+(?!\[redacted\])[A-Za-z0-9._~+/=-]+")
+_TOKEN = re.compile(r"(?i)\b(token)\s+(?=[\w.-]*\d)[\w.-]{16,}")
 _SECRET_PAIR = re.compile(
-    r"(?i)([\"']?\b[\w-]*(?:api[_-]?key|apikey|token|secret|signature|sig|password|passwd"
-    r"|credential|auth)[\w-]*[\"']?\s*[:=]\s*)(?!(?:bearer|basic|token)\s)"
-    r"(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}]+)")
+    r"(?i)([\"']?\b[\w-]*(?:api[ _-]?key|apikey|key|token|secret|signature|sig|password"
+    r"|passwd|pwd|pass|private|credential|session|sid|auth)[\w-]*[\"']?\s*[:=]\s*)"
+    r"(?!\[redacted\])(?!(?:bearer|basic|token)\s)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}]+)")
+_KEY_LIKE = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_-]{16,}|r8_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}"
+    r"|AIza[\w-]{30,})")
+_AFTER_WORD = re.compile(r"(?i)\b(key|token|secret)\s+(?=[\w.-]*\d)(?=[\w.-]*[a-z])"
+                         r"[\w.-]{12,}")
 
 
 def safe_error(text: str, limit: int = MAX_ERROR) -> str:
     """``text`` with its credentials and query strings redacted, at most ``limit``
     characters (see the module)."""
-    out = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+    out = unquote(text.replace("\\/", "/").replace("\\u0020", " "))
+    out = _URL_USERINFO.sub(rf"\1{REDACTED}@", out)
     out = _URL_QUERY.sub(rf"\1?{REDACTED}", out)
+    out = _BARE_QUERY.sub(rf"\1?{REDACTED}", out)
+    out = _HEADER_VALUE.sub(rf"\1{REDACTED}", out)
     out = _AUTH.sub(rf"\1 {REDACTED}", out)
     out = _TOKEN.sub(rf"\1 {REDACTED}", out)
     out = _SECRET_PAIR.sub(rf"\1{REDACTED}", out)
+    out = _KEY_LIKE.sub(REDACTED, out)
+    out = _AFTER_WORD.sub(rf"\1 {REDACTED}", out)
     if len(out) > limit:
         cut = len(out) - limit
         out = f"{out[:limit]}... ({cut} characters cut)"

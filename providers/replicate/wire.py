@@ -39,6 +39,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
+from callwarden.providers.data_uri import is_data_uri
 from callwarden.providers.errors import (
     AuthenticationError,
     BadRequest,
@@ -224,8 +225,11 @@ def on_replicate_hosts(url: str) -> bool:
     """Whether ``url`` is on Replicate's own media hosts (``replicate.delivery`` and its
     subdomains): the default :data:`IsMedia`."""
     try:
-        host = (urlsplit(url).hostname or "").lower()
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
     except ValueError:
+        return False
+    if parts.username is not None or "\\" in url:  # what the media guard refuses is text
         return False
     return any(host == p or (p.startswith("*.") and host.endswith(p[1:]) and host != p[2:])
                for p in REPLICATE_MEDIA_HOSTS)
@@ -233,7 +237,7 @@ def on_replicate_hosts(url: str) -> bool:
 
 def _is_file(value: str, is_media: IsMedia) -> bool:
     if value[:5].lower() == "data:":
-        return True
+        return is_data_uri(value)
     return value[:8].lower().startswith(_URL_PREFIXES) and is_media(value)
 
 def _walk_files(value: Any, is_media: IsMedia) -> Iterator[str]:
@@ -289,7 +293,7 @@ def structured_text(output: Any, files: tuple[str, ...]) -> str | None:
 def _redacted(value: Any) -> Any:
     """``value`` with ``data:`` URIs cut to their header (the bytes are in the outcome's
     media, not worth a second copy in ``raw``)."""
-    if isinstance(value, str) and value[:5].lower() == "data:":
+    if isinstance(value, str) and is_data_uri(value):
         return value.split(",", 1)[0] + f",... ({len(value)} characters)"
     if isinstance(value, list):
         return [_redacted(v) for v in value]
