@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Literal
 
@@ -72,6 +74,19 @@ from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
 from callwarden.rules.host import host_ended
 
 log = logging.getLogger("callwarden.finalize")
+
+#: Threads a host's own pricing hooks run on (per process).
+HOOK_THREADS = 4
+_HOOK_SLOTS = threading.BoundedSemaphore(HOOK_THREADS)
+_hooks: ThreadPoolExecutor | None = None
+
+
+def _hook_threads() -> ThreadPoolExecutor:
+    global _hooks
+    if _hooks is None:
+        _hooks = ThreadPoolExecutor(max_workers=HOOK_THREADS,
+                                    thread_name_prefix="callwarden-pricing")
+    return _hooks
 
 __all__ = ["Clock", "FinalizeResult", "Finalizer"]
 
@@ -269,14 +284,28 @@ class Finalizer:
         return FinalizeResult(outcome=outcome, projection=r.projection, error=stop.event.error)
 
     async def _charge(self, kind: str, result: UpstreamResult) -> float | None:
-        """The pricing hook's charge; a host's own hook runs in a thread, bounded by
-        ``pricing_timeout_s`` (past it: the reservation, logged), never on the loop."""
+        """The pricing hook's charge; a host's own hook runs on the hooks' own threads
+        (:data:`HOOK_THREADS` of them, never the loop's default executor, which media
+        storage and DNS need), bounded by ``pricing_timeout_s``. Past it, or when every
+        hook thread is still busy with an earlier call (hung hooks), the reservation is
+        charged at once, logged."""
         if isinstance(self.pricing, BUILTIN):
             return checked_charge(self.pricing, kind, result.usage, result.cost)
+        if not _HOOK_SLOTS.acquire(blocking=False):
+            log.error("pricing hook: all %d of its threads are still busy with earlier calls "
+                      "(hung?): charging the reservation for a %s call", HOOK_THREADS, kind)
+            return None
+
+        def run() -> float | None:
+            try:
+                return checked_charge(self.pricing, kind, result.usage, result.cost)
+            finally:
+                _HOOK_SLOTS.release()
+
         timeout = self.config.pricing_timeout_s
         try:
-            return await asyncio.wait_for(asyncio.to_thread(
-                checked_charge, self.pricing, kind, result.usage, result.cost), timeout)
+            return await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(_hook_threads(), run), timeout)
         except TimeoutError:
             log.error("pricing hook took over %g s for a %s call: charging the reservation",
                       timeout, kind)

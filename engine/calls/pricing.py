@@ -22,10 +22,10 @@ runs it in a thread with a timeout (``CallConfig.pricing_timeout_s``, default 5 
 it, the reservation), so it never holds the event loop; the built-in ones
 (:data:`BUILTIN`) are pure and run inline.
 
-Rates: the rates naming a model that matches replace the kind's generic ones; then, for
-each unit, one rate applies, the most specific (the glob with the most literal
-characters, then the first listed), and the units' charges add up (input plus output
-tokens). A price list is validated when it is built
+Rates: for each unit one rate applies, the most specific that matches: a rate naming a
+model over the kind's generic one, and among model globs the one with the most literal
+characters (then the first listed); a unit no model rate prices keeps the generic rate.
+The units' charges add up (input plus output tokens). A price list is validated when it is built
 (:class:`~callwarden.errors.ConfigError`): a kind callwarden does not know, a unit no
 provider reports, a rate or ``per`` that is not a finite number (``per > 0``).
 """
@@ -112,11 +112,16 @@ class RateTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     def _rates_for(self, kind: str, model: object) -> list[Rate]:
         """One rate per unit: the most specific that matches (see the module)."""
-        named = [r for r in self.rates if r.kind == kind and r.model is not None
-                 and isinstance(model, str) and fnmatch.fnmatchcase(model, r.model)]
         best: dict[str, tuple[int, Rate]] = {}
-        for rate in named or [r for r in self.rates if r.kind == kind and r.model is None]:
-            rank = sum(c not in "*?[]" for c in rate.model or "")
+        for rate in self.rates:
+            if rate.kind != kind:
+                continue
+            if rate.model is None:
+                rank = 0
+            elif isinstance(model, str) and fnmatch.fnmatchcase(model, rate.model):
+                rank = 1 + sum(c not in "*?[]" for c in rate.model)
+            else:
+                continue
             if rate.unit not in best or rank > best[rate.unit][0]:
                 best[rate.unit] = (rank, rate)
         return [rate for _, rate in best.values()]

@@ -111,3 +111,23 @@ async def test_a_hook_past_its_timeout_charges_the_reservation(
         hook.release.set()
     assert result.outcome == "completed"
     assert await charged(conn, job) == 10  # the reservation
+
+
+async def test_hung_hooks_never_take_the_threads_the_process_needs(
+        pool: Pool, conn: Conn, tmp_path: Path) -> None:
+    """Review of issue 24.11: hooks that never answer used the loop's default executor, so
+    after six of them (on two cores) nothing else in the process could use a thread (media
+    storage, DNS) and every later call stalled. Ten hung calls now all complete at the
+    reservation, and the default executor still answers at once."""
+    hook = BlockingHook(wait_s=30.0)
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(), owner="w",
+                          pricing=hook, config=CallConfig(pricing_timeout_s=0.2))
+    jobs = [await succeeded_call(conn) for _ in range(10)]
+    try:
+        results = [await finalizer.finalize(job) for job in jobs]
+        assert [r.outcome for r in results] == ["completed"] * 10
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), 5.0)
+    finally:
+        hook.release.set()
+    for job in jobs:
+        assert await charged(conn, job) == 10  # the reservation

@@ -40,10 +40,10 @@ def test_rates_add_up_per_unit() -> None:
 @pytest.mark.parametrize("model", ["claude-opus-4-1", "claude-opus-4-1-20250805"])
 def test_a_rate_naming_the_model_wins_over_the_generic_ones(model: str) -> None:
     """The model is matched as a glob against the one the provider reports (Anthropic
-    answers with dated ids)."""
+    answers with dated ids); the unit it does not price (input) keeps the generic rate."""
     usage: dict[str, float | str] = {"input_tokens": 2000, "output_tokens": 400,
                                      "model": model}
-    assert TABLE.charge("anthropic-sync", usage, None) == 10
+    assert TABLE.charge("anthropic-sync", usage, None) == 2 + 10
 
 
 def test_a_per_call_rate_needs_no_usage() -> None:
@@ -162,6 +162,10 @@ def test_the_most_specific_model_glob_wins_per_unit() -> None:
         assert RateTable(rates=rates).charge("anthropic-sync", usage, None) == 25 + 1
     usage["model"] = "claude-opus-4-5-20251101"
     assert RateTable(rates=(broad, narrow)).charge("anthropic-sync", usage, None) == 50
+    generic = Rate(kind="anthropic-sync", unit="input_tokens", credits=3, per=1000)
+    usage["model"] = "claude-sonnet-4-6"  # no model rate: the generic input rate only
+    assert RateTable(rates=(broad, narrow, generic)).charge("anthropic-sync", usage,
+                                                            None) == 3
 
 
 def test_the_documented_price_list_matches_what_anthropic_reports(tmp_path: Path) -> None:
