@@ -212,6 +212,8 @@ def _refuse_declared(declared: str, allowed: frozenset[str] | None, shown: str) 
 
 def _checked(declared: str, data: bytes, allowed: frozenset[str] | None, url: str,
              shown: str) -> Downloaded:
+    if not data:  # a 200 with nothing in it is no result: never stored, never charged
+        raise MediaError(f"{shown}: the media is empty (0 bytes)")
     content_type = resolve_content_type(declared, data, allowed)
     if content_type is None:
         sniffed = sniff_media_type(data)

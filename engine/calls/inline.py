@@ -20,6 +20,7 @@ failure is raised as it is (nothing recorded: the answer is polled or delivered 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import msgspec
@@ -45,6 +46,8 @@ def _inline_blobs(kind: str, outcome: Succeeded, settings: ProviderSettings,
         if len(blob.data) > config.media_max_bytes:
             raise MediaError(f"inline result of {len(blob.data)} bytes, over "
                              f"{config.media_max_bytes}")
+        if not blob.data:
+            raise MediaError("an inline result is empty (0 bytes)")
     urls = []
     for url in outcome.media_urls:
         if url[:5].lower() != "data:":
@@ -56,6 +59,11 @@ def _inline_blobs(kind: str, outcome: Succeeded, settings: ProviderSettings,
     return blobs, tuple(urls)
 
 
+#: data: URIs longer than this (characters, all of a result's together) are decoded in a
+#: thread: a 80 MB one held the event loop for 10 s.
+_ON_THE_LOOP = 256 * 1024
+
+
 async def store_inline(media: MediaStore, job_id: uuid.UUID, kind: str,
                        outcome: PollOutcome, *, settings: ProviderSettings,
                        config: CallConfig) -> tuple[PollOutcome, tuple[str, ...]]:
@@ -64,8 +72,11 @@ async def store_inline(media: MediaStore, job_id: uuid.UUID, kind: str,
     if not isinstance(outcome, Succeeded) or not (
             outcome.blobs or any(u[:5].lower() == "data:" for u in outcome.media_urls)):
         return outcome, ()
-    try:
-        blobs, urls = _inline_blobs(kind, outcome, settings, config)
+    try:  # a large data: URI is decoded off the event loop (heartbeats keep going)
+        large = sum(len(u) for u in outcome.media_urls if u[:5].lower() == "data:")
+        blobs, urls = (await asyncio.to_thread(_inline_blobs, kind, outcome, settings, config)
+                       if large > _ON_THE_LOOP else _inline_blobs(kind, outcome, settings,
+                                                                  config))
     except MediaError as exc:
         return Failed(error=f"result unusable: {exc}", code="media_unusable",
                       raw=outcome.raw), ()

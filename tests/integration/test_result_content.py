@@ -351,3 +351,23 @@ async def test_a_data_uri_past_its_limits_is_refused_before_it_is_decoded(
         job, "replicate-prediction", {"version": "owner/model", "input": {"prompt": "hi"}})
     assert out.result == "failed", out
     assert reason in await refused_before_success(conn, job)
+
+
+@pytest.mark.parametrize("request_of", [
+    lambda: replicate(media_served={"content_type": "image/png", "body": ""}),
+    lambda: kie(media_served={"content_type": "image/png", "body": ""}),
+    lambda: replicate(["data:image/png;base64,"]),
+], ids=["replicate-empty-200", "kie-empty-200", "empty-data-uri"])
+async def test_an_empty_result_is_never_stored_or_charged(
+        conn: Conn, make_runner: MakeRunner, request_of: Any) -> None:
+    """A 200 with no bytes (or an empty data: URI) is no result (review of issue 24):
+    the call fails and is refunded, with no asset, instead of committing the credits for a
+    0-byte file."""
+    request = request_of()
+    kind = "replicate-prediction" if "version" in request else "kie-standard"
+    job = await host_job(conn)
+    out = await make_runner().run(job, kind, request)
+    assert out.result == "failed", out
+    row = await seen_by_host(conn, job)
+    assert (row["credits"], row["assets"]) == ("refunded", 0)
+    assert "empty" in (row["error_message"] or "")
