@@ -46,7 +46,8 @@ _BARE_QUERY = re.compile(r"(?i)\b([\w-]+(?:\.[\w-]+)+(?::\d+)?/[^\s?#'\"<>]*)\?[
 _AUTH = re.compile(r"(?i)\b(bearer|basic)\s+(?!\[redacted\])[A-Za-z0-9._~+/=-]+")
 _TOKEN = re.compile(r"(?i)\b(token)\s+(?=[\w.-]*\d)[\w.-]{16,}")
 _SECRET_PAIR = re.compile(
-    r"(?i)([\"']?\b[\w-]*(?:api[ _-]?key|apikey|key|token|secret|signature|sig|password"
+    r"(?i)([\"']?\b(?![\w-]*(?:error|exception|warning)\b)"  # KeyError: 'x' is no secret
+    r"[\w-]*(?:api[ _-]?key|apikey|key|token|secret|signature|sig|password"
     r"|passwd|pwd|pass|private|credential|session|sid|auth)[\w-]*[\"']?\s*[:=]\s*)"
     r"(?!\[redacted\])(?!(?:bearer|basic|token)\s)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}]+)")
 _KEY_LIKE = re.compile(

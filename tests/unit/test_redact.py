@@ -83,6 +83,7 @@ def test_no_credential_shape_survives(text: str) -> None:
     "[replicate 422] Invalid version or not permitted",
     "result expired: https://replicate.delivery/xyz/out.png",
     "prompt is too long: 210000 tokens > 200000 maximum",
+    "KeyError: 'choices'", "TokenError: 'unexpected end'",
 ])
 def test_a_provider_error_reads_as_it_was_written(text: str) -> None:
     assert safe_error(text) == text
