@@ -49,7 +49,7 @@ def decode_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         value = msgspec.json.decode(body)
     except RecursionError:
         raise JSONTooDeep(f"JSON nested deeper than {max_depth} levels") from None
-    if not _depth_ok(value, max_depth):
+    if body.count(b"[") + body.count(b"{") > max_depth and not _depth_ok(value, max_depth):
         raise JSONTooDeep(f"JSON nested deeper than {max_depth} levels")
     return value
 

@@ -134,7 +134,7 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
         is_start=is_start, is_completion=any(isinstance(e, Completed) for e in events),
         owns_seed=new.provider_kind is not None,
         host_status=first.status if isinstance(first, HostEnded) else None,
-        expected_settled=None if is_start else current.settled_reservations,
+        expected_settled=current.settled_reservations,  # (append_start has no such fence)
         settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
         cost=_cost(new),
         beat_at=beat.at if beat is not None else None,

@@ -25,7 +25,10 @@ def load_queries(text: str) -> dict[str, LiteralString]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in out:
             raise RuntimeError(f"query {name!r} defined twice in one file")
-        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        # without comment lines and indentation: psycopg parses a statement once and
+        # caches it only up to 4,096 bytes (the append grew past it: a parse per call)
+        lines = [ln.strip() for ln in body.strip().splitlines()
+                 if ln.strip() and not ln.lstrip().startswith("--")]
         out[name] = "\n".join(lines).strip().rstrip(";")
     return out
 
@@ -45,8 +48,8 @@ def _fragments(text: str) -> tuple[str, dict[str, str]]:
             kept.append(block)
             continue
         body = block[m.end():]
-        found[m[1]] = "\n".join(ln for ln in body.splitlines()
-                                if not ln.lstrip().startswith("--")).strip()
+        found[m[1]] = "\n".join(ln.strip() for ln in body.splitlines()
+                                if ln.strip() and not ln.lstrip().startswith("--"))
     return "".join(kept), found
 
 
@@ -67,7 +70,8 @@ def _splice(name: str, sql: str, fragments: dict[str, str]) -> LiteralString:
     return sql  # text of our own .sql files, as every query
 
 
-def _load_all() -> dict[str, LiteralString]:
+def _load_all() -> tuple[dict[str, LiteralString], dict[str, str]]:
+    """Every package's queries, spliced, and the fragments they were spliced from."""
     out: dict[str, LiteralString] = {}
     texts: list[str] = []
     fragments: dict[str, str] = {}
@@ -85,7 +89,19 @@ def _load_all() -> dict[str, LiteralString]:
         if twice:
             raise RuntimeError(f"queries defined twice: {', '.join(twice)}")
         out.update({name: _splice(name, sql, fragments) for name, sql in found.items()})
-    return out
+    return out, fragments
 
 
-QUERIES: dict[str, LiteralString] = _load_all()
+def _with_start(loaded: tuple[dict[str, LiteralString], dict[str, str]]
+                ) -> dict[str, LiteralString]:
+    """``append_start``: ``append_event`` with an empty ``settled_fence`` (a start is
+    fenced on version 0 and on the host's status, never on settled reservations)."""
+    queries, fragments = loaded
+    fence = fragments["settled_fence"]
+    append = queries["append_event"]
+    if append.count(fence) != 1:
+        raise RuntimeError("append_event must splice settled_fence once")
+    return {**queries, "append_start": append.replace(fence, "")}
+
+
+QUERIES: dict[str, LiteralString] = _with_start(_load_all())

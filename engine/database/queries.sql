@@ -50,12 +50,9 @@ WITH upd AS (
       AND CASE WHEN %(host_status)s::text IS NULL
                THEN COALESCE(status, 'pending') IN ('pending', 'processing')
                ELSE status IS NOT DISTINCT FROM %(host_status)s::text END
-      AND (%(expected_settled)s::int IS NULL
-           OR (SELECT count(*) FROM usage_logs u
-                WHERE u.job_id = %(job_id)s::uuid AND u.status <> 'reserved')
-              = %(expected_settled)s::int)
+      {{settled_fence}}
       AND (NOT %(is_start)s::boolean OR provider_task_id IS NULL)
-    RETURNING id
+    RETURNING id, user_id, is_public, workflow_execution_id, node_id
 ), ev AS (
     INSERT INTO call_events (job_id, seq, type, version, payload, actor)
     SELECT upd.id, %(expected_version)s::int + e.n::int, e.type, e.version, e.payload::jsonb,
@@ -92,6 +89,13 @@ WITH upd AS (
     RETURNING u.id
 )
 
+-- fragment: settled_fence
+-- The settled-reservations fence of every append but a start's (append_start: the same
+-- statement without it, so each statement has one shape and Postgres keeps one generic
+-- plan for it; with a NULL-or-count fence it re-planned every start).
+AND (SELECT count(*) FROM usage_logs u
+     WHERE u.job_id = %(job_id)s::uuid AND u.status <> 'reserved') = %(expected_settled)s::int
+
 -- name: append_event
 -- One transition (see the fragment append_ctes above).
 {{append_ctes}}
@@ -101,30 +105,24 @@ SELECT (SELECT count(*) FROM ev) AS appended,
 
 -- name: append_completion
 -- A completing transition in ONE statement (one round trip, its own commit): the append
--- (fragment append_ctes), then, only if it was appended, the asset rows and the sole-cause
--- reopen of the parent workflow (Seed §5.7: only if this node was its sole failure, with a
--- compare-and-set on 'failed' so a user's cancel is never overwritten). Neither reads
--- a column the append changes, so the one snapshot of the data-modifying CTEs serves.
+-- (fragment append_ctes), then, only if it was appended (rows of upd), the asset rows and
+-- the sole-cause reopen of the parent workflow (Seed §5.7: only if this node was its sole
+-- failure, with a compare-and-set on 'failed' so a user's cancel is never overwritten).
+-- Both take the job's columns from upd's RETURNING (none of them is one it changes).
 {{append_ctes}},
 assets_in AS (
     INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
     SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
-    FROM jobs j,
-         unnest(%(asset_keys)s::text[], %(asset_urls)s::text[], %(asset_types)s::text[],
-                %(asset_sizes)s::bigint[]) AS a(key, url, content_type, size)
-    WHERE j.id = %(job_id)s::uuid AND EXISTS (SELECT 1 FROM ev)
+    FROM upd j, unnest(%(asset_keys)s::text[], %(asset_urls)s::text[],
+                       %(asset_types)s::text[], %(asset_sizes)s::bigint[])
+                AS a(key, url, content_type, size)
     ON CONFLICT (job_id, storage_key) DO NOTHING
-    RETURNING 1
 ), reopen AS (
     UPDATE workflow_executions w
     SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
-    FROM jobs j
-    WHERE j.id = %(job_id)s::uuid
-      AND w.id = j.workflow_execution_id
-      AND w.status = 'failed'
+    FROM upd j
+    WHERE w.id = j.workflow_execution_id AND w.status = 'failed'
       AND w.failed_nodes = ARRAY[j.node_id]::text[]
-      AND EXISTS (SELECT 1 FROM ev)
-    RETURNING w.id
 )
 SELECT (SELECT count(*) FROM ev) AS appended,
        (SELECT count(*) FROM settle) AS settled,

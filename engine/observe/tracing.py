@@ -45,9 +45,10 @@ _tracer: trace.Tracer | None = None
 def use(provider: trace.TracerProvider | None = None) -> None:
     """Take spans from ``provider``'s tracer (``None``: the global provider's, the default;
     a host that sets its provider later is followed, as the API's proxy tracer does)."""
-    global _tracer
+    global _tracer, _global
     if trace is not None:
         _tracer = (provider or trace).get_tracer("callwarden")
+        _global = provider is None
 
 
 @contextmanager
@@ -64,10 +65,23 @@ def _ignore(_: object) -> None:
     pass
 
 
+_global = True  # spans come from the global provider (use() without one)
+
+
+def _off() -> bool:
+    """Spans from the global provider while no SDK is installed on it (the API's proxy or
+    no-op provider) would be no-ops: build nothing (a happy call makes eight of them)."""
+    return _global and isinstance(trace.get_tracer_provider(),
+                                  (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 @contextmanager
 def _request(provider: str, method: str, url: str, attempt: int
              ) -> Iterator[Callable[[RawResponse], None]]:
     assert _tracer is not None
+    if _off():
+        yield _ignore
+        return
     u = urlsplit(url)  # no credentials, no query string
     attrs: dict[str, Any] = {
         "callwarden.provider": provider, "callwarden.attempt": attempt,
@@ -90,6 +104,9 @@ def _transition(job_id: uuid.UUID, current: CallProjection, events: Sequence[Eve
     """One span per append: one event, or a run (``callwarden.event`` names them joined
     by ``+``, ``callwarden.events`` counts them, ``callwarden.seq`` is the last one's)."""
     assert _tracer is not None
+    if _off():
+        yield _ignore
+        return
     attrs: dict[str, Any] = {
         "callwarden.job_id": str(job_id),
         "callwarden.event": "+".join(type(e).__name__ for e in events),

@@ -146,7 +146,9 @@ async def _fleet(conn: Conn, now: datetime) -> list[float]:
         await new_job(conn, [CallStarted(at=now - timedelta(hours=1), actor="w",
                                          kind="kie-llm", sync=True),
                              Swept(at=now, actor=f"reconciler:{i}")])
-    old, fresh = now - timedelta(minutes=30), now - timedelta(minutes=2)
+    # (TaskCreated is a call's first heartbeat: the fresh one beat 30 s ago, inside the
+    # 60 s heartbeat timeout; the stale one 30 min ago)
+    old, fresh = now - timedelta(minutes=30), now - timedelta(seconds=30)
     for start, task in ((old, "stale-1"), (fresh, "fresh-1")):
         await new_job(conn, [CallStarted(at=start, actor="w", kind="kie-standard"),
                              TaskCreated(at=start, actor="w", task_id=task),

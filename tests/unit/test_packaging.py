@@ -64,3 +64,18 @@ def test_no_test_module_imports_another() -> None:
             found += [f"{path.relative_to(tests)} imports {n}" for n in names
                       if n.split(".")[-1].startswith("test_")]
     assert found == []
+
+
+def test_the_statements_every_call_runs_stay_in_psycopgs_parse_cache() -> None:
+    """psycopg parses a statement once and caches it only up to 4,096 bytes and 50
+    parameters (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH): the append had grown past
+    it and was parsed on every execution, about 0.2 ms each (issue 26.1). The loader strips
+    comments and indentation; the statements a happy call runs again and again must fit.
+    (``append_completion``, once per call, does not yet: 4.4 KB.)"""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    from callwarden.database.queries import QUERIES
+
+    for name in ("append_event", "load_projection", "heartbeat", "reconcile_claim",
+                 "load_events", "webhook_find_job"):
+        assert len(QUERIES[name].encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
