@@ -29,29 +29,11 @@ from callwarden.database.db import Conn
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from tests.support import no_sleep
+from tests.support.rows import host_job, seen_by_host
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 120
 DATA_URI = "data:image/png;base64," + base64.b64encode(PNG).decode()
 TOKENS = ["Hello", " wor", "ld", "!", ""]
-
-
-async def host_job(conn: Conn, credits: float = 10) -> uuid.UUID:
-    job = uuid.uuid4()
-    await conn.execute("INSERT INTO jobs (id, user_id, status) VALUES (%s, 'u1', 'pending')",
-                       (job,))
-    await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
-                       "VALUES (%s, 'u1', 'reserved', %s)", (job, credits))
-    return job
-
-
-async def seen_by_host(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
-    row = await (await conn.execute(
-        "SELECT j.status, j.call_state, j.output_data, j.error_message, u.status AS credits, "
-        "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
-        "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s",
-        (job,))).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 async def terminal_event(conn: Conn, job: uuid.UUID) -> tuple[str, dict[str, Any]]:

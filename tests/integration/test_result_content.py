@@ -45,31 +45,13 @@ from callwarden.providers.simulator.model import Script
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.service.webhooks import Receiver, WebhookConfig
 from tests.integration.conftest import MakeReconciler, MakeRunner
+from tests.support.rows import host_job, seen_by_host
 
 AUTH = {"Authorization": "Bearer sim-key"}
 LINK = "https://en.wikipedia.org/wiki/Cat"
 # 0xFF bytes encode as "/" in base64: percent-encoded, each one is three characters.
 PNG = b"\x89PNG\r\n\x1a\n" + b"\xff" * 600
 B64 = base64.b64encode(PNG).decode()
-
-
-async def host_job(conn: Conn, credits: float = 10) -> uuid.UUID:
-    job = uuid.uuid4()
-    await conn.execute("INSERT INTO jobs (id, user_id, status) VALUES (%s, 'u1', 'pending')",
-                       (job,))
-    await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
-                       "VALUES (%s, 'u1', 'reserved', %s)", (job, credits))
-    return job
-
-
-async def seen_by_host(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
-    row = await (await conn.execute(
-        "SELECT j.status, j.call_state, j.output_data, j.error_message, u.status AS credits, "
-        "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
-        "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s",
-        (job,))).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 async def assets(conn: Conn, job: uuid.UUID) -> list[dict[str, Any]]:
