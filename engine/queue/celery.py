@@ -32,8 +32,9 @@ the schedule of :class:`~callwarden.queue.outage.OutageRetries`, for as long as 
 lasts, whatever ``max_retries`` says: a task is never failed and acked because the database
 was unreachable, and runs once it answers. A retry whose publish fails (the broker
 unreachable from the pool process) rejects the message with ``requeue=True``, so that it
-is put back, or restored after the visibility timeout, never acked. :func:`register`
-also defaults the broker's
+is put back, or restored after the visibility timeout, never acked. Run eagerly, a task
+is retried only within the outage limit, then fails, and an error line names the job left
+reserved (docs/embedding.md). :func:`register` also defaults the broker's
 ``visibility_timeout`` to :func:`~callwarden.queue.process.longest_run_s` plus a margin and
 ``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
 """
@@ -206,15 +207,20 @@ class CallTask(Task):  # type: ignore[type-arg]
         except DatabaseError as exc:
             if not runtime.keeps(job, exc):
                 raise  # the call started: what is left of it is the reconciler's
-            raise self._retry_after_outage(runtime.process, job, delivery, exc) from exc
+            retried = self._retry_after_outage(runtime.process, job, delivery, exc)
+            if retried is None:
+                raise
+            raise retried from exc
         log_outcome(outcome, kind, delivery)
         return outcome
 
     def _retry_after_outage(self, process: ProcessRunner, job: uuid.UUID, delivery: str,
-                            exc: DatabaseError) -> BaseException:
-        """Publish the task again, deferred on the outage schedule; what to raise.
-        Unbounded in a worker; eagerly (``apply``, ``task_always_eager``: no countdown,
-        the retry runs at once, nested) bounded by the retries within the limit.
+                            exc: DatabaseError) -> BaseException | None:
+        """Publish the task again, deferred on the outage schedule; what to raise
+        (``None``: ``exc`` itself). Unbounded in a worker; eagerly (``apply``,
+        ``task_always_eager``: no countdown, the retry runs at once, nested) bounded by the
+        retries within the limit, after which the task fails with ``exc`` and the job is
+        reported left as it is (an error line naming it).
 
         Celery's ``retry`` raises ``Reject(requeue=False)`` when its publish fails (the
         broker unreachable from this process), and the worker then acks the message: the
@@ -223,6 +229,9 @@ class CallTask(Task):  # type: ignore[type-arg]
         cannot reach the broker either, leaves it unacked, and the broker's visibility
         timeout restores it. Either way it runs again."""
         retry = self.request.retries + 1
+        if self.request.is_eager and retry > process.options.outage.within_limit:
+            process.left_after_eager_retries(job, delivery, exc)
+            return None
         delay = process.retry_after_outage(job, delivery, retry, exc)
         bound = process.options.outage.within_limit if self.request.is_eager else sys.maxsize
         try:

@@ -197,6 +197,19 @@ class ProcessRunner:
                  delay)
         return delay
 
+    def left_after_eager_retries(self, job_id: uuid.UUID, delivery: str,
+                                 exc: BaseException) -> None:
+        """A task run eagerly (no queue to keep it in) spent the retries within the outage
+        limit: it fails, and the job is left as it is, which the host must see."""
+        policy = self.options.outage
+        log.error("job %s %s: %s after the %d retries within the outage limit (%s=%g s) "
+                  "of a task run eagerly (task_always_eager or apply), which has no queue to "
+                  "keep it in: the task fails and the job is left reserved, with no call "
+                  "unless one had started (the reconciler finishes a started call); the host "
+                  "must run it again once the database answers, or release its reservation "
+                  "(callwarden.cancel)", job_id, delivery, _what_failed(exc),
+                  policy.within_limit, LIMIT_ENV, policy.limit_s)
+
     def database_answered(self) -> None:
         """A job's try reached the database: the process's outage, if any, is over."""
         self.outage.up()

@@ -23,7 +23,9 @@ Also, in process: arq's give-up counts deliveries, not the tries deferred for an
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -48,7 +50,7 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.arq import CTX_KEY, OUTAGE_KEY, enqueue_call, run_job_call
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.queue.process import RunnerOptions, open_runner
-from tests.acceptance.conftest import Workers
+from tests.acceptance.conftest import ROOT, Workers
 from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task
 
 pytestmark = pytest.mark.xdist_group("fleets")
@@ -356,3 +358,46 @@ async def test_a_database_error_before_the_call_started_drops_no_queued_job(
     await worker.line(outcome + "result=completed", "the job's outcome")
     assert "database error before its call started" in worker.logs()
 
+
+async def _run_eagerly(queues: Queues, job: uuid.UUID) -> tuple[str, str]:
+    """The eager host (``tests/acceptance/celery_eager_host.py``) run on the job as a
+    process of its own; its stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.acceptance.celery_eager_host", str(job),
+        json.dumps(REQUEST), env={**queues.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 0, err.decode()
+    return out.decode(), err.decode()
+
+
+@pytest.mark.timeout(120)
+async def test_an_eager_celery_task_past_the_limit_names_the_job_it_leaves_reserved(
+        server: EmbeddedServer, db: str, job: uuid.UUID, queues: Queues,
+        sim: RunningSimulator) -> None:
+    """Run eagerly (``task_always_eager``: no queue to keep the job in) with the database
+    down, the task is retried within the outage limit, then fails, and the job is left as
+    it is: reserved, with no call. Before, that was reported nowhere; now one error line
+    names the job and says what the host must do. The host then runs it again, once the
+    database is back, and it completes once."""
+    server.halt()
+    try:
+        out, err = await _run_eagerly(queues, job)
+    finally:
+        server.start()
+    assert "state=FAILURE result=DatabaseUnavailable" in out
+    left = [line for line in err.splitlines() if line.startswith("ERROR") and str(job) in line]
+    assert len(left) == 1, f"no error line names the job left reserved:\n{err}"
+    assert "the job is left reserved, with no call" in left[0]
+    assert "stays queued" not in err  # nothing is queued when a task runs eagerly
+    async with await connect(db) as conn:
+        row = await (await conn.execute(
+            "SELECT call_state, (SELECT array_agg(u.status) FROM usage_logs u "
+            "WHERE u.job_id = j.id) AS credits FROM jobs j WHERE j.id = %s",
+            (job,))).fetchone()
+        assert row is not None
+        assert dict(row) == {"call_state": None, "credits": ["reserved"]}
+        out, err = await _run_eagerly(queues, job)  # what the error line tells the host
+        assert "state=SUCCESS result=dict" in out, err
+        await completed_once(conn, sim, job)

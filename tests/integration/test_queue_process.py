@@ -2,8 +2,8 @@
 loop thread runs a call for a blocking task and closes cleanly, and a job given up after
 too many deliveries is refunded only if its call never started, also when another
 delivery starts it while the give-up runs; an eager Celery task meeting an outage is
-retried within the outage limit only; a database error keeps a job queued only while its
-call has not started."""
+retried within the outage limit only, then names the job it leaves reserved; a database
+error keeps a job queued only while its call has not started."""
 
 from __future__ import annotations
 
@@ -126,15 +126,21 @@ def test_an_eager_celery_task_retries_an_outage_only_within_the_limit(
                             media=LocalFolderStore(tmp_path / "media"), outage=outage)
     task = celery_runtime.register(Celery("eager", broker="memory://"), name="t.eager",
                                    options=options)
+    job = uuid.uuid4()
     try:
         with caplog.at_level(logging.INFO, logger="callwarden.queue"):
-            result = task.apply(args=(str(uuid.uuid4()), "kie-standard", REQUEST))
+            result = task.apply(args=(str(job), "kie-standard", REQUEST))
     finally:
         celery_runtime.stop_process()
     assert result.state == "FAILURE"
     assert isinstance(result.result, DatabaseUnavailable)
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.ERROR and r.name.startswith("callwarden")
+              and f"job {job} " in r.getMessage()]
+    assert len(errors) == 1, errors  # the job, named once, left for the host
+    assert "the job is left reserved, with no call" in errors[0]
     retried = [r.getMessage() for r in caplog.records if "outage retry" in r.getMessage()]
-    assert len(retried) == outage.within_limit + 1 == 6  # the 6th is refused
+    assert len(retried) == outage.within_limit == 5  # a 6th is neither made nor logged
 
 
 async def test_a_database_error_keeps_the_job_queued_only_before_its_call_started(
