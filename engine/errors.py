@@ -6,7 +6,8 @@ else catches a driver error.
 
     CallwardenError
     ├── DatabaseError               the database failed us
-    │   ├── DatabaseUnavailable     cannot connect / connection lost (transient)
+    │   ├── DatabaseUnavailable     cannot connect / connection lost / read-only server
+    │   │                           (transient: class 08, 57P01-03, 25006)
     │   └── WriteConflict           a deadlock or serialization failure (40001, 40P01)
     │                               rolled back the caller's own transaction: decide
     │                               again in a new one
@@ -60,7 +61,8 @@ class DatabaseError(CallwardenError):
 
 
 class DatabaseUnavailable(DatabaseError):
-    """The database cannot be reached, or the connection dropped mid-statement."""
+    """The database cannot be reached, the connection dropped mid-statement, or the server
+    refuses writes (read-only: a failover moment); an actor waits it out."""
 
 
 class WriteConflict(DatabaseError):

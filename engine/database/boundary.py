@@ -5,6 +5,16 @@ SQLSTATE and constraint name, never by message text) before it leaves ``engine/d
 nothing outside this package catches a driver error (``tests/unit/test_architecture.py``
 checks). The tree it translates into is drawn in :mod:`callwarden.errors`.
 
+What is ``DatabaseUnavailable`` (the actors ride it through as an outage; a queue keeps
+the job): a connection that cannot be made or was lost (psycopg's ``OperationalError`` and
+``InterfaceError``, the pool's timeout among them), every SQLSTATE of class 08 (connection
+exception), 57P01/57P02/57P03 (the server shutting down or crashed, or not yet accepting
+connections) and 25006 (``read_only_sql_transaction``: a server that refuses writes, as a
+standby or a primary being demoted does at a failover). A pooled connection that met 25006
+is closed rather than put back (:func:`connection`), so the pool replaces it with one made
+to wherever the URL now leads: a session opened while the database was read-only may stay
+so (``default_transaction_read_only`` is read when it starts).
+
 The ways through it: :func:`callwarden.database.db.connect` and :func:`connection` (a
 connection; a pool timeout or a dropped connection comes out as ``DatabaseUnavailable``),
 :func:`transaction`, :func:`translated` (around raw statements inside the store), and
@@ -26,10 +36,20 @@ from callwarden.errors import (
     WriteConflict,
 )
 
-__all__ = ["connection", "is_lost_append_race", "transaction", "translate", "translated"]
+__all__ = ["connection", "is_lost_append_race", "is_read_only", "transaction", "translate",
+           "translated"]
 
 # SQLSTATEs after which the statement did nothing and may be decided again.
 _RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# SQLSTATEs that say the database is not there for us right now (an outage, not a bug).
+_READ_ONLY = "25006"  # read_only_sql_transaction: a standby, a primary being demoted
+_UNAVAILABLE = frozenset({
+    _READ_ONLY,
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now (starting up, shutting down, in recovery)
+})
+_UNAVAILABLE_CLASS = "08"  # connection_exception and all of its subclasses
 # The constraints whose violation means something to the engine.
 _TASK_CLAIMED = "jobs_provider_task_idx"  # another job holds this (kind, task id)
 _EVENT_SEQ = "call_events_pkey"  # someone appended this seq first
@@ -40,12 +60,18 @@ def _constraint(exc: psycopg.Error) -> str | None:
     return diag.constraint_name if diag is not None else None
 
 
+def _unavailable(exc: psycopg.Error) -> bool:
+    state = exc.sqlstate or ""
+    return (state in _UNAVAILABLE or state.startswith(_UNAVAILABLE_CLASS)
+            or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError))
+
+
 def translate(exc: psycopg.Error) -> DatabaseError | TaskAlreadyClaimed:
     """The engine error for a driver error (``PoolTimeout`` is an ``OperationalError``:
-    the database is unavailable to us)."""
+    the database is unavailable to us; so is a read-only server, see the module)."""
     if exc.sqlstate in _RETRYABLE:
         return WriteConflict(str(exc))
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    if _unavailable(exc):
         return DatabaseUnavailable(f"database unavailable: {exc}")
     if isinstance(exc, psycopg.errors.UniqueViolation) and _constraint(exc) == _TASK_CLAIMED:
         return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
@@ -55,6 +81,18 @@ def translate(exc: psycopg.Error) -> DatabaseError | TaskAlreadyClaimed:
 def is_lost_append_race(exc: BaseException) -> bool:
     """The event's ``seq`` was taken by a concurrent append (not an error: a lost race)."""
     return isinstance(exc, psycopg.errors.UniqueViolation) and _constraint(exc) == _EVENT_SEQ
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """``exc``, or an error it was raised from, is the server refusing writes (25006)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, psycopg.Error) and cause.sqlstate == _READ_ONLY:
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 @contextmanager
@@ -69,10 +107,16 @@ def translated() -> Iterator[None]:
 @asynccontextmanager
 async def connection(pool: Pool, *, wait_s: float | None = None) -> AsyncIterator[Conn]:
     """A connection from ``pool`` (``wait_s``: how long to wait for one); driver errors,
-    the pool's own timeout among them, come out translated."""
+    the pool's own timeout among them, come out translated. A connection on which the
+    server refused a write as read-only is closed, not put back: the pool makes a new one."""
     with translated():
         async with pool.connection(timeout=wait_s) as conn:
-            yield conn
+            try:
+                yield conn
+            except BaseException as exc:
+                if is_read_only(exc):
+                    await conn.close()
+                raise
 
 
 @asynccontextmanager

@@ -23,7 +23,8 @@ after which any worker takes it (``job_try`` + 1) and the runner resumes the cal
 :func:`~callwarden.queue.process.longest_run_s`: a live worker is never overtaken, and arq
 never cancels a call that is still inside its budget.
 
-A try that meets a database outage is deferred (``Retry``) on the schedule of
+A try that meets a database outage (a read-only server among them), or any database error
+before the job's call started, is deferred (``Retry``) on the schedule of
 :class:`~callwarden.queue.outage.OutageRetries` for as long as the outage lasts: the job
 is never failed nor given up for it, and runs once the database answers. arq counts those
 tries in ``job_try`` too, so this module counts them apart (a Redis counter per arq job,
@@ -50,7 +51,7 @@ from arq.worker import Retry, func
 
 from callwarden.calls.config import load_call_config
 from callwarden.calls.runner import CallOutcome
-from callwarden.errors import DatabaseUnavailable
+from callwarden.errors import DatabaseError
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -112,7 +113,8 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
                        ) -> CallOutcome:
     """Run (or resume) the job's call with this worker's runner. A job delivered more than
     ``max_deliveries`` times is given up (refunded if no call ever started on it, else
-    left to the reconciler). A try that meets a database outage is deferred (``Retry``)
+    left to the reconciler). A try that meets a database outage, or a database error
+    before the job's call started (:meth:`ProcessRunner.keeps`), is deferred (``Retry``)
     for as long as the outage lasts, and is not a delivery."""
     process: ProcessRunner = ctx[CTX_KEY]
     job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
@@ -126,7 +128,10 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
                                                  f"({tries} tries)")
         else:
             outcome = await process.run(job, kind, request, operation=operation)
-    except DatabaseUnavailable as exc:
+    except DatabaseError as exc:
+        if not await process.keeps(job, exc):
+            await outages.clear()  # the call started: the reconciler finishes it
+            raise
         retry = await outages.add()
         raise Retry(defer=process.retry_after_outage(job, delivery, retry, exc)) from exc
     except Exception:

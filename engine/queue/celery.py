@@ -26,10 +26,15 @@ A task blocks its thread on ``run_call`` while the call runs on the loop.
 
 :class:`CallTask` sets what a durable call needs (``acks_late``,
 ``reject_on_worker_lost``, ``acks_on_failure_or_timeout``) and retries a task whose try met
-a database outage (:class:`~callwarden.errors.DatabaseUnavailable`) with a countdown on
+a database outage (:class:`~callwarden.errors.DatabaseUnavailable`, a read-only server
+among them), or any database error before the job's call started, with a countdown on
 the schedule of :class:`~callwarden.queue.outage.OutageRetries`, for as long as the outage
 lasts, whatever ``max_retries`` says: a task is never failed and acked because the database
-was unreachable, and runs once it answers. :func:`register` also defaults the broker's
+was unreachable, and runs once it answers. A retry whose publish fails (the broker
+unreachable from the pool process) rejects the message with ``requeue=True``, so that it
+is put back, or restored after the visibility timeout, never acked. Run eagerly, a task
+is retried only within the outage limit, then fails, and an error line names the job left
+reserved (docs/embedding.md). :func:`register` also defaults the broker's
 ``visibility_timeout`` to :func:`~callwarden.queue.process.longest_run_s` plus a margin and
 ``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
 """
@@ -47,10 +52,11 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task, signals
 from celery.app.defaults import DEFAULTS
+from celery.exceptions import Reject
 
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.runner import CallOutcome
-from callwarden.errors import DatabaseUnavailable
+from callwarden.errors import DatabaseError
 from callwarden.providers.base import ProviderSettings
 from callwarden.queue.process import (
     ProcessRunner,
@@ -118,6 +124,10 @@ class Runtime:
         self.process.database_answered()
         return outcome
 
+    def keeps(self, job_id: uuid.UUID, exc: DatabaseError) -> bool:
+        """:meth:`ProcessRunner.keeps` on the loop."""
+        return self._loop.call(self.process.keeps(job_id, exc))
+
     def close(self) -> None:
         try:
             self._loop.call(self.process.close())
@@ -174,7 +184,8 @@ class CallTask(Task):  # type: ignore[type-arg]
     wants: after it ran (``acks_late``), redelivered when its process died
     (``reject_on_worker_lost``), acked when it raised or timed out
     (``acks_on_failure_or_timeout``: what is left of the call belongs to the reconciler),
-    and retried, not failed, for as long as the database is unreachable."""
+    and retried, not failed, for as long as the database is unreachable (or fails before
+    the job's call started)."""
 
     acks_late = True
     reject_on_worker_lost = True
@@ -183,30 +194,56 @@ class CallTask(Task):  # type: ignore[type-arg]
     def run_call(self, job_id: uuid.UUID | str, kind: str, request: Mapping[str, Any], *,
                  operation: str | None = None) -> CallOutcome:
         """``CallRunner.run`` on this process's loop; returns when the call is terminal,
-        left for the reconciler or out of poll budget. A try that meets a database outage
-        is retried (``self.retry``, published again with a countdown, then acked)."""
+        left for the reconciler or out of poll budget. A try that meets a database outage,
+        or a database error before the job's call started (:meth:`ProcessRunner.keeps`),
+        is retried (``self.retry``, published again with a countdown, then acked; when
+        that publish fails, the message is rejected with ``requeue=True``, never acked)."""
         job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
         info = self.request.delivery_info or {}
         delivery = f"task={self.request.id} redelivered={bool(info.get('redelivered'))}"
         runtime = current_runtime()
         try:
             outcome = runtime.run(job, kind, request, operation=operation)
-        except DatabaseUnavailable as exc:
-            raise self._retry_after_outage(runtime.process, job, delivery, exc) from exc
+        except DatabaseError as exc:
+            if not runtime.keeps(job, exc):
+                raise  # the call started: what is left of it is the reconciler's
+            retried = self._retry_after_outage(runtime.process, job, delivery, exc)
+            if retried is None:
+                raise
+            raise retried from exc
         log_outcome(outcome, kind, delivery)
         return outcome
 
     def _retry_after_outage(self, process: ProcessRunner, job: uuid.UUID, delivery: str,
-                            exc: DatabaseUnavailable) -> BaseException:
-        """Publish the task again, deferred on the outage schedule; what to raise.
-        Unbounded in a worker; eagerly (``apply``, ``task_always_eager``: no countdown,
-        the retry runs at once, nested) bounded by the retries within the limit."""
+                            exc: DatabaseError) -> BaseException | None:
+        """Publish the task again, deferred on the outage schedule; what to raise
+        (``None``: ``exc`` itself). Unbounded in a worker; eagerly (``apply``,
+        ``task_always_eager``: no countdown, the retry runs at once, nested) bounded by the
+        retries within the limit, after which the task fails with ``exc`` and the job is
+        reported left as it is (an error line naming it).
+
+        Celery's ``retry`` raises ``Reject(requeue=False)`` when its publish fails (the
+        broker unreachable from this process), and the worker then acks the message: the
+        job would be gone, with no call. Such a reject is raised again with
+        ``requeue=True``: the worker puts the message back on the queue, or, when it
+        cannot reach the broker either, leaves it unacked, and the broker's visibility
+        timeout restores it. Either way it runs again."""
         retry = self.request.retries + 1
+        if self.request.is_eager and retry > process.options.outage.within_limit:
+            process.left_after_eager_retries(job, delivery, exc)
+            return None
         delay = process.retry_after_outage(job, delivery, retry, exc)
         bound = process.options.outage.within_limit if self.request.is_eager else sys.maxsize
         try:
             retried: BaseException = self.retry(exc=exc, countdown=delay, max_retries=bound,
                                                 throw=False)
+        except Reject as rejected:
+            reason = getattr(rejected, "reason", None)  # the stubs name neither
+            if getattr(rejected, "requeue", False):
+                raise
+            log.warning("job %s %s: outage retry %d not published (%r): the message is "
+                        "rejected with requeue=True, not acked", job, delivery, retry, reason)
+            return Reject(reason, requeue=True)
         finally:  # Celery keeps the bound on the task object for autoretry_for: not ours
             vars(self).pop("override_max_retries", None)
         return retried

@@ -42,7 +42,13 @@ from callwarden.database.boundary import connection
 from callwarden.database.db import default_data_dir, open_pool
 from callwarden.database.outage import LIMIT_ENV, Outage
 from callwarden.database.write import cancel_unstarted
-from callwarden.errors import ConfigError
+from callwarden.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
+    EventDecodeError,
+    JobNotFound,
+)
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
 from callwarden.providers.storage import MediaStore, media_from_env
@@ -153,27 +159,66 @@ class ProcessRunner:
         return CallOutcome(job_id=job_id, result=result, projection=p,
                            detail=f"given up: {reason}")
 
+    async def keeps(self, job_id: uuid.UUID, exc: DatabaseError) -> bool:
+        """Whether a try of ``job_id`` that raised ``exc`` hands the job back to its queue
+        (retried on the outage schedule) rather than failing or acking it: always for
+        ``DatabaseUnavailable``; for any other database error, while the job's call has
+        not started (no ``CallStarted``: read now, and assumed when the database cannot
+        say). A job failed or acked with no call is lost: nothing else would run it, and
+        its reservation would stay reserved. A started call is the reconciler's."""
+        if isinstance(exc, DatabaseUnavailable):
+            return True
+        try:
+            p = await self.runner.db.load(job_id)
+        except DatabaseError:
+            return True
+        except (JobNotFound, EventDecodeError):  # no such job; a log, so a call started
+            return False
+        return p.state is None
+
     def retry_after_outage(self, job_id: uuid.UUID, delivery: str, retry: int,
                            exc: BaseException) -> float:
-        """A try of ``job_id`` met a database outage, and the queue is to try it again
-        (its ``retry``-th retry for an outage): the seconds to defer it by. The process
-        logs the outage once (and once more past the limit); the job, one line per retry
-        and one error when it goes past the limit, after which it stays queued."""
-        self.outage.down(exc)
+        """A try of ``job_id`` met a database outage (or a database error before its call
+        started: :meth:`keeps`), and the queue is to try it again (its ``retry``-th retry
+        for an outage): the seconds to defer it by. The process logs the outage once (and
+        once more past the limit); the job, one line per retry and one error when it goes
+        past the limit, after which it stays queued."""
+        what = _what_failed(exc)
+        if isinstance(exc, DatabaseUnavailable):
+            self.outage.down(exc)
         policy = self.options.outage
         delay = policy.delay_s(retry)
         if retry == policy.within_limit + 1:
-            log.error("job %s %s: database unavailable past the outage limit (%s=%g s, %d "
-                      "retries): the job stays queued, retried every %g s until the "
-                      "database answers", job_id, delivery, LIMIT_ENV, policy.limit_s,
+            log.error("job %s %s: %s past the outage limit (%s=%g s, %d retries): the job "
+                      "stays queued, retried every %g s until the database answers",
+                      job_id, delivery, what, LIMIT_ENV, policy.limit_s,
                       policy.within_limit, policy.step_s)
-        log.info("job %s %s: database unavailable; outage retry %d in %g s", job_id,
-                 delivery, retry, delay)
+        log.info("job %s %s: %s; outage retry %d in %g s", job_id, delivery, what, retry,
+                 delay)
         return delay
+
+    def left_after_eager_retries(self, job_id: uuid.UUID, delivery: str,
+                                 exc: BaseException) -> None:
+        """A task run eagerly (no queue to keep it in) spent the retries within the outage
+        limit: it fails, and the job is left as it is, which the host must see."""
+        policy = self.options.outage
+        log.error("job %s %s: %s after the %d retries within the outage limit (%s=%g s) "
+                  "of a task run eagerly (task_always_eager or apply), which has no queue to "
+                  "keep it in: the task fails and the job is left reserved, with no call "
+                  "unless one had started (the reconciler finishes a started call); the host "
+                  "must run it again once the database answers, or release its reservation "
+                  "(callwarden.cancel)", job_id, delivery, _what_failed(exc),
+                  policy.within_limit, LIMIT_ENV, policy.limit_s)
 
     def database_answered(self) -> None:
         """A job's try reached the database: the process's outage, if any, is over."""
         self.outage.up()
+
+
+def _what_failed(exc: BaseException) -> str:
+    if isinstance(exc, DatabaseUnavailable):
+        return "database unavailable"
+    return f"database error before its call started ({type(exc).__name__}: {exc})"
 
 
 async def open_runner(options: RunnerOptions | Callable[[], RunnerOptions] | None = None, *,

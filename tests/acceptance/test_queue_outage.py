@@ -23,14 +23,21 @@ Also, in process: arq's give-up counts deliveries, not the tries deferred for an
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psutil  # type: ignore[import-untyped]
 import pytest
+import redis.asyncio as aioredis
 from arq.connections import ArqRedis
+from psycopg.conninfo import conninfo_to_dict
 
 from callwarden.calls.config import CallConfig
 from callwarden.database.databases import create_database
@@ -41,8 +48,9 @@ from callwarden.database.write import execute_script
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.arq import CTX_KEY, OUTAGE_KEY, enqueue_call, run_job_call
+from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.queue.process import RunnerOptions, open_runner
-from tests.acceptance.conftest import Workers
+from tests.acceptance.conftest import ROOT, Workers
 from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task
 
 pytestmark = pytest.mark.xdist_group("fleets")
@@ -123,9 +131,11 @@ async def _past_the_budget(worker: QueueWorker) -> None:
 
 
 async def _ran_once(db: str, sim: RunningSimulator, job: uuid.UUID,
-                    worker: QueueWorker) -> None:
+                    worker: QueueWorker, *, past_limit_lines: int | None = 1) -> None:
     """Once the database is back the job runs: exactly one call, completed and settled
-    once. A job left with no call (``reserved`` forever) fails here, with its row."""
+    once. A job left with no call (``reserved`` forever) fails here, with its row.
+    ``past_limit_lines``: the worker's "past the outage limit" lines for it (``None``: not
+    checked)."""
     async with await connect(db) as conn:
         deadline = time.monotonic() + RUN_DEADLINE_S
         while True:
@@ -143,7 +153,8 @@ async def _ran_once(db: str, sim: RunningSimulator, job: uuid.UUID,
                             f"worker log (tail):\n{tail}")
             await asyncio.sleep(0.1)  # a polling period, not synchronisation
         await completed_once(conn, sim, job)
-    assert len(re.findall(PAST_LIMIT, worker.logs())) == 1  # one line per job, not per try
+    if past_limit_lines is not None:  # one line per job, not per try
+        assert len(re.findall(PAST_LIMIT, worker.logs())) == past_limit_lines
 
 
 @pytest.mark.timeout(360)  # the deadlines above, a halt and a start of the server
@@ -209,3 +220,184 @@ async def test_arq_gives_a_job_up_after_deliveries_not_counting_outage_retries(
     assert given.detail == "given up: delivered 6 times (7 tries)"
     assert sim.sim.journal.count("kie", "create") == 1
     assert await arq_redis.exists(OUTAGE_KEY + "a", OUTAGE_KEY + "b") == 0
+
+
+# -- the review of issue 24.1: a broker hiccup during the outage, a read-only database ----
+
+# What the code before the review logged when it dropped the job: Celery acked a retry
+# whose publish failed (``reject requeue=False``), and both queues failed a job on a
+# ``DatabaseError`` that was not ``DatabaseUnavailable``.
+REJECTED = r"reject requeue=(True|False)"
+FAILED = r"failed, DatabaseError|raised unexpected: DatabaseError"
+OUTAGE_RETRY = r"; outage retry \d+ in"
+HICCUP_TASK = "t-hiccup"
+
+
+@asynccontextmanager
+async def _redis_refusing(redis_url: str, pid: int) -> AsyncIterator[None]:
+    """Inside the block, Redis has cut every connection of process ``pid`` and refuses new
+    ones (``maxclients`` below the connections it keeps: everyone else's stay up)."""
+    port = urlsplit(redis_url).port
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        before = (await client.config_get("maxclients"))["maxclients"]
+        ours = sorted(c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
+                      if c.raddr and c.raddr.port == port)
+        assert ours, f"process {pid} holds no connection to Redis"
+        await client.config_set("maxclients", 1)
+        try:
+            for local in ours:
+                assert await client.client_kill(f"127.0.0.1:{local}")
+            yield
+        finally:
+            await client.config_set("maxclients", before)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(180)
+async def test_celery_task_outlives_a_redis_hiccup_during_an_outage(
+        server: EmbeddedServer, db: str, job: uuid.UUID, queues: Queues, redis_url: str,
+        sim: RunningSimulator) -> None:
+    """The database is down and the task is being retried; then the pool process loses
+    its Redis connections and cannot make new ones, so the next retry cannot be
+    published. Celery's ``retry`` then raises ``Reject(requeue=False)`` and the worker
+    acked the message: the job was gone. Now the message is rejected with
+    ``requeue=True`` (put back by the worker's own connection, or left unacked for the
+    visibility timeout), and once Redis and the database answer, the job runs once."""
+    worker = await queues.celery("hiccup", concurrency=1)
+    [ready] = await worker.line(r"process (\d+) ready", "the pool process's runner")
+    server.halt()
+    try:
+        await send_celery_task(redis_url, job, KIND, REQUEST, task_id=HICCUP_TASK)
+        # the pool process has published a retry: it holds its connection to Redis
+        await worker.line(rf"Task {CELERY_TASK}\[{HICCUP_TASK}\] retry: Retry in",
+                          "a published outage retry")
+        async with _redis_refusing(redis_url, int(ready.group(1))):
+            await worker.line(REJECTED, "a retry whose publish failed")
+    finally:
+        server.start()
+    await _ran_once(db, sim, job, worker, past_limit_lines=None)
+    await worker.line(rf"job {job} kind={KIND} task={HICCUP_TASK} redelivered=\w+ pid=\d+ "
+                      r"result=completed", "the task's outcome")
+    assert "not published" in worker.logs()
+
+
+async def _worker_for(queue: str, queues: Queues) -> QueueWorker:
+    worker = await (queues.arq() if queue == "arq" else queues.celery(queue, concurrency=1))
+    await worker.line(r"process \d+ ready", "the worker's runner")
+    return worker
+
+
+async def _send(queue: str, job: uuid.UUID, arq_redis: ArqRedis, redis_url: str) -> str:
+    """Enqueue the job on ``queue``; the pattern of its outcome line once it completed."""
+    if queue == "arq":
+        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
+        return rf"job {job} kind={KIND} arq_job=callwarden:{job} try=\d+ pid=\d+ "
+    await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
+    return rf"job {job} kind={KIND} task=t-{job} redelivered=\w+ pid=\d+ "
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("queue", ["arq", "celery"])
+async def test_a_read_only_database_drops_no_queued_job(
+        queue: str, server: EmbeddedServer, db: str, job: uuid.UUID, queues: Queues,
+        arq_redis: ArqRedis, redis_url: str, sim: RunningSimulator) -> None:
+    """A failover moment: the database answers but refuses writes (read-only, as a
+    standby or a primary being demoted does), its sessions cut. The job's tries meet
+    ``cannot execute SELECT in a read-only transaction``: before, a plain
+    ``DatabaseError``, on which arq failed the job and Celery acked it, leaving it with no
+    call and its credits reserved. Now it is an outage: the job is retried, and runs once
+    the database accepts writes again (the read-only sessions the worker's pool opened
+    meanwhile are dropped, not lent again)."""
+    worker = await _worker_for(queue, queues)
+    name = conninfo_to_dict(db)["dbname"]
+    async with await connect(server.url()) as admin:
+        await admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        try:
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = %s", (name,))
+            outcome = await _send(queue, job, arq_redis, redis_url)
+            await worker.line(f"{OUTAGE_RETRY}|{FAILED}", "the job's try on a read-only "
+                              "database")
+        finally:
+            await admin.execute(
+                f'ALTER DATABASE "{name}" SET default_transaction_read_only = off')
+    await _ran_once(db, sim, job, worker, past_limit_lines=None)
+    await worker.line(outcome + "result=completed", "the job's outcome")
+    assert "database unavailable: cannot execute SELECT in a read-only transaction" in \
+        worker.logs()
+
+
+REFUSE_EVENTS = """
+CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'the test refuses every event'; END $$;
+CREATE TRIGGER refuse_events BEFORE INSERT ON call_events
+  FOR EACH ROW EXECUTE FUNCTION refuse_events();
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("queue", ["arq", "celery"])
+async def test_a_database_error_before_the_call_started_drops_no_queued_job(
+        queue: str, db: str, job: uuid.UUID, queues: Queues, arq_redis: ArqRedis,
+        redis_url: str, sim: RunningSimulator) -> None:
+    """Any database error before the job's ``CallStarted`` was recorded (here a trigger
+    refusing the append: ``RAISE EXCEPTION``, SQLSTATE P0001) leaves a job with no call,
+    which nothing but its queue would run: before, arq failed it and Celery acked it. Now
+    it is retried on the outage schedule, and runs once the database takes the event."""
+    worker = await _worker_for(queue, queues)
+    async with await connect(db) as admin:
+        await admin.execute(REFUSE_EVENTS)
+        try:
+            outcome = await _send(queue, job, arq_redis, redis_url)
+            await worker.line(f"{OUTAGE_RETRY}|{FAILED}", "the job's refused try")
+        finally:
+            await admin.execute("DROP TRIGGER refuse_events ON call_events")
+    await _ran_once(db, sim, job, worker, past_limit_lines=None)
+    await worker.line(outcome + "result=completed", "the job's outcome")
+    assert "database error before its call started" in worker.logs()
+
+
+async def _run_eagerly(queues: Queues, job: uuid.UUID) -> tuple[str, str]:
+    """The eager host (``tests/acceptance/celery_eager_host.py``) run on the job as a
+    process of its own; its stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.acceptance.celery_eager_host", str(job),
+        json.dumps(REQUEST), env={**queues.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 0, err.decode()
+    return out.decode(), err.decode()
+
+
+@pytest.mark.timeout(120)
+async def test_an_eager_celery_task_past_the_limit_names_the_job_it_leaves_reserved(
+        server: EmbeddedServer, db: str, job: uuid.UUID, queues: Queues,
+        sim: RunningSimulator) -> None:
+    """Run eagerly (``task_always_eager``: no queue to keep the job in) with the database
+    down, the task is retried within the outage limit, then fails, and the job is left as
+    it is: reserved, with no call. Before, that was reported nowhere; now one error line
+    names the job and says what the host must do. The host then runs it again, once the
+    database is back, and it completes once."""
+    server.halt()
+    try:
+        out, err = await _run_eagerly(queues, job)
+    finally:
+        server.start()
+    assert "state=FAILURE result=DatabaseUnavailable" in out
+    left = [line for line in err.splitlines() if line.startswith("ERROR") and str(job) in line]
+    assert len(left) == 1, f"no error line names the job left reserved:\n{err}"
+    assert "the job is left reserved, with no call" in left[0]
+    assert "stays queued" not in err  # nothing is queued when a task runs eagerly
+    async with await connect(db) as conn:
+        row = await (await conn.execute(
+            "SELECT call_state, (SELECT array_agg(u.status) FROM usage_logs u "
+            "WHERE u.job_id = j.id) AS credits FROM jobs j WHERE j.id = %s",
+            (job,))).fetchone()
+        assert row is not None
+        assert dict(row) == {"call_state": None, "credits": ["reserved"]}
+        out, err = await _run_eagerly(queues, job)  # what the error line tells the host
+        assert "state=SUCCESS result=dict" in out, err
+        await completed_once(conn, sim, job)

@@ -2,7 +2,8 @@
 loop thread runs a call for a blocking task and closes cleanly, and a job given up after
 too many deliveries is refunded only if its call never started, also when another
 delivery starts it while the give-up runs; an eager Celery task meeting an outage is
-retried within the outage limit only."""
+retried within the outage limit only, then names the job it leaves reserved; a database
+error keeps a job queued only while its call has not started."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from celery import Celery
 from callwarden.database.db import Conn, connect
 from callwarden.database.jobs import create_job
 from callwarden.database.write import append
-from callwarden.errors import DatabaseUnavailable
+from callwarden.errors import DatabaseError, DatabaseUnavailable
 from callwarden.events.types import CallStarted
 from callwarden.projections.fold import EMPTY
 from callwarden.providers.base import ProviderSettings
@@ -125,12 +126,41 @@ def test_an_eager_celery_task_retries_an_outage_only_within_the_limit(
                             media=LocalFolderStore(tmp_path / "media"), outage=outage)
     task = celery_runtime.register(Celery("eager", broker="memory://"), name="t.eager",
                                    options=options)
+    job = uuid.uuid4()
     try:
         with caplog.at_level(logging.INFO, logger="callwarden.queue"):
-            result = task.apply(args=(str(uuid.uuid4()), "kie-standard", REQUEST))
+            result = task.apply(args=(str(job), "kie-standard", REQUEST))
     finally:
         celery_runtime.stop_process()
     assert result.state == "FAILURE"
     assert isinstance(result.result, DatabaseUnavailable)
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.ERROR and r.name.startswith("callwarden")
+              and f"job {job} " in r.getMessage()]
+    assert len(errors) == 1, errors  # the job, named once, left for the host
+    assert "the job is left reserved, with no call" in errors[0]
     retried = [r.getMessage() for r in caplog.records if "outage retry" in r.getMessage()]
-    assert len(retried) == outage.within_limit + 1 == 6  # the 6th is refused
+    assert len(retried) == outage.within_limit == 5  # a 6th is neither made nor logged
+
+
+async def test_a_database_error_keeps_the_job_queued_only_before_its_call_started(
+        db_url: str, conn: Conn, sim: RunningSimulator, tmp_path: Path) -> None:
+    """What both queues ask before they fail or ack a job whose try raised a
+    ``DatabaseError``: an outage always keeps it queued; any other database error keeps
+    it while no ``CallStarted`` is recorded (the job would be lost with no call), and
+    not once the call started (the reconciler finishes it), nor for a job with no row."""
+    unstarted, started = await create_job(conn, credits=5), await create_job(conn, credits=5)
+    process = await open_runner(_options(db_url, sim, tmp_path), role="arq")
+    try:
+        await append(conn, started, EMPTY, CallStarted(
+            at=process.runner.clock(), actor="arq:other", kind="kie-standard", sync=False))
+        refused = DatabaseError("database error: refused")
+        down = DatabaseUnavailable("database unavailable: down")
+        kept = {"unstarted": await process.keeps(unstarted, refused),
+                "started": await process.keeps(started, refused),
+                "started, down": await process.keeps(started, down),
+                "no row": await process.keeps(uuid.uuid4(), refused)}
+    finally:
+        await process.close()
+    assert kept == {"unstarted": True, "started": False, "started, down": True,
+                    "no row": False}

@@ -1,7 +1,8 @@
 """The one error boundary (engine/database/boundary.py), driven with a real server: a pool
-that cannot lend a connection, a dropped connection, and a failing statement all
-come out as the engine's types, the driver's error
-kept as ``__cause__``, and nothing is written."""
+that cannot lend a connection, a dropped connection, a server that says it is not there for
+us (class 08, 57P01-03, read-only 25006) and a failing statement all come out as the
+engine's types, the driver's error kept as ``__cause__``, and nothing is written; a
+connection that met a read-only server is not lent again."""
 
 from __future__ import annotations
 
@@ -44,6 +45,48 @@ async def test_a_failing_statement_is_a_database_error_named_by_sqlstate(db_url:
             await conn.execute("SELECT 1 / 0")
     assert not isinstance(caught.value, DatabaseUnavailable)
     assert isinstance(caught.value.__cause__, psycopg.errors.DivisionByZero)
+
+
+# What a server says when it is not there for us: the whole connection-exception class
+# (08), the server shutting down, crashed or not yet accepting connections (57P01-03), and
+# a read-only server (25006: a standby, a primary being demoted at a failover).
+UNAVAILABLE = ["08000", "08003", "08006", "08001", "08004", "08007", "08P01",
+               "57P01", "57P02", "57P03", "25006"]
+
+
+@pytest.mark.parametrize("sqlstate", UNAVAILABLE)
+async def test_a_server_that_is_not_there_for_us_is_unavailable(conn: Conn,
+                                                               sqlstate: str) -> None:
+    """Raised by the server itself with that SQLSTATE (read by code, never by text)."""
+    with pytest.raises(DatabaseUnavailable) as caught, translated():
+        await conn.execute(f"DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '{sqlstate}'; "
+                           "END $$")
+    assert isinstance(caught.value.__cause__, psycopg.Error)
+    assert caught.value.__cause__.sqlstate == sqlstate
+
+
+async def test_a_write_on_a_read_only_server_is_unavailable_and_its_connection_replaced(
+        db_url: str) -> None:
+    """A session opened while the database refused writes keeps refusing them after it
+    accepts them again (``default_transaction_read_only`` is read when the session
+    starts): the pool must not lend it again. The failing write is ``DatabaseUnavailable``
+    (before: a plain ``DatabaseError``, and the same read-only backend lent again)."""
+    async with open_pool(db_url, min_size=1, max_size=1) as pool:
+        async with connection(pool) as conn:
+            first = await (await conn.execute("SELECT pg_backend_pid() AS p")).fetchone()
+            await conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(DatabaseUnavailable) as caught:
+            async with connection(pool) as conn:
+                await create_job(conn, credits=1)
+        assert isinstance(caught.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        async with connection(pool) as conn:
+            now = await (await conn.execute(
+                "SELECT pg_backend_pid() AS p, current_setting('default_transaction_read_only')"
+                " AS ro")).fetchone()
+            await create_job(conn, credits=1)  # writes again
+    assert first is not None
+    assert now is not None
+    assert (now["p"] != first["p"], now["ro"]) == (True, "off")
 
 
 DEAD = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
