@@ -7,12 +7,15 @@ Reading: with a read token configured, every route but ``/healthz`` and ``/ready
 wants it, as ``Authorization: Bearer <token>`` (Prometheus' ``authorization``) or as the
 password of HTTP Basic (a browser's own prompt; any user name); the admin token reads too.
 Without one, whoever reaches the listener reads it: keep it on loopback or a private
-network.
+network. A bad ``Authorization`` header (bytes that are not UTF-8, a Basic value that is not
+base64) is a 401 (reading) or 403 (acting), never an error.
 
 Admin actions need ``Authorization: Bearer <admin token>``; with no token configured they
 are refused (403) — the service is then read-only. A request a browser marks as coming
 from another site (``Sec-Fetch-Site``, ``Origin``) is refused even with the token; the
 dashboard's buttons send the token from the page's script (kept in ``sessionStorage``).
+
+An admin action on a job this database does not have is a 404.
 
 - ``POST /admin/jobs/{id}/force-fail``: ``Cancelled(by="admin")`` through the write path
   (refunds the reservation in the same statement). Cancelled rather than Exhausted:
@@ -28,7 +31,6 @@ dashboard's buttons send the token from the page's script (kept in ``sessionStor
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,6 +43,7 @@ from aiohttp.typedefs import Middleware
 from callwarden.database.boundary import connection
 from callwarden.database.db import Pool
 from callwarden.database.write import AppendResult, cancel, transition
+from callwarden.errors import JobNotFound
 from callwarden.events.types import Event, ReconcileAttempted
 from callwarden.projections.fold import CallProjection
 from callwarden.service.dashboard import Dashboard
@@ -54,16 +57,28 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _cross_site(request: web.Request) -> bool:
     """Whether a browser says the request comes from another site: ``Sec-Fetch-Site``
-    other than same-origin / none (typed by the user), or an ``Origin`` for another host.
-    ``curl`` sends neither, so the API keeps working from a shell."""
+    other than same-origin / none (typed by the user), or an ``Origin`` for another host
+    (or one that cannot be read). ``curl`` sends neither, so the API keeps working from a
+    shell."""
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         return True
     origin = request.headers.get("Origin")
-    return origin is not None and urlsplit(origin).netloc != request.host
+    if origin is None:
+        return False
+    try:
+        return urlsplit(origin).netloc != request.host
+    except ValueError:  # e.g. "http://[": no origin this host ever sends
+        return True
 
 
 def _same(given: str, token: str | None) -> bool:
-    return bool(token) and hmac.compare_digest(given.encode(), (token or "").encode())
+    """Whether ``given`` is ``token``, in constant time. Header bytes that are not UTF-8
+    reach here as surrogates (aiohttp decodes with ``surrogateescape``): compared as the
+    bytes they were, never an error."""
+    if not token:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                               token.encode("utf-8", "surrogateescape"))
 
 
 def _authorized(request: web.Request, token: str | None) -> bool:
@@ -86,7 +101,7 @@ def _presented(request: web.Request) -> str | None:
     if scheme.lower() == "basic":
         try:
             decoded = base64.b64decode(value.strip(), validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (non-ASCII included), or not UTF-8
             return None
         return decoded.partition(":")[2]
     return None
@@ -125,8 +140,11 @@ class _Admin:
 
     async def force_fail(self, request: web.Request) -> web.Response:
         job_id = self._job(request)
-        async with connection(self.pool) as conn:
-            result = await cancel(conn, job_id, by="admin", now=self.now())
+        try:
+            async with connection(self.pool) as conn:
+                result = await cancel(conn, job_id, by="admin", now=self.now())
+        except JobNotFound:
+            raise web.HTTPNotFound(text=f"no job {job_id}") from None
         return _answer(job_id, result)
 
     async def requeue(self, request: web.Request) -> web.Response:
@@ -139,8 +157,11 @@ class _Admin:
             return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
                                       next_attempt_at=None)
 
-        async with connection(self.pool) as conn:
-            result = await transition(conn, job_id, decide)
+        try:
+            async with connection(self.pool) as conn:
+                result = await transition(conn, job_id, decide)
+        except JobNotFound:
+            raise web.HTTPNotFound(text=f"no job {job_id}") from None
         return _answer(job_id, result)
 
 

@@ -4,9 +4,10 @@ and what an unauthenticated webhook POST can cost it.
 The webhook listener is the one providers reach from the internet: it answers webhooks
 and health probes only. The dashboard, the job pages (model output, raw provider answers),
 ``/metrics`` and the admin actions are on the operator listener, which binds 127.0.0.1 on
-another port unless told otherwise. A compressed body is refused on the webhook routes
-before a byte of it is inflated, however many ``Content-Encoding`` headers it carries: the
-server's memory does not move.
+another port unless told otherwise. A bad ``Authorization`` header is a 401 or 403, an
+admin action on a job that does not exist a 404, never a 500. A compressed body is refused
+on the webhook routes before a byte of it is inflated, however many ``Content-Encoding``
+headers it carries: the server's memory does not move.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDict
@@ -175,3 +177,77 @@ async def test_a_gzip_bomb_to_a_webhook_route_is_refused_without_being_inflated(
     assert grown < 8 * MiB, f"serve grew by {grown / MiB:.1f} MiB"
     assert await counts(conn) == before_rows
     assert (await load(conn, job)).state == "polling"
+
+async def raw_status(base: str, head: bytes) -> int:
+    """The status of one request written byte for byte to ``base`` (a header may carry any
+    byte, as a hostile client's can), ``Connection: close``."""
+    url = urlsplit(base)
+    assert url.hostname is not None
+    assert url.port is not None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(url.hostname, url.port), timeout=10)
+    try:
+        writer.write(head)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_a_bad_authorization_header_is_refused_never_a_500(
+        db_url: str, conn: Conn) -> None:
+    """``Authorization`` bytes that are not UTF-8 (a hostile client's; aiohttp keeps them
+    as surrogates) against the read token and the admin token: 401 and 403, the job
+    untouched. Valid non-ASCII text is refused the same way."""
+    job, _ = await kie_call(conn)
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+                      CALLWARDEN_READ_TOKEN="reader")
+    async with serve(env) as served:
+        operator = served.operator
+        assert operator is not None
+        for value in (b"Bearer \xff\xfe", b"Bearer reader\xff", b"Basic \xff",
+                      "Bearer r\u00e9ader".encode(), b"\xff\xfe"):
+            head = (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + value
+                    + b"\r\nConnection: close\r\n\r\n")
+            assert (value, await raw_status(operator, head)) == (value, 401)
+            for action in ("force-fail", "requeue-reconcile"):
+                # the admin's header is the read guard's too: refused there, 401
+                head = (f"POST /admin/jobs/{job}/{action} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        f"Content-Length: 0\r\nConnection: close\r\n".encode()
+                        + b"Authorization: " + value + b"\r\n\r\n")
+                assert (value, await raw_status(operator, head)) == (value, 401)
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")  # no read token
+    async with serve(env) as served:
+        assert served.operator is not None
+        admin = f"Authorization: Bearer {TOKEN}\r\n".encode()
+        for extra in (b"Authorization: Bearer \xff\xfe\r\n",
+                      f"Authorization: Bearer {TOKEN}\xff\r\n".encode("latin-1"),
+                      admin + b"Origin: http://[\r\n",  # no URL: not this origin either
+                      admin + b"Origin: http://\xff\r\n"):
+            head = (f"POST /admin/jobs/{job}/force-fail HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Content-Length: 0\r\nConnection: close\r\n".encode()
+                    + extra + b"\r\n")
+            assert (extra, await raw_status(served.operator, head)) == (extra, 403)
+    assert (await load(conn, job)).state == "polling"
+
+
+async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
+        db_url: str, conn: Conn) -> None:
+    """With the admin token, both actions on a job id this database does not have: 404,
+    nothing written."""
+    before = await (await conn.execute(
+        "SELECT (SELECT count(*) FROM jobs) AS jobs, "
+        "(SELECT count(*) FROM call_events) AS events")).fetchone()
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")
+    async with serve(env) as served, aiohttp.ClientSession() as http:
+        for action in ("force-fail", "requeue-reconcile"):
+            async with http.post(f"{served.operator}/admin/jobs/{uuid.uuid4()}/{action}",
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+                assert (action, resp.status) == (action, 404)
+                assert "no job" in await resp.text()
+    after = await (await conn.execute(
+        "SELECT (SELECT count(*) FROM jobs) AS jobs, "
+        "(SELECT count(*) FROM call_events) AS events")).fetchone()
+    assert after == before
