@@ -4,10 +4,12 @@ and what an unauthenticated webhook POST can cost it.
 The webhook listener is the one providers reach from the internet: it answers webhooks
 and health probes only. The dashboard, the job pages (model output, raw provider answers),
 ``/metrics`` and the admin actions are on the operator listener, which binds 127.0.0.1 on
-another port unless told otherwise. A bad ``Authorization`` header is a 401 or 403, an
-admin action on a job that does not exist a 404, never a 500. A compressed body is refused
-on the webhook routes before a byte of it is inflated, however many ``Content-Encoding``
-headers it carries: the server's memory does not move.
+another port unless told otherwise; without a read token it answers only requests whose
+``Host`` names it (a loopback name, its configured host, ``allowed_hosts``), so a
+DNS-rebinding page in an operator's browser reads nothing. A bad ``Authorization`` header
+is a 401 or 403, an admin action on a job that does not exist a 404, never a 500. A
+compressed body is refused on the webhook routes before a byte of it is inflated, however
+many ``Content-Encoding`` headers it carries: the server's memory does not move.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ async def test_a_gzip_bomb_to_a_webhook_route_is_refused_without_being_inflated(
     assert await counts(conn) == before_rows
     assert (await load(conn, job)).state == "polling"
 
+
 async def raw_status(base: str, head: bytes) -> int:
     """The status of one request written byte for byte to ``base`` (a header may carry any
     byte, as a hostile client's can), ``Connection: close``."""
@@ -194,6 +197,66 @@ async def raw_status(base: str, head: bytes) -> int:
         writer.close()
         await writer.wait_closed()
     return int(answer.split(b" ", 2)[1])
+
+
+async def test_without_a_read_token_the_operator_answers_only_to_its_own_names(
+        db_url: str, conn: Conn) -> None:
+    """DNS rebinding: a page at attacker.example whose name then resolves to 127.0.0.1
+    reaches the operator listener from the operator's browser with ``Host:
+    attacker.example``. Without a read token, every operator route but the probes answers
+    421 to a Host that is not loopback, the listener's host or in ``allowed_hosts``
+    (``CALLWARDEN_SERVE_ALLOWED_HOSTS``); with a read token the token decides."""
+    job, _ = await kie_call(conn)
+    task = f"t-{job}"  # on the job page, and in the call list
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+                      CALLWARDEN_SERVE_ALLOWED_HOSTS="ops.internal, Dash.Example.")
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    async with serve(env) as served, aiohttp.ClientSession() as http:
+        operator = served.operator
+        assert operator is not None
+        port = urlsplit(operator).port
+        refused = ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io",
+                   "localhost.attacker.example", f"evil@127.0.0.1:{port}", "ops.internal.evil",
+                   "[::2]", "0x7f000001")
+        for host in refused:
+            for path in ("/", "/jobs", f"/jobs/{job}", f"/jobs?q={task}", "/metrics",
+                         "/static/callwarden.css", "/overview/live"):
+                async with http.get(operator + path, headers={"Host": host},
+                                    allow_redirects=False) as resp:
+                    body = await resp.text()
+                    assert (host, path, resp.status) == (host, path, 421)
+                    assert task not in body
+            for action in ("force-fail", "requeue-reconcile"):
+                async with http.post(f"{operator}/admin/jobs/{job}/{action}",
+                                     headers={**admin, "Host": host}) as resp:
+                    assert (host, action, resp.status) == (host, action, 421)
+            for probe in ("/healthz", "/readyz"):  # the orchestrator's probes stay open
+                async with http.get(operator + probe, headers={"Host": host}) as resp:
+                    assert (host, probe, resp.status) == (host, probe, 200)
+        no_host = f"GET /jobs/{job} HTTP/1.0\r\n\r\n".encode()
+        assert await raw_status(operator, no_host) == 421
+        accepted = (f"127.0.0.1:{port}", "127.0.0.1", f"localhost:{port}", "LOCALHOST",
+                    f"[::1]:{port}", "127.8.9.10", "ops.internal", f"OPS.internal:{port}",
+                    "dash.example", "localhost.")
+        for host in accepted:
+            async with http.get(f"{operator}/jobs/{job}", headers={"Host": host}) as resp:
+                assert (host, resp.status) == (host, 200)
+                assert task in await resp.text()
+        async with http.post(f"{operator}/admin/jobs/{job}/requeue-reconcile",
+                             headers={**admin, "Host": "ops.internal"}) as resp:
+            assert resp.status == 200
+    assert (await load(conn, job)).state == "polling"  # nothing a refused host sent acted
+
+    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+                      CALLWARDEN_READ_TOKEN="reader")
+    async with serve(env) as served, aiohttp.ClientSession() as http:
+        assert served.operator is not None
+        async with http.get(f"{served.operator}/jobs/{job}", headers={
+                "Host": "attacker.example"}) as resp:
+            assert resp.status == 401  # a rebinding page has no token
+        async with http.get(f"{served.operator}/jobs/{job}", headers={
+                "Host": "ops.example", "Authorization": "Bearer reader"}) as resp:
+            assert resp.status == 200  # any name, with the token
 
 
 async def test_a_bad_authorization_header_is_refused_never_a_500(
@@ -231,6 +294,21 @@ async def test_a_bad_authorization_header_is_refused_never_a_500(
                     + extra + b"\r\n")
             assert (extra, await raw_status(served.operator, head)) == (extra, 403)
     assert (await load(conn, job)).state == "polling"
+
+
+async def test_allowed_hosts_takes_names_only(db_url: str) -> None:
+    """An entry with a port, a scheme or a wildcard stops serve before it listens, naming
+    the setting (a name that never matches would pass silently)."""
+    for bad in ("ops.internal:8001", "http://ops.internal", "*.example.com"):
+        env = environment(db_url, CALLWARDEN_SERVE_ALLOWED_HOSTS=f"localhost,{bad}")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "callwarden.cli", "serve", "--port", "0",
+            "--operator-port", "0", env=env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode == 2, err
+        assert "CALLWARDEN_SERVE_ALLOWED_HOSTS" in err.decode(), err
+        assert repr(bad) in err.decode(), err
 
 
 async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
