@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import msgspec
 
-from callwarden.errors import ConfigError
 from callwarden.providers.llm_stop import StopPolicy
 from callwarden.providers.outcomes import PollOutcome, SyncOutcome
 
@@ -97,7 +96,8 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
         """Read ``CALLWARDEN_<PROVIDER>_URL`` and ``<PROVIDER>_API_KEY`` (e.g.
         ``KIE_API_KEY``, ``REPLICATE_API_TOKEN``, ``ELEVENLABS_API_KEY``,
         ``ANTHROPIC_API_KEY``), and ``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` (the largest
-        answer read, default 16 MiB: :class:`RetryPolicy`)."""
+        answer read, default 16 MiB: :class:`RetryPolicy`; a bad value is a ``ValueError``
+        naming the variable)."""
         e = os.environ if env is None else env
         base = cls()
         retry = base.retry
@@ -105,9 +105,9 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
         if limit:
             try:
                 retry = msgspec.structs.replace(retry, max_answer_bytes=int(limit))
-            except ValueError as exc:
-                raise ConfigError(f"{_MAX_ANSWER_VAR}: a number of bytes >= 1, got "
-                                  f"{limit!r}") from exc
+            except ValueError as exc:  # the engine's actors report it as a ConfigError
+                raise ValueError(f"{_MAX_ANSWER_VAR}: a number of bytes >= 1, got "
+                                 f"{limit!r}") from exc
 
         def ep(name: str, default: Endpoint, key_var: str) -> Endpoint:
             return Endpoint(

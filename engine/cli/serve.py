@@ -42,9 +42,9 @@ from callwarden.calls.identity import incarnation
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.config import provider_settings
 from callwarden.database.db import default_data_dir, open_pool
 from callwarden.errors import ConfigError
-from callwarden.providers.base import ProviderSettings
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
 from callwarden.providers.storage import media_from_env
@@ -115,7 +115,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     if args.pool_size < 1:
         raise ConfigError("--pool-size must be >= 1")
     listen = listen_config(args)
-    settings = ProviderSettings.from_env()
+    settings = provider_settings(os.environ)
     env = dict(os.environ)
     if args.media_dir is not None:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)

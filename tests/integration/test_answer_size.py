@@ -12,22 +12,27 @@ text-to-speech audio) may be as large as a media download.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import tracemalloc
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from callwarden.config import provider_settings
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn
 from callwarden.errors import ConfigError
-from callwarden.providers.base import Endpoint, ProviderSettings, RetryPolicy
+from callwarden.providers.base import Endpoint, RetryPolicy
 from callwarden.providers.elevenlabs.client import ElevenLabsSyncClient
 from callwarden.providers.errors import MalformedResponse
 from callwarden.providers.outcomes import Succeeded
@@ -226,12 +231,22 @@ async def test_a_text_to_speech_answer_is_a_file_and_may_exceed_the_json_limit(
     assert seen[0]["accept-encoding"] == "identity"
 
 
-def test_the_limit_is_read_from_the_environment() -> None:
-    """``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` sets it for the CLI's actors; a bad value
-    is a configuration error naming the variable."""
+
+async def test_the_limit_is_read_from_the_environment(db_url: str) -> None:
+    """``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` sets it for the actors; a bad value stops
+    a ``callwarden worker`` before it starts, naming the variable."""
     var = "CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES"
-    assert ProviderSettings.from_env({}).retry.max_answer_bytes == LIMIT
-    assert ProviderSettings.from_env({var: "1000"}).retry.max_answer_bytes == 1000
+    assert provider_settings({}).retry.max_answer_bytes == LIMIT
+    assert provider_settings({var: "1000"}).retry.max_answer_bytes == 1000
     for bad in ("0", "-1", "16MiB"):
         with pytest.raises(ConfigError, match=var):
-            ProviderSettings.from_env({var: bad})
+            provider_settings({var: bad})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLWARDEN_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "worker", env={
+            **env, "DATABASE_URL": db_url, var: "16MiB"}, cwd=Path(__file__).parents[2],
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2, err
+    assert f"{var}: a number of bytes >= 1, got '16MiB'" in err.decode(), err
