@@ -29,9 +29,10 @@ from typing import Any, TypeVar, get_args, get_origin
 import msgspec
 
 from callwarden.errors import ConfigError
+from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["SECTIONS", "load", "read_section", "register"]
+__all__ = ["SECTIONS", "load", "provider_settings", "read_section", "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks", "serve")
@@ -229,3 +230,13 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
                     if _problem(cls, _without(merged, entry)) != str(exc)]
         raise ConfigError(f"invalid {section} configuration: {exc}"
                           + (f" (set by {'; '.join(culprits)})" if culprits else "")) from exc
+
+
+def provider_settings(env: Mapping[str, str]) -> ProviderSettings:
+    """The providers' endpoints, keys and answer limit from ``env``
+    (:meth:`ProviderSettings.from_env`); a bad value is a :class:`ConfigError` naming its
+    variable."""
+    try:
+        return ProviderSettings.from_env(env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

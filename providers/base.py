@@ -17,18 +17,31 @@ import msgspec
 from callwarden.providers.llm_stop import StopPolicy
 from callwarden.providers.outcomes import PollOutcome, SyncOutcome
 
-__all__ = ["AsyncKindClient", "Endpoint", "ProviderSettings", "RetryPolicy", "SyncKindClient"]
+__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "AsyncKindClient", "Endpoint", "ProviderSettings",
+           "RetryPolicy", "SyncKindClient"]
+
+
+_MAX_ANSWER_VAR = "CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES"
+#: The largest provider answer read by default (once inflated): 16 MiB.
+DEFAULT_MAX_ANSWER_BYTES = 16 * 2**20
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """How the transport retries one request (bounded, jittered; see
-    callwarden.providers.transport)."""
+    """How the transport sends one request: bounded, jittered retries, each attempt's
+    timeout, and ``max_answer_bytes``, the largest answer body it reads (counted once
+    inflated; an answer over it is a ``MalformedResponse``). See
+    callwarden.providers.transport."""
 
     max_attempts: int = 4
     base_delay_s: float = 0.25
     max_delay_s: float = 8.0
     max_total_s: float = 30.0
     timeout_s: float = 30.0
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes must be >= 1, got {self.max_answer_bytes}")
 
 
 
@@ -82,9 +95,19 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProviderSettings:
         """Read ``CALLWARDEN_<PROVIDER>_URL`` and ``<PROVIDER>_API_KEY`` (e.g.
         ``KIE_API_KEY``, ``REPLICATE_API_TOKEN``, ``ELEVENLABS_API_KEY``,
-        ``ANTHROPIC_API_KEY``)."""
+        ``ANTHROPIC_API_KEY``), and ``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` (the largest
+        answer read, default 16 MiB: :class:`RetryPolicy`; a bad value is a ``ValueError``
+        naming the variable)."""
         e = os.environ if env is None else env
         base = cls()
+        retry = base.retry
+        limit = e.get(_MAX_ANSWER_VAR, "").strip()
+        if limit:
+            try:
+                retry = msgspec.structs.replace(retry, max_answer_bytes=int(limit))
+            except ValueError as exc:  # the engine's actors report it as a ConfigError
+                raise ValueError(f"{_MAX_ANSWER_VAR}: a number of bytes >= 1, got "
+                                 f"{limit!r}") from exc
 
         def ep(name: str, default: Endpoint, key_var: str) -> Endpoint:
             return Endpoint(
@@ -97,6 +120,7 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
             replicate=ep("REPLICATE", base.replicate, "REPLICATE_API_TOKEN"),
             elevenlabs=ep("ELEVENLABS", base.elevenlabs, "ELEVENLABS_API_KEY"),
             anthropic=ep("ANTHROPIC", base.anthropic, "ANTHROPIC_API_KEY"),
+            retry=retry,
         )
 
     @classmethod

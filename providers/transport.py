@@ -18,6 +18,16 @@ after sending is ambiguous and is raised at once for the caller to decide.
 other keys to whoever the ``Location`` names. A 3xx answer is
 :class:`~callwarden.providers.errors.MalformedResponse` (no provider API documents one), its
 ``Location`` named without the query; nothing is sent there.
+
+**An answer is read within a limit.** Every request asks for ``Accept-Encoding:
+identity`` (no provider needs compression), and the body is read in chunks up to the
+policy's ``max_answer_bytes`` (16 MiB by default), counted once inflated when a server
+compresses it anyway: an answer over it — a declared ``Content-Length`` before a byte is
+read, or the bytes as they come (a decompression bomb stops at the limit) — is
+:class:`~callwarden.providers.errors.MalformedResponse` naming the limit, the connection
+closed. Like any malformed answer it is not retried at once: a poll is polled again on its
+next tick, a create or a sync call is refused. A client whose answer is itself a file
+(ElevenLabs' audio) passes its own, larger ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -81,15 +91,51 @@ class _ConnectFailed(NotSent):
     """The TCP connection could not be opened: the request was certainly not processed."""
 
 
+_CHUNK = 64 * 1024
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, method: str, url: str, *,
+                       provider: str, max_bytes: int) -> bytes:
+    """The body, read in chunks; :class:`MalformedResponse` (the connection closed) as
+    soon as it is known to be over ``max_bytes``."""
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        resp.close()
+        raise MalformedResponse(
+            f"{method} {shown_url(url)} answered Content-Length {declared}: more than "
+            f"{max_bytes} bytes, the limit for a provider answer (not read)",
+            provider=provider, status=resp.status)
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(_CHUNK):
+        body += chunk
+        if len(body) > max_bytes:
+            resp.close()
+            inflated = resp.headers.get("Content-Encoding", "").strip()
+            raise MalformedResponse(
+                f"{method} {shown_url(url)} answered more than {max_bytes} bytes"
+                f"{f' once inflated ({inflated[:40]})' if inflated else ''}, the limit for "
+                f"a provider answer: the rest was not read", provider=provider,
+                status=resp.status)
+    return bytes(body)
+
+
+def _identity(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` asking for an uncompressed answer (any ``Accept-Encoding`` replaced)."""
+    out = {k: v for k, v in (headers or {}).items() if k.lower() != "accept-encoding"}
+    out["Accept-Encoding"] = "identity"
+    return out
+
+
 async def _once(
     session: aiohttp.ClientSession, method: str, url: str, *, provider: str,
-    timeout_s: float, kwargs: Mapping[str, Any],
+    timeout_s: float, max_bytes: int, kwargs: Mapping[str, Any],
 ) -> RawResponse:
     try:
         async with session.request(
             method, url, timeout=aiohttp.ClientTimeout(total=timeout_s), **kwargs
         ) as resp:
-            body = await resp.read()
+            body = await _read_capped(resp, method, url, provider=provider,
+                                      max_bytes=max_bytes)
             headers = {k.lower(): v for k, v in resp.headers.items()}
             return RawResponse(status=resp.status, headers=headers, body=body,
                                received_at=time.time())
@@ -106,12 +152,12 @@ async def _once(
 
 async def _checked(
     session: aiohttp.ClientSession, method: str, url: str, *, provider: str,
-    classify: Classify, timeout_s: float, kwargs: Mapping[str, Any],
+    classify: Classify, timeout_s: float, max_bytes: int, kwargs: Mapping[str, Any],
     seen: Callable[[RawResponse], None] | None = None,
 ) -> RawResponse:
     """One attempt: the response if ``classify`` accepts it, else its error raised."""
     raw = await _once(session, method, url, provider=provider, timeout_s=timeout_s,
-                      kwargs=kwargs)
+                      max_bytes=max_bytes, kwargs=kwargs)
     if seen is not None:
         seen(raw)
     if 300 <= raw.status < 400:
@@ -137,15 +183,20 @@ async def send(
     idempotent: bool = True,
     sleep: Sleep = asyncio.sleep,
     rng: random.Random | None = None,
+    max_bytes: int | None = None,
     **kwargs: Any,
 ) -> RawResponse:
     """Send one logical request; return a response that ``classify`` accepts.
 
     ``kwargs`` go to ``aiohttp.ClientSession.request`` (``json=``, ``data=``, ``params=``,
-    ``headers=``). Raises a :class:`ProviderError` subclass, never an aiohttp error.
+    ``headers=``; ``Accept-Encoding`` is always ``identity``). ``max_bytes``: the largest
+    answer read (default: ``policy.max_answer_bytes``). Raises a :class:`ProviderError`
+    subclass, never an aiohttp error.
     """
     rng = rng or random.Random()
+    limit = policy.max_answer_bytes if max_bytes is None else max_bytes
     kwargs["allow_redirects"] = False  # never: the key would go along (module docstring)
+    kwargs["headers"] = _identity(kwargs.get("headers"))
     deadline = time.monotonic() + policy.max_total_s
     attempt = 0
     while True:
@@ -153,11 +204,11 @@ async def send(
             if _trace is None:
                 return await _checked(session, method, url, provider=provider,
                                       classify=classify, timeout_s=policy.timeout_s,
-                                      kwargs=kwargs)
+                                      max_bytes=limit, kwargs=kwargs)
             with _trace(provider, method, url, attempt + 1) as seen:
                 return await _checked(session, method, url, provider=provider,
                                       classify=classify, timeout_s=policy.timeout_s,
-                                      kwargs=kwargs, seen=seen)
+                                      max_bytes=limit, kwargs=kwargs, seen=seen)
         except ProviderError as err:
             attempt += 1
             if attempt >= policy.max_attempts or not _retryable(err, idempotent):

@@ -32,10 +32,10 @@ from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
 from callwarden.cli.process import setup_logging
+from callwarden.config import provider_settings
 from callwarden.database.db import default_data_dir, open_pool
 from callwarden.database.outage import configured_limit_s
 from callwarden.observe.metrics import start_metrics_server
-from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
@@ -80,7 +80,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     async with open_pool(url, max_size=config.concurrency + 2, check=True,
                          wait_s=wait_s) as pool, \
             aiohttp.ClientSession() as session:
-        reconciler = Reconciler(pool, session, ProviderSettings.from_env(), media,
+        reconciler = Reconciler(pool, session, provider_settings(os.environ), media,
                                 config=config,
                                 call_config=call_config,
                                 pricing=pricing)

@@ -8,7 +8,10 @@
   probes, behind the read token when one is set.
 
 Both are also set by ``CALLWARDEN_SERVE_<FIELD>`` (``HOST``, ``PORT``, ``OPERATOR_HOST``,
-``OPERATOR_PORT``) and the ``--config`` file's ``[serve]`` table; a flag wins.
+``OPERATOR_PORT``) and the ``--config`` file's ``[serve]`` table; a flag wins. Without a
+read token the operator listener answers only a ``Host`` that is loopback, its
+``operator_host`` or in ``allowed_hosts`` (``CALLWARDEN_SERVE_ALLOWED_HOSTS``, comma-
+separated; ``[serve] allowed_hosts``): 421 otherwise, the probes excepted.
 
 Configuration (environment): ``CALLWARDEN_REPLICATE_WEBHOOK_SECRET`` (``whsec_...``),
 ``CALLWARDEN_KIE_WEBHOOK_HMAC_KEY`` (optional; without it KIE callbacks are authenticated
@@ -39,9 +42,9 @@ from callwarden.calls.identity import incarnation
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.config import provider_settings
 from callwarden.database.db import default_data_dir, open_pool
 from callwarden.errors import ConfigError
-from callwarden.providers.base import ProviderSettings
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
 from callwarden.providers.storage import media_from_env
@@ -91,15 +94,17 @@ def listen_config(args: argparse.Namespace) -> ListenConfig:
         "operator_port": args.operator_port})
 
 
-def service_config(args: argparse.Namespace) -> ServiceConfig:
+def service_config(args: argparse.Namespace, listen: ListenConfig) -> ServiceConfig:
     """The service's settings; stale thresholds and the legacy cutoff are the
     reconciler's own (``--config`` and ``CALLWARDEN_RECONCILE_*``), so ``/metrics`` and the
-    dashboard count what the reconciler acts on."""
+    dashboard count what the reconciler acts on. Without a read token the operator
+    listener answers to ``listen``'s operator names (and loopback ones) only."""
     env = os.environ
     webhooks = load_webhook_config(args.config, env)
     reconcile = load_config(args.config, env)
     return ServiceConfig(webhooks=webhooks, admin_token=env.get(args.admin_token_env) or None,
                          read_token=env.get(args.read_token_env) or None,
+                         allowed_hosts=listen.operator_names,
                          stale=reconcile.stale, attempt_cap=reconcile.attempt_cap,
                          repoll_interval_s=reconcile.repoll_interval_s,
                          legacy_cutoff=reconcile.legacy_cutoff)
@@ -110,12 +115,12 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     if args.pool_size < 1:
         raise ConfigError("--pool-size must be >= 1")
     listen = listen_config(args)
-    settings = ProviderSettings.from_env()
+    settings = provider_settings(os.environ)
     env = dict(os.environ)
     if args.media_dir is not None:
         env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
     media = media_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
-    config = service_config(args)
+    config = service_config(args, listen)
     call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)
     if not is_loopback(listen.operator_host) and config.read_token is None:

@@ -24,11 +24,11 @@ from callwarden.calls.config import AmbiguousCreate, CallConfig, load_call_confi
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from callwarden.cli.process import setup_logging
+from callwarden.config import provider_settings
 from callwarden.database.db import connect, default_data_dir
 from callwarden.database.jobs import create_job
 from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
-from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.storage import media_from_env
 from callwarden.queue.claims import input_data
@@ -155,7 +155,7 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    return await run_worker(url, ProviderSettings.from_env(), media,
+    return await run_worker(url, provider_settings(os.environ), media,
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,
                             grace_s=args.grace, max_deliveries=args.max_deliveries,

@@ -38,6 +38,7 @@ from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
+from callwarden.config import provider_settings
 from callwarden.database.boundary import connection
 from callwarden.database.db import default_data_dir, open_pool
 from callwarden.database.outage import LIMIT_ENV, Outage
@@ -90,7 +91,7 @@ def options_from_env(env: Mapping[str, str] | None = None, *,
         raise ConfigError("DATABASE_URL is not set: a queue's worker process needs the "
                           "database its jobs are in")
     return RunnerOptions(
-        database_url=url, settings=ProviderSettings.from_env(env),
+        database_url=url, settings=provider_settings(env),
         media=media_from_env(env, default_dir=default_data_dir() / "media"),
         config=load_call_config(env=env), pricing=pricing_from_env(env),
         callback_base_url=env.get("CALLWARDEN_CALLBACK_BASE_URL") or None,

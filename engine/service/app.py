@@ -5,7 +5,8 @@
   providers, which must reach it from the internet, ever need.
 - The **operator** application (:func:`build_operator_app`): the dashboard, the job pages,
   ``/metrics``, the admin actions and the probes (:mod:`callwarden.service.operator`),
-  optionally behind a read token. ``callwarden serve`` binds it to 127.0.0.1 on its own
+  behind a read token when one is set, else answering only a ``Host`` that names it
+  (loopback, ``allowed_hosts``). ``callwarden serve`` binds it to 127.0.0.1 on its own
   port (:class:`ListenConfig`).
 
 :func:`build_apps` builds both, sharing one outage tracker. The caller owns the pool
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import re
 import time
@@ -43,7 +43,13 @@ from callwarden.providers.registry import WEBHOOKS
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard import Dashboard
-from callwarden.service.operator import build_operator_routes, read_guard
+from callwarden.service.operator import (
+    allowed_host,
+    build_operator_routes,
+    host_guard,
+    is_loopback,
+    read_guard,
+)
 from callwarden.service.probes import Probes
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
 
@@ -57,14 +63,17 @@ RECEIVER = web.AppKey("receiver", Receiver)
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     """``admin_token``: enables the admin actions (unset: read-only); ``read_token``:
     wanted by every operator route but the probes (unset: whoever reaches the operator
-    listener reads it). ``stale``, ``legacy_cutoff``, ``attempt_cap`` and
-    ``repoll_interval_s`` are the reconciler's (``callwarden serve`` reads its settings):
-    what ``/metrics`` and the dashboard call stale, and the cap a failed webhook-triggered
-    finalization counts towards."""
+    listener reads it, but only under a ``Host`` that is a loopback name or address or one
+    of ``allowed_hosts`` — host names or addresses, no port — so that a DNS-rebinding page
+    reads nothing; ``callwarden serve`` puts its ``operator_host`` there). ``stale``,
+    ``legacy_cutoff``, ``attempt_cap`` and ``repoll_interval_s`` are the reconciler's
+    (``callwarden serve`` reads its settings): what ``/metrics`` and the dashboard call
+    stale, and the cap a failed webhook-triggered finalization counts towards."""
 
     webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
     admin_token: str | None = None
     read_token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
     stale: StaleRule = msgspec.field(default_factory=lambda: ReconcileConfig().stale)
     legacy_cutoff: datetime | None = None
     attempt_cap: int = msgspec.field(default_factory=lambda: ReconcileConfig().attempt_cap)
@@ -77,12 +86,16 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
 class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Where ``callwarden serve`` listens: ``host``:``port`` for the webhooks (the
     listener providers reach), ``operator_host``:``operator_port`` for the operator
-    surface (loopback by default). Port 0: any free port."""
+    surface (loopback by default). Port 0: any free port. ``allowed_hosts``: names (or
+    addresses) besides loopback ones and ``operator_host`` that the operator listener
+    answers to while it has no read token (a name it is reached by, behind a proxy or a
+    tunnel); any other ``Host`` gets 421."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     operator_host: str = "127.0.0.1"
     operator_port: int = 8001
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("port", "operator_port"):
@@ -95,6 +108,14 @@ class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         if self.port and (self.host, self.port) == (self.operator_host, self.operator_port):
             raise ConfigError(f"the operator listener needs its own port: both are "
                               f"{self.host}:{self.port}")
+        for entry in self.allowed_hosts:
+            allowed_host(entry)
+
+    @property
+    def operator_names(self) -> tuple[str, ...]:
+        """The names the operator listener answers to without a read token, besides
+        loopback ones: its own host and ``allowed_hosts``."""
+        return (self.operator_host, *self.allowed_hosts)
 
 
 actor_config.register("serve", ListenConfig)
@@ -108,16 +129,6 @@ def load_listen_config(path: Path | None, env: Mapping[str, str],
     origins = {k: "--" + k.replace("_", "-") for k in given}
     return actor_config.load(ListenConfig, path=path, env=env, prefix="CALLWARDEN_SERVE_",
                              section="serve", overrides=given, origins=origins)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datetime]) -> None:
@@ -202,12 +213,14 @@ def build_webhook_app(pool: Pool, finalizer: Finalizer, config: ServiceConfig, *
 def build_operator_app(pool: Pool, config: ServiceConfig, *, now: Clock | None = None,
                        outage: Outage | None = None) -> web.Application:
     """The operator app: the dashboard, the job pages, ``/metrics``, the admin actions and
-    the probes; behind ``config.read_token`` when one is set. Never expose it where the
-    webhooks are (docs/service.md, "Deployment")."""
+    the probes; behind ``config.read_token`` when one is set, else answering only a
+    ``Host`` that is loopback or in ``config.allowed_hosts`` (the probes always). Never
+    expose it where the webhooks are (docs/service.md, "Deployment")."""
     now = now if now is not None else DatabaseClock()
     outage = outage if outage is not None else _outage()
-    guard = [read_guard(config.read_token, config.admin_token)] if config.read_token else []
-    app = web.Application(middlewares=guard)
+    guard = (read_guard(config.read_token, config.admin_token) if config.read_token
+             else host_guard(config.allowed_hosts))
+    app = web.Application(middlewares=[guard])
     app.add_routes(build_operator_routes(
         pool, _probes(pool, config, now, outage), Dashboard(pool, config.stale, now=now),
         config.admin_token, now))

@@ -7,12 +7,20 @@ Reading: with a read token configured, every route but ``/healthz`` and ``/ready
 wants it, as ``Authorization: Bearer <token>`` (Prometheus' ``authorization``) or as the
 password of HTTP Basic (a browser's own prompt; any user name); the admin token reads too.
 Without one, whoever reaches the listener reads it: keep it on loopback or a private
-network.
+network. Then every route but the probes also wants a ``Host`` that names this listener —
+a loopback name or address (``localhost``, 127.0.0.0/8, ``::1``, any port), or one of the
+``allowed_hosts`` (``callwarden serve`` adds its ``operator_host``) — and answers 421
+otherwise: a DNS-rebinding page (``attacker.example``, its name re-pointed at 127.0.0.1)
+in an operator's browser reaches the listener with its own name as the ``Host`` and reads
+nothing. A bad ``Authorization`` header (bytes that are not UTF-8, a Basic value that is not
+base64) is a 401 (reading) or 403 (acting), never an error.
 
 Admin actions need ``Authorization: Bearer <admin token>``; with no token configured they
 are refused (403) — the service is then read-only. A request a browser marks as coming
 from another site (``Sec-Fetch-Site``, ``Origin``) is refused even with the token; the
 dashboard's buttons send the token from the page's script (kept in ``sessionStorage``).
+
+An admin action on a job this database does not have is a 404.
 
 - ``POST /admin/jobs/{id}/force-fail``: ``Cancelled(by="admin")`` through the write path
   (refunds the reservation in the same statement). Cancelled rather than Exhausted:
@@ -28,42 +36,128 @@ dashboard's buttons send the token from the page's script (kept in ``sessionStor
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
+import ipaddress
+import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from callwarden.database.boundary import connection
 from callwarden.database.db import Pool
 from callwarden.database.write import AppendResult, cancel, transition
+from callwarden.errors import ConfigError, JobNotFound
 from callwarden.events.types import Event, ReconcileAttempted
 from callwarden.projections.fold import CallProjection
 from callwarden.service.dashboard import Dashboard
 from callwarden.service.probes import Probes
 
-__all__ = ["build_operator_routes", "read_guard"]
+__all__ = ["allowed_host", "build_operator_routes", "host_guard", "host_name", "is_loopback",
+           "read_guard"]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# A Host header: a bracketed IPv6 address or a name/IPv4 address, then an optional port.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\s\[\]:@/\\?#%]+))"
+                   r"(?::[0-9]{0,5})?")
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
+_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
+def _canonical(name: str) -> str:
+    """``name`` as compared: lower case, no final dot, an address in its shortest form."""
+    name = name.lower().rstrip(".")
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name
+
+
+def host_name(header: str) -> str | None:
+    """The host a ``Host`` header names (without its port, as compared), or ``None`` when
+    it is not one (user info, a path, an empty name)."""
+    match = _HOST.fullmatch(header.strip())
+    if match is None:
+        return None
+    return _canonical(match["v6"] or match["name"]) or None
+
+
+def allowed_host(entry: str) -> str:
+    """An ``allowed_hosts`` entry as compared: a host name or an address (IPv6 with or
+    without brackets), no port, no scheme, no wildcard; :class:`ConfigError` otherwise."""
+    name = entry.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    name = _canonical(name)
+    if ":" in name or not _NAME.fullmatch(name):
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            raise ConfigError(f"allowed_hosts: {entry!r} is not a host name or address "
+                              f"(no port, scheme or wildcard)") from None
+    return name
+
+
+def host_guard(allowed: Iterable[str]) -> Middleware:
+    """A middleware: every route but the probes wants a ``Host`` that is a loopback name
+    or address, or one of ``allowed`` (:func:`allowed_host` entries); 421 otherwise (a
+    DNS-rebinding page names its own host). For a listener with no read token."""
+    names = frozenset(allowed_host(entry) for entry in allowed)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        given = request.headers.getall(hdrs.HOST, [])
+        name = host_name(given[0]) if len(given) == 1 else None
+        if name is not None and (is_loopback(name) or name in names):
+            return await handler(request)
+        raise web.HTTPMisdirectedRequest(
+            text="this listener answers to its own names only: localhost, 127.0.0.1, "
+                 "[::1], its operator host and allowed_hosts (or set a read token)")
+    return guard
+
+
 def _cross_site(request: web.Request) -> bool:
     """Whether a browser says the request comes from another site: ``Sec-Fetch-Site``
-    other than same-origin / none (typed by the user), or an ``Origin`` for another host.
-    ``curl`` sends neither, so the API keeps working from a shell."""
+    other than same-origin / none (typed by the user), or an ``Origin`` for another host
+    (or one that cannot be read). ``curl`` sends neither, so the API keeps working from a
+    shell."""
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         return True
     origin = request.headers.get("Origin")
-    return origin is not None and urlsplit(origin).netloc != request.host
+    if origin is None:
+        return False
+    try:
+        return urlsplit(origin).netloc != request.host
+    except ValueError:  # e.g. "http://[": no origin this host ever sends
+        return True
 
 
 def _same(given: str, token: str | None) -> bool:
-    return bool(token) and hmac.compare_digest(given.encode(), (token or "").encode())
+    """Whether ``given`` is ``token``, in constant time. Header bytes that are not UTF-8
+    reach here as surrogates (aiohttp decodes with ``surrogateescape``): compared as the
+    bytes they were, never an error."""
+    if not token:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                               token.encode("utf-8", "surrogateescape"))
 
 
 def _authorized(request: web.Request, token: str | None) -> bool:
@@ -86,7 +180,7 @@ def _presented(request: web.Request) -> str | None:
     if scheme.lower() == "basic":
         try:
             decoded = base64.b64decode(value.strip(), validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (non-ASCII included), or not UTF-8
             return None
         return decoded.partition(":")[2]
     return None
@@ -125,8 +219,11 @@ class _Admin:
 
     async def force_fail(self, request: web.Request) -> web.Response:
         job_id = self._job(request)
-        async with connection(self.pool) as conn:
-            result = await cancel(conn, job_id, by="admin", now=self.now())
+        try:
+            async with connection(self.pool) as conn:
+                result = await cancel(conn, job_id, by="admin", now=self.now())
+        except JobNotFound:
+            raise web.HTTPNotFound(text=f"no job {job_id}") from None
         return _answer(job_id, result)
 
     async def requeue(self, request: web.Request) -> web.Response:
@@ -139,8 +236,11 @@ class _Admin:
             return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
                                       next_attempt_at=None)
 
-        async with connection(self.pool) as conn:
-            result = await transition(conn, job_id, decide)
+        try:
+            async with connection(self.pool) as conn:
+                result = await transition(conn, job_id, decide)
+        except JobNotFound:
+            raise web.HTTPNotFound(text=f"no job {job_id}") from None
         return _answer(job_id, result)
 
 

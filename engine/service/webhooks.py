@@ -151,10 +151,11 @@ def _signature_reject(exc: SignatureError) -> Reject:
 
 def _refuse_encoded(request: web.Request) -> None:
     """No provider compresses its deliveries: a body with any ``Content-Encoding`` but
-    ``identity`` is refused (415) before a byte of it is read, so a compressed bomb is
-    never inflated here (the service's runner also turns aiohttp's inflation off)."""
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
+    ``identity`` — in any of the headers, when there are several — is refused (415) before
+    a byte of it is read, so a compressed bomb is never inflated here (the service's
+    runner also turns aiohttp's inflation off)."""
+    encodings = request.headers.getall("Content-Encoding", [])
+    if any(e.strip().lower() not in ("", "identity") for e in encodings):
         raise Reject(415, "unsupported_encoding",
                      "compressed bodies are not accepted (Content-Encoding must be identity)")
 

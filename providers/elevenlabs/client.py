@@ -13,6 +13,7 @@ import aiohttp
 
 from callwarden.providers.base import Endpoint
 from callwarden.providers.elevenlabs.operations import (
+    FILE_OPERATIONS,
     SYNC_OPERATIONS,
     _operation,
     build_dubbing_create_request,
@@ -29,6 +30,7 @@ from callwarden.providers.elevenlabs.wire import (
     encode_multipart,
 )
 from callwarden.providers.errors import TaskNotFound, UnknownProviderKind
+from callwarden.providers.media import DEFAULT_MAX_BYTES as MEDIA_MAX_BYTES
 from callwarden.providers.outcomes import (
     Failed,
     NotFound,
@@ -48,7 +50,8 @@ class _Base:
         self._session, self._endpoint = session, endpoint
         self._policy, self._sleep = policy, sleep
 
-    async def _send(self, req: Request, *, idempotent: bool) -> RawResponse:
+    async def _send(self, req: Request, *, idempotent: bool,
+                    max_bytes: int | None = None) -> RawResponse:
         headers = {"xi-api-key": self._endpoint.api_key, "accept": "*/*"}
         kwargs: dict[str, Any] = {"params": req.params or None}
         if req.form is not None:
@@ -59,7 +62,8 @@ class _Base:
             kwargs["json"] = req.json_body
         return await send(self._session, req.method, self._endpoint.base_url + req.path,
                           provider=PROVIDER, classify=classify_elevenlabs, policy=self._policy,
-                          idempotent=idempotent, sleep=self._sleep, headers=headers, **kwargs)
+                          idempotent=idempotent, sleep=self._sleep, max_bytes=max_bytes,
+                          headers=headers, **kwargs)
 
 class ElevenLabsDubbingClient(_Base):
     """``elevenlabs-async`` dubbing: create, poll and resume a ``dubbing_id``."""
@@ -81,8 +85,14 @@ class ElevenLabsSyncClient(_Base):
     forced alignment), selected by ``request["operation"]``."""
 
     async def call(self, request: Mapping[str, Any]) -> Succeeded | Failed:
-        raw = await self._send(build_sync_request(request), idempotent=False)
-        return parse_sync(_operation(request), raw)
+        """The operation's outcome. An audio answer (TTS, SFX) is the file itself: it may
+        be as large as a media download (200 MiB, or the policy's answer limit if larger);
+        the stored file's own limit (``CallConfig.media_max_bytes``) applies after."""
+        operation = _operation(request)
+        limit = (max(self._policy.max_answer_bytes, MEDIA_MAX_BYTES)
+                 if operation in FILE_OPERATIONS else None)
+        raw = await self._send(build_sync_request(request), idempotent=False, max_bytes=limit)
+        return parse_sync(operation, raw)
 
 def elevenlabs_client_for(
     kind: str, session: aiohttp.ClientSession, endpoint: Endpoint,

@@ -50,10 +50,11 @@ from callwarden.providers.outcomes import (
 )
 from callwarden.providers.raw import RawResponse
 
-__all__ = ["SYNC_OPERATIONS", "build_dubbing_create_request", "build_dubbing_poll_request",
-           "build_sync_request", "media_auth_headers", "parse_audio", "parse_dubbing_created",
-           "parse_dubbing_status", "parse_forced_alignment", "parse_stt", "parse_sync",
-           "parse_voice_clone", "parse_voice_design"]
+__all__ = ["FILE_OPERATIONS", "SYNC_OPERATIONS", "build_dubbing_create_request",
+           "build_dubbing_poll_request", "build_sync_request", "media_auth_headers",
+           "parse_audio", "parse_dubbing_created", "parse_dubbing_status",
+           "parse_forced_alignment", "parse_stt", "parse_sync", "parse_voice_clone",
+           "parse_voice_design"]
 
 
 RUNNING_STATUSES = frozenset({"queued", "preparing", "dubbing"})
@@ -239,6 +240,9 @@ _PARSERS: dict[str, Callable[[RawResponse], Succeeded]] = {
     "voice-design": parse_voice_design,
     "forced-alignment": parse_forced_alignment,
 }
+
+#: The operations whose answer is the file itself (the audio), not a document to parse.
+FILE_OPERATIONS = frozenset(op for op, parser in _PARSERS.items() if parser is parse_audio)
 
 def parse_sync(operation: str, raw: RawResponse) -> Succeeded:
     """The outcome of a sync ``operation`` from its successful response."""

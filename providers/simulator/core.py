@@ -21,6 +21,7 @@ import base64
 import importlib
 import math
 import random
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -244,6 +245,32 @@ async def _truncated_json(request: web.Request, handler: Handler) -> web.StreamR
                         content_type="application/json")
 
 
+def _padded_gzip(body: bytes, inflated_bytes: int) -> bytes:
+    """``body`` behind ``inflated_bytes`` of spaces, gzip-compressed (level 9)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b" " * 2**20
+    parts = [z.compress(chunk) for _ in range(inflated_bytes // len(chunk))]
+    parts += [z.compress(b" " * (inflated_bytes % len(chunk)) + body), z.flush()]
+    return b"".join(parts)
+
+
+async def _gzip_bomb(fault: Fault, request: web.Request, handler: Handler
+                     ) -> web.StreamResponse:
+    """The real answer, padded to ``fault.inflated_bytes`` and gzipped (a decompression
+    bomb a client that inflates without a limit reads whole)."""
+    try:
+        resp = await handler(request)
+        status, body = resp.status, resp.body if isinstance(resp, web.Response) else None
+        content_type = resp.headers.get("Content-Type", "application/json")
+    except web.HTTPException as exc:
+        status, body, content_type = exc.status, exc.body, exc.content_type
+    raw = body if isinstance(body, bytes) else b"{}"
+    bomb = await asyncio.to_thread(_padded_gzip, raw, fault.inflated_bytes)
+    return web.Response(status=status, body=bomb, headers={
+        "Content-Type": content_type,
+        "Content-Encoding": "gzip"})
+
+
 async def _reset(request: web.Request) -> web.StreamResponse:
     """Drop the connection without answering."""
     transport = request.transport
@@ -269,6 +296,8 @@ async def _apply_fault(fault: Fault, module: ProviderModule, request: web.Reques
     if kind == "hang":  # the answer is late and the request not yet handled
         await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))
         return await handler(request)
+    if kind == "gzip_bomb":
+        return await _gzip_bomb(fault, request, handler)
     if kind == "late":  # handled at once (a create creates), answered late
         response = await handler(request)
         await asyncio.sleep(min(fault.hang_s, MAX_HANG_S))

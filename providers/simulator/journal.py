@@ -32,7 +32,7 @@ class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def processed(self) -> bool:
         """Whether the provider's handler ran (a 429/5xx/reset fault answers without it)."""
-        return self.fault in (None, "hang", "late", "malformed_json")
+        return self.fault in (None, "hang", "late", "malformed_json", "gzip_bomb")
 
     def json(self) -> Any:
         """The body decoded as JSON (raises ``msgspec.DecodeError`` when it is not)."""

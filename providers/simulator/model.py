@@ -150,14 +150,17 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
 
 
 FaultKind = Literal["http_status", "rate_limit", "rate_limit_in_body", "reset", "hang",
-                    "late", "malformed_json", "redirect"]
+                    "late", "malformed_json", "redirect", "gzip_bomb"]
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True):
     """A fault armed on one provider route, applied to the next ``times`` requests — or,
     with ``for_s``, to every request for ``for_s`` simulated seconds from when it is armed
     (a provider outage; ``times`` is then ignored). ``redirect`` answers ``status`` (307
-    unless a 3xx is given) with ``Location: location``, without handling the request."""
+    unless a 3xx is given) with ``Location: location``, without handling the request.
+    ``gzip_bomb`` handles the request and answers its real answer behind
+    ``inflated_bytes`` of leading spaces (still valid JSON once inflated), gzip-compressed
+    (about 1,000 to 1), with ``Content-Encoding: gzip`` whatever the client accepts."""
 
     kind: FaultKind
     status: int = 500
@@ -166,6 +169,7 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True):
     hang_s: float = 30.0
     for_s: float | None = None
     location: str | None = None
+    inflated_bytes: int = 256 * 2**20
 
 
 class Phase(msgspec.Struct, frozen=True, kw_only=True):

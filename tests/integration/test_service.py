@@ -21,7 +21,7 @@ from callwarden.database.write import append, load, load_events
 from callwarden.events.types import CallStarted, Cancelled, ReconcileAttempted, TaskCreated
 from callwarden.observe.metrics import record_reconcile, start_metrics_server
 from callwarden.replay.verify import verify_job
-from callwarden.service.app import ServiceConfig
+from callwarden.service.app import ServiceConfig, load_listen_config
 from tests.service import Listeners, running_service
 
 TOKEN = "s3cret-admin"
@@ -201,6 +201,28 @@ async def test_the_operator_listener_wants_the_read_token_when_one_is_set(
         async with http.post(f"{urls.webhooks}/webhooks/replicate", data=b"{}") as resp:
             assert resp.status == 401  # webhooks know nothing of the read token
     assert (await load(conn, job)).state == "polling"
+
+
+async def test_without_a_read_token_the_operator_host_and_allowed_hosts_are_its_names(
+        conn: Conn, db_url: str, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """``callwarden serve``'s names for its operator listener (``ListenConfig``: the
+    operator host, here a private address, and ``allowed_hosts``), given to the app as an
+    embedder would: a Host among them or loopback is served, any other gets 421 (the
+    probes excepted)."""
+    job = await open_call(conn, "kie-standard", task_id="t-names")
+    listen = load_listen_config(None, {"CALLWARDEN_SERVE_OPERATOR_HOST": "10.0.0.5",
+                                       "CALLWARDEN_SERVE_ALLOWED_HOSTS": "[FD00::1],ops"})
+    config = ServiceConfig(admin_token=TOKEN, allowed_hosts=listen.operator_names)
+    async with open_pool(db_url, max_size=4) as pool, running_service(
+            pool, tmp_path, config) as urls:
+        for host, status in (("10.0.0.5:8001", 200), ("10.0.0.5", 200), ("ops", 200),
+                             ("[fd00:0::1]:8001", 200), ("127.0.0.1", 200),
+                             ("10.0.0.6:8001", 421), ("ops.evil.example", 421),
+                             ("[fd00::2]", 421)):
+            async with http.get(f"{urls.operator}/jobs/{job}", headers={"Host": host}) as resp:
+                assert (host, resp.status) == (host, status)
+        async with http.get(f"{urls.operator}/readyz", headers={"Host": "x.example"}) as resp:
+            assert resp.status == 200
 
 
 async def test_the_webhook_listener_never_shows_the_database_error(

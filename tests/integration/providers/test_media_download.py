@@ -6,6 +6,8 @@ import asyncio
 import base64
 import functools
 import socket
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -232,6 +234,36 @@ async def test_declared_length_over_limit_is_refused_before_the_body(
     await asyncio.wait_for(server.stream.done.wait(), timeout=5)
     assert server.stream.aborted
     assert server.stream.sent < HUGE
+
+
+async def test_a_gzipped_body_is_held_to_the_limit_once_inflated(
+    http: aiohttp.ClientSession
+) -> None:
+    """256 MiB of zeros gzipped to ~256 KiB, sent with ``Content-Encoding: gzip``: the
+    limit counts inflated bytes, so the download stops at 1 MiB, memory far below the
+    inflated size (the media path's cap, kept as it was: issue 24's review, item 4)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join([*(z.compress(bytes(2**20)) for _ in range(256)), z.flush()])
+
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=bomb, headers={"Content-Type": "video/mp4",
+                                                "Content-Encoding": "gzip"})
+
+    app = web.Application()
+    app.router.add_get("/bomb.mp4", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    tracemalloc.start()
+    try:
+        with pytest.raises(MediaTooLarge, match="exceeds"):
+            await fetch(http, f"http://127.0.0.1:{runner.addresses[0][1]}/bomb.mp4",
+                        max_bytes=LIMIT)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        await runner.cleanup()
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"
 
 
 async def test_body_exactly_at_the_limit_is_accepted(
