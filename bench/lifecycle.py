@@ -327,7 +327,8 @@ def report(console: Console, results: dict[int, tuple[Measured, Measured]]) -> N
     rate = {c: tuple(m.jobs / m.seconds for m in results[c]) for c in (1, 8)}
     table.add_row("callwarden", *(f"{rate[c][0]:,.0f}" for c in (1, 8)))
     table.add_row("DBOS (3 steps)", *(f"{rate[c][1]:,.0f}" for c in (1, 8)))
-    table.add_row("ratio (goal: 3x at c=1, 4x at c=8)", *(f"{rate[c][0] / rate[c][1]:.2f}x" for c in (1, 8)))
+    table.add_row("ratio (goal: 3x at c=1, 4x at c=8)",
+                  *(f"{rate[c][0] / rate[c][1]:.2f}x" for c in (1, 8)))
     ours = {c: results[c][0] for c in (1, 8)}
     table.add_row("callwarden transactions/call (goal <= 3)",
                   *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))
