@@ -86,6 +86,24 @@ WRITE = "tests/integration/test_write_path.py"
 STALE = "tests/integration/test_stale_rule.py"
 CALLS = "tests/integration/test_calls.py"
 GUARDS = "tests/integration/test_mutation_guards.py"
+SIGNATURES = "tests/unit/providers/test_webhook_parsers.py"
+COALESCE = "tests/unit/test_coalesce.py"
+REPLAYS = "tests/integration/test_webhook_replays.py"
+WEBHOOKS = "tests/integration/test_webhooks.py"
+HOSTILE = "tests/integration/test_hostile_results.py"
+DOWNLOAD = "tests/integration/providers/test_media_download.py"
+CREDENTIALS = "tests/integration/test_credentials.py"
+QUEUE_OUTAGE = "tests/acceptance/test_queue_outage.py"
+QUEUE_PROCESS = "tests/integration/test_queue_process.py"
+REPLICATE_PARSE = "tests/unit/providers/test_replicate_parse.py"
+CONTENT = "tests/integration/test_result_content.py"
+LISTENERS = "tests/acceptance/test_serve_listeners.py"
+SERVICE = "tests/integration/test_service.py"
+REDACT = "tests/unit/test_redact.py"
+PRICING = "tests/unit/test_pricing.py"
+PRICING_HOOK = "tests/integration/test_pricing_hook.py"
+RECONCILE_CONFIG = "tests/unit/test_reconcile_config.py"
+FIRST_BEAT = "tests/acceptance/test_first_heartbeat.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -198,14 +216,14 @@ MUTANTS: tuple[Mutant, ...] = (
               "        if entry.startswith(\"v1,\") and hmac.compare_digest(entry.encode(), "
               "expected):\n",
               "        if entry.startswith(\"v1,\"):\n"),),
-        ()),
+        (SIGNATURES,)),
     Mutant(
         "elevenlabs-signature-unchecked",
         "an ElevenLabs webhook with any v0 signature is accepted",
         (Edit("providers/elevenlabs/webhook.py",
               "    if not hmac.compare_digest(given.encode(), expected.encode()):\n",
               "    if not given:\n"),),
-        ()),
+        (SIGNATURES,)),
     Mutant(
         "kie-signature-unchecked",
         "a KIE callback with any X-Webhook-Signature is accepted",
@@ -213,7 +231,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "    if not hmac.compare_digest(sig.encode(), kie_sign(key, task_id, ts)"
               ".encode()):\n",
               "    if not sig:\n"),),
-        ()),
+        (SIGNATURES,)),
     Mutant(
         "reconciler-never-exhausts",
         "the reconciler never ends a stale call at the attempt cap (it polls or finalizes "
@@ -221,7 +239,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/reconciler/decide.py",
               "    if row.call.reconcile_attempts >= config.attempt_cap:\n",
               "    if False:\n"),),
-        ()),
+        (DECIDE,)),
     Mutant(
         "webhook-cap-ignored",
         "a signal about a call stuck in upstream_succeeded finalizes it again past the "
@@ -229,7 +247,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/service/coalesce.py",
               "    if p.reconcile_attempts >= attempt_cap:\n",
               "    if False:\n"),),
-        ()),
+        (COALESCE,)),
     Mutant(
         "webhook-attempt-uncounted",
         "a webhook-triggered finalization that will be retried records no attempt (it "
@@ -237,7 +255,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/service/webhooks.py",
               "            if done.outcome == \"retry_later\":",
               "            if False:"),),
-        ()),
+        (REPLAYS,)),
     Mutant(
         "delivery-processed-again",
         "a webhook delivery already recorded is processed again (the dedupe insert "
@@ -245,7 +263,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/database/webhooks.sql",
               "ON CONFLICT (provider, delivery_id) DO NOTHING\n",
               "ON CONFLICT (provider, delivery_id) DO UPDATE SET received_at = now()\n"),),
-        ()),
+        (WEBHOOKS,)),
     Mutant(
         "media-any-host",
         "check_url allows a media URL on any host (not only the kind's media hosts and "
@@ -253,7 +271,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("providers/media_guard.py",
               "    if not policy.allows_host(host, port):\n",
               "    if False:\n"),),
-        ()),
+        (HOSTILE,)),
     Mutant(
         "media-private-literal",
         "check_url allows a private or loopback IP literal on an allowed host list",
@@ -261,21 +279,21 @@ MUTANTS: tuple[Mutant, ...] = (
               "    if _ip_literal(host) and not policy.is_endpoint(host, port) and not "
               "is_public_address(host):\n",
               "    if False:\n"),),
-        ()),
+        (HOSTILE,)),
     Mutant(
         "media-credentials-any-origin",
         "a media download sends the provider's key to whatever host the URL names",
         (Edit("providers/media.py",
               "        return dict(self.headers) if origin_of(url) == self.origin else None\n",
               "        return dict(self.headers)\n"),),
-        ()),
+        (DOWNLOAD,)),
     Mutant(
         "provider-redirects-followed",
         "provider requests follow redirects (the key goes along to the Location's host)",
         (Edit("providers/transport.py",
               "    kwargs[\"allow_redirects\"] = False",
               "    kwargs[\"allow_redirects\"] = True"),),
-        ()),
+        (CREDENTIALS,)),
     Mutant(
         "arq-outage-tries-are-deliveries",
         "arq counts tries that met a database outage as deliveries: a job is given up "
@@ -283,7 +301,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/queue/arq.py",
               "    deliveries = tries - await outages.count()\n",
               "    deliveries = tries\n"),),
-        ()),
+        (QUEUE_OUTAGE,)),
     Mutant(
         "celery-outage-retries-bounded",
         "a Celery worker retries an outage only max_retries times, then fails and acks "
@@ -292,7 +310,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "        bound = process.options.outage.within_limit if self.request.is_eager "
               "else sys.maxsize\n",
               "        bound = process.options.outage.within_limit\n"),),
-        ()),
+        (QUEUE_OUTAGE,)),
     Mutant(
         "celery-unpublished-retry-acked",
         "a Celery outage retry that could not be published is rejected without requeue "
@@ -300,7 +318,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/queue/celery.py",
               "            return Reject(reason, requeue=True)\n",
               "            return Reject(reason, requeue=False)\n"),),
-        ()),
+        (QUEUE_OUTAGE,)),
     Mutant(
         "queue-drops-unstarted-job",
         "a queue fails and acks a job whose database error came before its CallStarted "
@@ -308,7 +326,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/queue/process.py",
               "        return p.state is None\n",
               "        return False\n"),),
-        ()),
+        (QUEUE_PROCESS,)),
     Mutant(
         "link-in-text-is-a-file",
         "any http(s) URL in a Replicate output is taken for a file to download (a caption "
@@ -316,7 +334,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("providers/replicate/wire.py",
               "    return value[:8].lower().startswith(_URL_PREFIXES) and is_media(value)\n",
               "    return value[:8].lower().startswith(_URL_PREFIXES)\n"),),
-        ()),
+        (REPLICATE_PARSE,)),
     Mutant(
         "svg-stored-as-itself",
         "an SVG (or XML) image is stored as its own type, so its script can run where it "
@@ -324,7 +342,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("providers/media_types.py",
               "        return \"svg\" in subtype or \"xml\" in subtype\n",
               "        return False\n"),),
-        ()),
+        (CONTENT,)),
     Mutant(
         "script-types-stored-as-themselves",
         "an any-file result of a type not known to be inert (text/xml, text/javascript) "
@@ -332,17 +350,18 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("providers/media_types.py",
               "    return content_type not in INERT_TYPES\n",
               "    return False\n"),),
-        ()),
+        (CONTENT,)),
     Mutant(
         "webhook-listener-serves-operator",
-        "the internet-facing webhook listener also serves the dashboard, job pages, "
-        "/metrics and admin actions",
+        "the internet-facing webhook listener also serves the dashboard, the job pages "
+        "and /metrics",
         (Edit("engine/service/app.py",
               "    app.add_routes(_probes(pool, config, now, outage).routes(detail=False))\n",
-              "    app.add_routes(build_operator_routes(\n"
-              "        pool, _probes(pool, config, now, outage), Dashboard(pool, config.stale, "
-              "now=now),\n        config.admin_token, now))\n"),),
-        ()),
+              "    app.add_routes(_probes(pool, config, now, outage).routes(detail=False))\n"
+              "    app.add_routes([web.get(\"/metrics\", _probes(pool, config, now, outage)"
+              ".metrics),\n                    *Dashboard(pool, config.stale, now=now)"
+              ".routes()])\n"),),
+        (LISTENERS,)),
     Mutant(
         "read-token-unchecked",
         "the operator listener's read guard lets in any bearer or Basic credential",
@@ -350,7 +369,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "        if given is not None and (_same(given, read_token) or _same(given, "
               "admin_token)):\n",
               "        if given is not None:\n"),),
-        ()),
+        (SERVICE,)),
     Mutant(
         "host-check-skipped",
         "without a read token, the operator listener answers any Host (DNS rebinding "
@@ -358,21 +377,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/service/operator.py",
               "        if name is not None and (is_loopback(name) or name in names):\n",
               "        if name is not None:\n"),),
-        ()),
+        (SERVICE,)),
     Mutant(
         "webhook-encoding-accepted",
         "the webhook routes accept a compressed body (no 415 for a Content-Encoding)",
         (Edit("engine/service/webhooks.py",
               "                _refuse_encoded(request)\n",
               "                pass\n"),),
-        ()),
+        (LISTENERS,)),
     Mutant(
         "webhook-encoding-first-header",
         "only the first Content-Encoding header is checked (identity, then gzip passes)",
         (Edit("engine/service/webhooks.py",
               "    encodings = request.headers.getall(\"Content-Encoding\", [])\n",
               "    encodings = [request.headers.get(\"Content-Encoding\", \"\")]\n"),),
-        ()),
+        (LISTENERS,)),
     Mutant(
         "kie-replays-not-coalesced",
         "the receiver's per-job interval is ignored: each replayed KIE callback costs an "
@@ -380,7 +399,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/service/coalesce.py",
               "        if not anyway and self.wait_s(job, now) > 0:\n",
               "        if False:\n"),),
-        ()),
+        (COALESCE,)),
     Mutant(
         "give-up-cancels-a-started-call",
         "cancel_unstarted decides on 'not terminal': a give-up cancels (refunds) a call "
@@ -388,7 +407,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/database/write.py",
               "        return Cancelled(at=now, actor=by, by=by) if p.state is None else None\n",
               "        return Cancelled(at=now, actor=by, by=by) if not p.terminal else None\n"),),
-        ()),
+        (QUEUE_PROCESS,)),
     Mutant(
         "data-uri-uncapped",
         "a data: URI's raw length is not capped before it is decoded (the URI's and the "
@@ -397,14 +416,14 @@ MUTANTS: tuple[Mutant, ...] = (
          Edit("providers/data_uri.py",
               "    if payload > longest_payload(max_bytes, is_base64):\n",
               "    if False:\n")),
-        ()),
+        (CONTENT,)),
     Mutant(
         "safe-error-identity",
         "safe_error returns its input: errors keep query strings, keys and their length",
         (Edit("engine/rules/redact.py",
               "    out = unquote(text.replace(",
               "    return text\n    out = unquote(text.replace("),),
-        ()),
+        (REDACT,)),
     Mutant(
         "pricing-globs-summed",
         "every matching pricing rate is charged (overlapping model globs add up) instead "
@@ -413,7 +432,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "            if rate.unit not in best or rank > best[rate.unit][0]:\n"
               "                best[rate.unit] = (rank, rate)\n",
               "            best[f\"{rate.unit}#{len(best)}\"] = (rank, rate)\n"),),
-        ()),
+        (PRICING,)),
     Mutant(
         "pricing-hook-on-the-loop",
         "a host's pricing hook runs on the event loop with no timeout (as the built-in "
@@ -421,7 +440,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/calls/finalize.py",
               "        if isinstance(self.pricing, BUILTIN):\n",
               "        if True:\n"),),
-        ()),
+        (PRICING_HOOK,)),
     Mutant(
         "flat-config-unsplit",
         "a flat config file is not split between the actors: each reads all of it (the "
@@ -429,7 +448,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/config.py",
               "        return _flat_share(data, section, path), str(path)\n",
               "        return dict(data), str(path)\n"),),
-        ()),
+        (RECONCILE_CONFIG,)),
     Mutant(
         "task-created-no-heartbeat",
         "TaskCreated no longer stamps the call's first heartbeat (a worker killed before "
@@ -437,7 +456,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("engine/database/appending.py",
               "        beat_at=beat.at if beat is not None else None,\n",
               "        beat_at=None,\n"),),
-        ()),
+        (FIRST_BEAT,)),
     Mutant(
         "run-append-unfenced",
         "a run of events may hold a CallStarted or HostEnded after its first event, whose "
@@ -446,7 +465,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded) for e in "
               "events):\n",
               "    if False:\n"),),
-        ()),
+        (WRITE,)),
 )
 
 SANITY: tuple[Mutant, ...] = (
