@@ -51,7 +51,7 @@ from callwarden.queue.arq import CTX_KEY, OUTAGE_KEY, enqueue_call, run_job_call
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.queue.process import RunnerOptions, open_runner
 from tests.acceptance.conftest import ROOT, Workers
-from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task
+from tests.support.queues import Queues, QueueWorker, completed_once, rooted, send_celery_task
 
 pytestmark = pytest.mark.xdist_group("fleets")
 
@@ -364,7 +364,7 @@ async def _run_eagerly(queues: Queues, job: uuid.UUID) -> tuple[str, str]:
     process of its own; its stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.acceptance.celery_eager_host", str(job),
-        json.dumps(REQUEST), env={**queues.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        json.dumps(REQUEST), env=rooted(queues.env), cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=RUN_DEADLINE_S)

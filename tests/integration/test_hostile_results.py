@@ -168,6 +168,21 @@ async def test_allow_listed_name_that_resolves_to_loopback_is_refused(
     assert canary.hits == []
 
 
+async def test_allow_listed_address_that_is_not_public_is_refused_unfetched(
+        conn: Conn, make_runner: MakeRunner, canary: Canary) -> None:
+    """An address in the allow-list is a host like any other, not a licence for its
+    address: a URL naming a loopback/private IP is refused before anything is fetched.
+    No resolver sees an IP literal (the connection goes to it as written), so the URL
+    check is all that stands between it and the internal service."""
+    job = await create_job(conn, credits=10)
+    out = await make_runner(media_allow_hosts=("127.0.0.2",)).run(
+        job, "kie-standard", kie({"result_urls": [f"{canary.url}/x.png"]}))
+    assert out.result == "failed"
+    assert await error_code(conn, job) == "media_unusable"
+    assert (await row(conn, job))["credits"] == "refunded"
+    assert canary.hits == []
+
+
 async def test_media_from_the_configured_endpoint_is_fetched(
         conn: Conn, make_runner: MakeRunner) -> None:
     job = await create_job(conn, credits=10)

@@ -1,33 +1,48 @@
 """The mutation check: each deliberate bug, applied alone to a copy of the checkout, must
-make the default run's tests that guard it fail (issue 14 item 5).
+make the default test run fail (issue 14 item 5; issue 24 item 14: the whole default run,
+not a file chosen to catch it).
 
     .venv/bin/python -m tests.mutations            # every mutant; exit 1 if one survives
     .venv/bin/python -m tests.mutations --list     # the table, nothing run
     .venv/bin/python -m tests.mutations --only host-fence-dropped
+    .venv/bin/python -m tests.mutations --only NAME --against tests/unit/test_fold.py
 
 How it works: the checkout's files (``git ls-files --cached --others --exclude-standard``:
 tracked and new files, as they are in the working tree) are copied once to a temporary
 folder, never touching the checkout. For each mutant, its edits (exact old text -> new
 text; an old text that is not found exactly once is an error, so the table stays in step
-with the code) are applied to the copy, its tests are run there with the venv's Python
+with the code) are applied to the copy, the tests are run there with the venv's Python
 (``cwd`` = the copy, ``PYTHONPATH`` = a link tree of the copy laid out as the wheel lays
 ``callwarden`` (:func:`tests.layout.link_tree`), then the copy itself, so the copy's code
 shadows the editable install that points at the checkout; processes the tests start
-inherit ``PYTHONPATH``), and the edits are undone. A mutant is *caught* when pytest
-exits 1 (tests failed); any other non-zero exit (collection error, usage error, timeout)
-is reported as an error, not as caught. Two sanity rows run first: the unmutated copy
-must pass every test file the table names, and a trivially broken fold must be caught,
-which shows the copy's code is what the tests import.
+inherit ``PYTHONPATH``), and the edits are undone.
 
-The tests named per mutant are the smallest set of the default run's files that catches it,
-all run in the ``ci`` Hypothesis profile (derandomized, so a result reproduces).
+What runs is the README's default run, ``pytest -n 2 --dist loadgroup`` over ``tests``,
+with ``-x -q -p no:cacheprovider --basetemp=...`` and the mutant's named test files
+(``tests=``, the files that catch it soonest) first, so a caught mutant stops within
+seconds and one that survives costs a whole run. Naming the files before ``tests`` does
+not put them first (pytest drops a file argument that a directory argument holds), so
+the plugin :mod:`tests.mutations.first` orders them (``--run-first``), and
+``--no-loadscope-reorder`` makes xdist hand the tests out in that order. ``--against
+FILE`` (repeatable) runs the chosen mutants against those files only, and
+``--named-only`` against their named files only: to find which files catch a mutant.
+
+A mutant is *caught* when tests failed (the plugin's report names them; under xdist
+``-x`` ends such a run with exit status 2, not 1) and nothing failed to collect; any other
+end (a collection error, a usage error, the per-mutant timeout) is an error, not caught.
+Two sanity rows run first: the unmutated copy must pass every test file the table names
+(``--full-sanity``: the whole default run), and a trivially broken fold must be caught,
+which shows the copy's code is what the tests import. Everything runs in the ``ci``
+Hypothesis profile (derandomized, so a result reproduces).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +50,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -42,7 +58,8 @@ from rich.table import Table
 from tests.layout import link_tree
 
 ROOT = Path(__file__).resolve().parents[2]
-PER_MUTANT_TIMEOUT_S = 600
+#: A whole default run takes 6-7 minutes on this 2-core machine when it is quiet.
+PER_MUTANT_TIMEOUT_S = 2400
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,24 @@ WRITE = "tests/integration/test_write_path.py"
 STALE = "tests/integration/test_stale_rule.py"
 CALLS = "tests/integration/test_calls.py"
 GUARDS = "tests/integration/test_mutation_guards.py"
+SIGNATURES = "tests/unit/providers/test_webhook_parsers.py"
+COALESCE = "tests/unit/test_coalesce.py"
+REPLAYS = "tests/integration/test_webhook_replays.py"
+WEBHOOKS = "tests/integration/test_webhooks.py"
+HOSTILE = "tests/integration/test_hostile_results.py"
+DOWNLOAD = "tests/integration/providers/test_media_download.py"
+CREDENTIALS = "tests/integration/test_credentials.py"
+QUEUE_OUTAGE = "tests/acceptance/test_queue_outage.py"
+QUEUE_PROCESS = "tests/integration/test_queue_process.py"
+REPLICATE_PARSE = "tests/unit/providers/test_replicate_parse.py"
+CONTENT = "tests/integration/test_result_content.py"
+LISTENERS = "tests/acceptance/test_serve_listeners.py"
+SERVICE = "tests/integration/test_service.py"
+REDACT = "tests/unit/test_redact.py"
+PRICING = "tests/unit/test_pricing.py"
+PRICING_HOOK = "tests/integration/test_pricing_hook.py"
+RECONCILE_CONFIG = "tests/unit/test_reconcile_config.py"
+FIRST_BEAT = "tests/acceptance/test_first_heartbeat.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -172,6 +207,265 @@ MUTANTS: tuple[Mutant, ...] = (
               "               ELSE status IS NOT DISTINCT FROM %(host_status)s::text END\n",
               "      AND true\n"),),
         (WRITE,)),
+    # -- issue 24 item 14: signature checks, the attempt cap, webhook deduplication, the
+    # media-host guard, credential routing, and one per fix of items 1-12.
+    Mutant(
+        "replicate-signature-unchecked",
+        "a Replicate webhook with any v1 signature is accepted (the HMAC is not compared)",
+        (Edit("providers/replicate/webhook.py",
+              "        if entry.startswith(\"v1,\") and hmac.compare_digest(entry.encode(), "
+              "expected):\n",
+              "        if entry.startswith(\"v1,\"):\n"),),
+        (SIGNATURES,)),
+    Mutant(
+        "elevenlabs-signature-unchecked",
+        "an ElevenLabs webhook with any v0 signature is accepted",
+        (Edit("providers/elevenlabs/webhook.py",
+              "    if not hmac.compare_digest(given.encode(), expected.encode()):\n",
+              "    if not given:\n"),),
+        (SIGNATURES,)),
+    Mutant(
+        "kie-signature-unchecked",
+        "a KIE callback with any X-Webhook-Signature is accepted",
+        (Edit("providers/kie/webhook.py",
+              "    if not hmac.compare_digest(sig.encode(), kie_sign(key, task_id, ts)"
+              ".encode()):\n",
+              "    if not sig:\n"),),
+        (SIGNATURES,)),
+    Mutant(
+        "reconciler-never-exhausts",
+        "the reconciler never ends a stale call at the attempt cap (it polls or finalizes "
+        "it again, forever)",
+        (Edit("engine/reconciler/decide.py",
+              "    if row.call.reconcile_attempts >= config.attempt_cap:\n",
+              "    if False:\n"),),
+        (DECIDE,)),
+    Mutant(
+        "webhook-cap-ignored",
+        "a signal about a call stuck in upstream_succeeded finalizes it again past the "
+        "attempt cap (never exhausted)",
+        (Edit("engine/service/coalesce.py",
+              "    if p.reconcile_attempts >= attempt_cap:\n",
+              "    if False:\n"),),
+        (COALESCE,)),
+    Mutant(
+        "webhook-attempt-uncounted",
+        "a webhook-triggered finalization that will be retried records no attempt (it "
+        "never counts towards the cap)",
+        (Edit("engine/service/webhooks.py",
+              "            if done.outcome == \"retry_later\":",
+              "            if False:"),),
+        (REPLAYS,)),
+    Mutant(
+        "delivery-processed-again",
+        "a webhook delivery already recorded is processed again (the dedupe insert "
+        "returns the row on conflict)",
+        (Edit("engine/database/webhooks.sql",
+              "ON CONFLICT (provider, delivery_id) DO NOTHING\n",
+              "ON CONFLICT (provider, delivery_id) DO UPDATE SET received_at = now()\n"),),
+        (WEBHOOKS,)),
+    Mutant(
+        "media-any-host",
+        "check_url allows a media URL on any host (not only the kind's media hosts and "
+        "its endpoint)",
+        (Edit("providers/media_guard.py",
+              "    if not policy.allows_host(host, port):\n",
+              "    if False:\n"),),
+        (HOSTILE,)),
+    Mutant(
+        "media-private-literal",
+        "check_url allows a private or loopback IP literal on an allowed host list",
+        (Edit("providers/media_guard.py",
+              "    if _ip_literal(host) and not policy.is_endpoint(host, port) and not "
+              "is_public_address(host):\n",
+              "    if False:\n"),),
+        (HOSTILE,)),
+    Mutant(
+        "media-credentials-any-origin",
+        "a media download sends the provider's key to whatever host the URL names",
+        (Edit("providers/media.py",
+              "        return dict(self.headers) if origin_of(url) == self.origin else None\n",
+              "        return dict(self.headers)\n"),),
+        (DOWNLOAD,)),
+    Mutant(
+        "provider-redirects-followed",
+        "provider requests follow redirects (the key goes along to the Location's host)",
+        (Edit("providers/transport.py",
+              "    kwargs[\"allow_redirects\"] = False",
+              "    kwargs[\"allow_redirects\"] = True"),),
+        (CREDENTIALS,)),
+    Mutant(
+        "arq-outage-tries-are-deliveries",
+        "arq counts tries that met a database outage as deliveries: a job is given up "
+        "after an outage instead of run",
+        (Edit("engine/queue/arq.py",
+              "    deliveries = tries - await outages.count()\n",
+              "    deliveries = tries\n"),),
+        (QUEUE_OUTAGE,)),
+    Mutant(
+        "celery-outage-retries-bounded",
+        "a Celery worker retries an outage only max_retries times, then fails and acks "
+        "the task (the job is dropped)",
+        (Edit("engine/queue/celery.py",
+              "        bound = process.options.outage.within_limit if self.request.is_eager "
+              "else sys.maxsize\n",
+              "        bound = process.options.outage.within_limit\n"),),
+        (QUEUE_OUTAGE,)),
+    Mutant(
+        "celery-unpublished-retry-acked",
+        "a Celery outage retry that could not be published is rejected without requeue "
+        "(acked: the job is dropped)",
+        (Edit("engine/queue/celery.py",
+              "            return Reject(reason, requeue=True)\n",
+              "            return Reject(reason, requeue=False)\n"),),
+        (QUEUE_OUTAGE,)),
+    Mutant(
+        "queue-drops-unstarted-job",
+        "a queue fails and acks a job whose database error came before its CallStarted "
+        "(ProcessRunner.keeps says no)",
+        (Edit("engine/queue/process.py",
+              "        return p.state is None\n",
+              "        return False\n"),),
+        (QUEUE_PROCESS,)),
+    Mutant(
+        "link-in-text-is-a-file",
+        "any http(s) URL in a Replicate output is taken for a file to download (a caption "
+        "citing a page fails media_unusable)",
+        (Edit("providers/replicate/wire.py",
+              "    return value[:8].lower().startswith(_URL_PREFIXES) and is_media(value)\n",
+              "    return value[:8].lower().startswith(_URL_PREFIXES)\n"),),
+        (REPLICATE_PARSE,)),
+    Mutant(
+        "svg-stored-as-itself",
+        "an SVG (or XML) image is stored as its own type, so its script can run where it "
+        "is served",
+        (Edit("providers/media_types.py",
+              "        return \"svg\" in subtype or \"xml\" in subtype\n",
+              "        return False\n"),),
+        (CONTENT,)),
+    Mutant(
+        "script-types-stored-as-themselves",
+        "an any-file result of a type not known to be inert (text/xml, text/javascript) "
+        "is stored as itself",
+        (Edit("providers/media_types.py",
+              "    return content_type not in INERT_TYPES\n",
+              "    return False\n"),),
+        (CONTENT,)),
+    Mutant(
+        "webhook-listener-serves-operator",
+        "the internet-facing webhook listener also serves the dashboard, the job pages "
+        "and /metrics",
+        (Edit("engine/service/app.py",
+              "    app.add_routes(_probes(pool, config, now, outage).routes(detail=False))\n",
+              "    app.add_routes(_probes(pool, config, now, outage).routes(detail=False))\n"
+              "    app.add_routes([web.get(\"/metrics\", _probes(pool, config, now, outage)"
+              ".metrics),\n                    *Dashboard(pool, config.stale, now=now)"
+              ".routes()])\n"),),
+        (LISTENERS,)),
+    Mutant(
+        "read-token-unchecked",
+        "the operator listener's read guard lets in any bearer or Basic credential",
+        (Edit("engine/service/operator.py",
+              "        if given is not None and (_same(given, read_token) or _same(given, "
+              "admin_token)):\n",
+              "        if given is not None:\n"),),
+        (SERVICE,)),
+    Mutant(
+        "host-check-skipped",
+        "without a read token, the operator listener answers any Host (DNS rebinding "
+        "reads it)",
+        (Edit("engine/service/operator.py",
+              "        if name is not None and (is_loopback(name) or name in names):\n",
+              "        if name is not None:\n"),),
+        (SERVICE,)),
+    Mutant(
+        "webhook-encoding-accepted",
+        "the webhook routes accept a compressed body (no 415 for a Content-Encoding)",
+        (Edit("engine/service/webhooks.py",
+              "                _refuse_encoded(request)\n",
+              "                pass\n"),),
+        (LISTENERS,)),
+    Mutant(
+        "webhook-encoding-first-header",
+        "only the first Content-Encoding header is checked (identity, then gzip passes)",
+        (Edit("engine/service/webhooks.py",
+              "    encodings = request.headers.getall(\"Content-Encoding\", [])\n",
+              "    encodings = [request.headers.get(\"Content-Encoding\", \"\")]\n"),),
+        (LISTENERS,)),
+    Mutant(
+        "kie-replays-not-coalesced",
+        "the receiver's per-job interval is ignored: each replayed KIE callback costs an "
+        "upstream poll",
+        (Edit("engine/service/coalesce.py",
+              "        if not anyway and self.wait_s(job, now) > 0:\n",
+              "        if False:\n"),),
+        (COALESCE,)),
+    Mutant(
+        "give-up-cancels-a-started-call",
+        "cancel_unstarted decides on 'not terminal': a give-up cancels (refunds) a call "
+        "whose create is in flight",
+        (Edit("engine/database/write.py",
+              "        return Cancelled(at=now, actor=by, by=by) if p.state is None else None\n",
+              "        return Cancelled(at=now, actor=by, by=by) if not p.terminal else None\n"),),
+        (QUEUE_PROCESS,)),
+    Mutant(
+        "data-uri-uncapped",
+        "a data: URI's raw length is not capped before it is decoded (the URI's and the "
+        "payload's length checks gone)",
+        (Edit("providers/data_uri.py", "    if len(uri) > longest:\n", "    if False:\n"),
+         Edit("providers/data_uri.py",
+              "    if payload > longest_payload(max_bytes, is_base64):\n",
+              "    if False:\n")),
+        (CONTENT,)),
+    Mutant(
+        "safe-error-identity",
+        "safe_error returns its input: errors keep query strings, keys and their length",
+        (Edit("engine/rules/redact.py",
+              "    out = unquote(text.replace(",
+              "    return text\n    out = unquote(text.replace("),),
+        (REDACT,)),
+    Mutant(
+        "pricing-globs-summed",
+        "every matching pricing rate is charged (overlapping model globs add up) instead "
+        "of the most specific per unit",
+        (Edit("engine/calls/pricing.py",
+              "            if rate.unit not in best or rank > best[rate.unit][0]:\n"
+              "                best[rate.unit] = (rank, rate)\n",
+              "            best[f\"{rate.unit}#{len(best)}\"] = (rank, rate)\n"),),
+        (PRICING,)),
+    Mutant(
+        "pricing-hook-on-the-loop",
+        "a host's pricing hook runs on the event loop with no timeout (as the built-in "
+        "pricing does)",
+        (Edit("engine/calls/finalize.py",
+              "        if isinstance(self.pricing, BUILTIN):\n",
+              "        if True:\n"),),
+        (PRICING_HOOK,)),
+    Mutant(
+        "flat-config-unsplit",
+        "a flat config file is not split between the actors: each reads all of it (the "
+        "finalizer fails on repoll_interval_s)",
+        (Edit("engine/config.py",
+              "        return _flat_share(data, section, path), str(path)\n",
+              "        return dict(data), str(path)\n"),),
+        (RECONCILE_CONFIG,)),
+    Mutant(
+        "task-created-no-heartbeat",
+        "TaskCreated no longer stamps the call's first heartbeat (a worker killed before "
+        "its first poll waits out the kind's threshold)",
+        (Edit("engine/database/appending.py",
+              "        beat_at=beat.at if beat is not None else None,\n",
+              "        beat_at=None,\n"),),
+        (FIRST_BEAT,)),
+    Mutant(
+        "run-append-unfenced",
+        "a run of events may hold a CallStarted or HostEnded after its first event, whose "
+        "own fence is then not applied",
+        (Edit("engine/database/appending.py",
+              "    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded) for e in "
+              "events):\n",
+              "    if False:\n"),),
+        (WRITE,)),
 )
 
 SANITY: tuple[Mutant, ...] = (
@@ -184,20 +478,30 @@ SANITY: tuple[Mutant, ...] = (
 )
 
 
+#: The README's default test run, stopping at the first failure.
+DEFAULT_RUN = ("-n", "2", "--dist", "loadgroup")
+
+
 @dataclass(frozen=True)
 class Outcome:
     mutant: Mutant
     exit_code: int
     seconds: float
+    failed: tuple[tuple[str, str], ...]  # (nodeid, message), in the order they failed
+    collection_errors: tuple[str, ...]
     tail: str
 
     @property
     def caught(self) -> bool:
-        return self.exit_code == 1
+        return self.exit_code in (1, 2) and bool(self.failed) and not self.collection_errors
 
     @property
     def ok(self) -> bool:
         return self.caught if self.mutant.expect_caught else self.exit_code == 0
+
+    @property
+    def first_failure(self) -> str:
+        return self.failed[0][0] if self.failed else ""
 
 
 _SKIP = {".git", ".venv", "__pycache__", ".hypothesis", ".mypy_cache", ".ruff_cache",
@@ -244,54 +548,110 @@ def apply_edits(copy: Path, edits: Sequence[Edit]) -> dict[Path, str]:
     return originals
 
 
-def run_tests(copy: Path, tests: Sequence[str], tmp: Path) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Plan:
+    """What one row runs: the whole default run with ``first`` first, or (``only``) just
+    those files."""
+
+    first: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+
+    def arguments(self) -> list[str]:
+        if self.only:
+            return list(self.only)
+        return [*(f"--run-first={t}" for t in self.first), "tests"]
+
+
+def run_tests(copy: Path, plan: Plan, tmp: Path) -> tuple[int, dict[str, Any], str]:
+    """Run ``plan`` in ``copy``: the exit status, the plugin's report (empty if none was
+    written) and the output's last lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_PROFILE",
                                                             "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join([str(copy / "build" / "package"), str(copy)])
     env["HYPOTHESIS_PROFILE"] = "ci"
-    basetemp = tmp / "bt"
+    basetemp, report = tmp / "bt", tmp / "report.json"
     shutil.rmtree(basetemp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-           f"--basetemp={basetemp}", *tests]
-    try:
-        done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
-                              timeout=PER_MUTANT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return -1, f"timed out after {PER_MUTANT_TIMEOUT_S} s"
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    failed = [ln.split(" ", 1)[1] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
-    return done.returncode, "\n".join(failed or lines[-12:])
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", *DEFAULT_RUN, "--no-loadscope-reorder", "-x", "-q",
+           "-p", "no:cacheprovider", "-p", "tests.mutations.first",
+           f"--mutation-report={report}", f"--basetemp={basetemp}", *plan.arguments()]
+    log = tmp / "pytest.log"
+    with log.open("w", encoding="utf-8") as out:
+        # A session of its own: on a timeout the whole tree (xdist workers, the servers
+        # and worker processes the tests start) is killed, not only pytest.
+        proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=PER_MUTANT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = -1
+    lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    found: dict[str, Any] = (json.loads(report.read_text(encoding="utf-8"))
+                             if report.is_file() else {})
+    tail = "\n".join(lines[-15:])
+    if code == -1:
+        tail = f"timed out after {PER_MUTANT_TIMEOUT_S} s\n{tail}"
+    return code, found, tail
 
 
-def run_one(copy: Path, mutant: Mutant, tests: Sequence[str], tmp: Path) -> Outcome:
+def run_one(copy: Path, mutant: Mutant, plan: Plan, tmp: Path) -> Outcome:
     originals = apply_edits(copy, mutant.edits)
     start = time.monotonic()
     try:
-        code, tail = run_tests(copy, tests, tmp)
+        code, found, tail = run_tests(copy, plan, tmp)
     finally:
         for path, text in originals.items():
             path.write_text(text, encoding="utf-8")
-    return Outcome(mutant, code, time.monotonic() - start, tail)
+    failed = tuple((str(n), str(m)) for n, m in found.get("failed", ()))
+    errors = tuple(str(e) for e in found.get("collection_errors", ()))
+    return Outcome(mutant, code, time.monotonic() - start, failed, errors, tail)
+
+
+def _short(nodeid: str) -> str:
+    """``tests/unit/test_fold.py::test_x[a]`` -> ``test_fold.py::test_x[a]``."""
+    path, _, rest = nodeid.partition("::")
+    return f"{Path(path).name}::{rest}" if rest else Path(path).name
+
+
+def _verdict(row: Outcome) -> str:
+    if not row.mutant.expect_caught:
+        return "passed" if row.exit_code == 0 else f"FAILED (exit {row.exit_code})"
+    if row.caught:
+        named = row.first_failure.split("::")[0] in row.mutant.tests
+        return "yes" if named or not row.mutant.tests else "yes (outside tests=)"
+    if row.exit_code == 0:
+        return "NO (survived)"
+    return f"error (exit {row.exit_code})"
 
 
 def _table(rows: Sequence[Outcome | Mutant]) -> Table:
     table = Table(title="mutation check")
-    for col in ("mutant", "bug", "tests", "caught", "caught by (first failure)", "s"):
+    for col in ("mutant", "bug", "where", "tests (first)", "caught",
+                "caught by (first failure)", "s"):
         table.add_column(col, overflow="fold")
     for row in rows:
         m = row.mutant if isinstance(row, Outcome) else row
         tests = ", ".join(Path(t).name for t in m.tests) or "all of the table's"
+        where = ", ".join(dict.fromkeys(e.path for e in m.edits))
         if isinstance(row, Outcome):
-            verdict = ("yes" if row.caught else "no" if row.exit_code == 0
-                       else f"error (exit {row.exit_code})")
-            if not m.expect_caught:
-                verdict = "passed" if row.exit_code == 0 else f"FAILED (exit {row.exit_code})"
-            first = row.tail.splitlines()[0] if row.caught and row.tail else ""
-            table.add_row(m.name, m.bug, tests, verdict, first.split(" - ")[0].split("::")[-1],
+            first = _short(row.first_failure) if row.caught else ""
+            table.add_row(m.name, m.bug, where, tests, _verdict(row), first,
                           f"{row.seconds:.0f}")
         else:
-            table.add_row(m.name, m.bug, tests, "", "", "")
+            table.add_row(m.name, m.bug, where, tests, "", "", "")
     return table
+
+
+def _plan(mutant: Mutant, args: argparse.Namespace, every_test: tuple[str, ...]) -> Plan:
+    if not mutant.expect_caught:  # the unmutated copy
+        return Plan(first=every_test) if args.full_sanity else Plan(only=every_test)
+    if args.against:
+        return Plan(only=tuple(args.against))
+    if args.named_only:
+        return Plan(only=mutant.tests)
+    return Plan(first=mutant.tests)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -301,20 +661,37 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this mutant (repeatable; skips the sanity rows)")
     parser.add_argument("--no-sanity", action="store_true", help="skip the sanity rows")
+    parser.add_argument("--full-sanity", action="store_true",
+                        help="the unmutated copy runs the whole default run, not only the "
+                             "files the table names")
+    parser.add_argument("--sanity-only", action="store_true", help="run the sanity rows only")
+    parser.add_argument("--against", action="append", default=[], metavar="FILE",
+                        help="run the mutants against FILE only, not the whole run "
+                             "(repeatable; to find the files that catch one)")
+    parser.add_argument("--named-only", action="store_true",
+                        help="run each mutant against its named files only")
     args = parser.parse_args(argv)
-    console = Console(width=160)
+    console = Console(width=200)
     known = {m.name for m in MUTANTS}
     unknown = set(args.only) - known
     if unknown:
         parser.error(f"no such mutant: {', '.join(sorted(unknown))}")
+    missing = [t for m in MUTANTS for t in m.tests if not (ROOT / t).is_file()]
+    for name in args.against:
+        if not (ROOT / name).is_file():
+            missing.append(name)
+    if missing:
+        parser.error(f"no such test file: {', '.join(sorted(set(missing)))}")
     if args.list:
         console.print(_table([*SANITY, *MUTANTS]))
         return 0
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    every_test = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+    chosen = [] if args.sanity_only else [m for m in MUTANTS
+                                           if not args.only or m.name in args.only]
+    every_test = tuple(dict.fromkeys(t for m in MUTANTS for t in m.tests))
     sanity = () if args.only or args.no_sanity else SANITY
     outcomes: list[Outcome] = []
-    with tempfile.TemporaryDirectory(prefix="cw-mutants-") as folder:
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cw-mut-") as folder:
         tmp = Path(folder)
         copy = tmp / "src"
         copy_checkout(ROOT, copy)
@@ -323,18 +700,21 @@ def main(argv: Sequence[str]) -> int:
             for path, text in apply_edits(copy, mutant.edits).items():
                 path.write_text(text, encoding="utf-8")
         for mutant in (*sanity, *chosen):
-            tests = mutant.tests or every_test
-            outcome = run_one(copy, mutant, tests, tmp)
+            outcome = run_one(copy, mutant, _plan(mutant, args, every_test), tmp)
             outcomes.append(outcome)
+            if outcome.caught:
+                node, message = outcome.failed[0]
+                said = f"caught by {node} ({message[:160]})"
+            else:
+                said = _verdict(outcome)
             mark = "ok" if outcome.ok else "NOT OK"
-            console.print(f"{mutant.name}: exit {outcome.exit_code} in "
-                          f"{outcome.seconds:.0f} s ({mark})")
+            console.print(f"{mutant.name}: {said} in {outcome.seconds:.0f} s "
+                          f"(exit {outcome.exit_code}, {mark})", markup=False, highlight=False)
             if not outcome.ok:
                 console.print(outcome.tail, markup=False, highlight=False)
     console.print(_table(outcomes))
     scored = [o for o in outcomes if o.mutant in chosen]
     caught = sum(o.caught for o in scored)
-    total_s = sum(o.seconds for o in outcomes)
     console.print(f"mutation score: {caught}/{len(scored)} caught "
-                  f"({total_s:.0f} s of tests)")
+                  f"({time.monotonic() - began:.0f} s in all)")
     return 0 if all(o.ok for o in outcomes) else 1

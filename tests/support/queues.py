@@ -28,10 +28,19 @@ from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.replay.verify import verify, verify_job
 
 __all__ = ["DEADLINE_S", "QueueWorker", "Queues", "blocked_on_a_lock", "completed_once",
-           "send_celery_task", "until", "value"]
+           "rooted", "send_celery_task", "until", "value"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 40.0
+
+
+def rooted(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the checkout's root first on ``PYTHONPATH`` (the test apps,
+    ``tests.acceptance.celery_app``...), the path the tests were given kept after it: the
+    mutation check runs the tests in a copy whose ``callwarden`` is on that path, and a
+    worker that lost it would import the editable install's, not the mutant's."""
+    given = env.get("PYTHONPATH", "")
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), given]))}
 
 
 class QueueWorker:
@@ -74,7 +83,7 @@ class Queues:
 
     async def _start(self, args: Sequence[str]) -> QueueWorker:
         log = self.tmp_path / f"queue-worker-{len(self.started) + 1}.log"
-        env = {**self.env, "PYTHONPATH": str(ROOT)}
+        env = rooted(self.env)
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", *args, env=env, cwd=ROOT,
