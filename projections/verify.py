@@ -16,7 +16,7 @@ __all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_set
 # host's own columns. (The media are read from call_output, callwarden's own since
 # migration 0006: media on a call its log never completed are a lie, not the host's.)
 OPTIONAL_FIELDS = frozenset({"status", "error_message"})
-# The seed's columns: the host's own until a call owns them (CallStarted or Adopted set
+# The original design's columns: the host's own until a call owns them (CallStarted or Adopted set
 # provider_kind); a log that never did (a cancel of a job whose call never started) leaves
 # them as the host wrote them.
 SEED_FIELDS = frozenset({"provider_kind", "provider_task_id", "provider_call_started_at",
@@ -54,7 +54,7 @@ def compare_settlement(job_id: object, statuses: list[str], folded: CallProjecti
     ``settled_by[i]`` the seq of the call event that settled it (``None``: host code did,
     or nobody yet). A reservation callwarden settled must have been settled by the
     terminal event, as its state prescribes; a terminal call may leave none ``reserved``;
-    one the host settled is the host's (the seed's "no reserved log: proceed without
+    one the host settled is the host's (the original design's "no reserved log: proceed without
     commit")."""
     if folded.state is None:
         return []

@@ -1,7 +1,7 @@
 """The registry of the 14 ``provider_kind`` values (seed §4, corrected by the reference).
 
 Pure data: which provider serves a kind, whether it is polled (async) or answers in one
-round trip (sync), the seed's stale threshold, the provider's result-URL lifetime, the
+round trip (sync), the original design's stale threshold, the provider's result-URL lifetime, the
 poll cadence/budget a worker uses, and the hosts its result media are served from (the
 only hosts, with the provider's configured endpoint, media is downloaded from:
 :mod:`callwarden.providers.media_guard`). Thresholds here are *defaults*: the reconciler's

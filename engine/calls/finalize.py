@@ -1,4 +1,4 @@
-"""Finalization, shared by workers, the reconciler and webhooks (the seed's
+"""Finalization, shared by workers, the reconciler and webhooks (the original design's
 ``finalizeJobWithMedia``): claim -> store media -> complete, exactly once.
 
 1. Claim with an owner id of *this claim* (the process incarnation plus a fresh suffix, so

@@ -8,7 +8,7 @@ the charge when it records ``Completed``; the write path then commits ``min(char
 reserved)`` (split over the job's reservations) and releases the rest.
 
 - :class:`ChargeReservation` (the default): ``None`` — commit the reservation as made.
-- :class:`RateTable`: a host's price list (the seed's host keeps one in ``model_pricing``)
+- :class:`RateTable`: a host's price list (the original design keeps one in ``model_pricing``)
   as rates per usage unit, matched by kind and (optionally) model; load one from a file
   with :func:`load_pricing`, or build it from the host's rows.
 - Anything else with a ``charge`` method: a host's own function.

@@ -28,7 +28,7 @@ ENV_PREFIX = "CALLWARDEN_RECONCILE_"
 
 
 class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``thresholds_s`` overrides the seed's per-kind stale thresholds
+    """``thresholds_s`` overrides the original design's per-kind stale thresholds
     (:data:`callwarden.providers.kinds.KINDS`); kinds not named keep their default.
 
     ``legacy_cutoff``: a row with no call (no ``provider_call_started_at``) is a legacy row,
