@@ -3,7 +3,7 @@ client) still records every transition through the fenced write path, as ``CallR
 does. Async kinds here; sync and streaming calls, and the blocking face for code without
 an event loop, in :mod:`callwarden.calls.own_sync`. docs/embedding.md has worked examples.
 
-Async kinds (the seed's image handler with ``onTaskCreated``)::
+Async kinds (a handler that creates and polls its own task)::
 
     calls = OwnCalls(pool, media=media, settings=settings)   # one per process
     call = await calls.start(job_id, "kie-standard")          # CallStarted, before the create
@@ -43,13 +43,13 @@ nothing written. The same task id reported twice is ``ok=False`` too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
+from callwarden.calls.beat import Beat
 from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
@@ -244,10 +244,10 @@ class OwnCalls:
         r = await self.db.append(job_id, EMPTY, event)
         return r.projection, r.ok
 
-    async def _beat_forever(self, job_id: uuid.UUID) -> None:
-        while True:
-            await self.sleep(self.config.heartbeat_every_s)
-            await self.heartbeat(job_id)
+    def _beat(self, job_id: uuid.UUID) -> Beat:
+        """The call's heartbeat loop while the host's own code runs (not yet started)."""
+        return Beat(lambda: self.heartbeat(job_id), self.config.heartbeat_every_s,
+                    sleep=self.sleep)
 
 
 class OwnCall:
@@ -268,7 +268,7 @@ class OwnCall:
         return self.projection.provider_task_id
 
     async def task_created(self, task_id: str) -> Reported:
-        """``TaskCreated`` (the seed's ``onTaskCreated``), right after the create answered.
+        """``TaskCreated``, right after the create answered (the task id it gave).
         The same id twice is ``ok=False`` (nothing written); another is
         :class:`TaskIdConflict`; a call already terminal is ``ok=False``."""
         if not task_id:
@@ -328,13 +328,8 @@ class OwnCall:
                 data = await my_client.poll_until_done(call.task_id)
             await call.succeeded(media_urls=data.urls)
         """
-        task = asyncio.get_running_loop().create_task(self.calls._beat_forever(self.job_id))
-        try:
+        async with self.calls._beat(self.job_id):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def _keep(self, r: Reported) -> Reported:
         if r.projection is not EMPTY:

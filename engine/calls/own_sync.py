@@ -1,5 +1,6 @@
-"""Bring your own call, sync kinds and streams (the seed's D9 routes: ai-writer, sync and
-SSE), and the blocking face of :mod:`callwarden.calls.own` for code with no event loop.
+"""Bring your own call, sync kinds and streams (routes that answer from the model within
+the request: an AI writer, sync and SSE), and the blocking face of
+:mod:`callwarden.calls.own` for code with no event loop.
 
     async with calls.sync_call(job_id, "anthropic-sync") as call:   # CallStarted
         answer = await my_client.messages(...)                       # the host's own call
@@ -16,7 +17,7 @@ stream is not taken for dead past its kind's threshold). On exit:
 - ``GeneratorExit`` — an async generator yielding chunks to a client was closed before it
   ended, which is what a client disconnect is to the route — failed and refunded
   (``stream_closed``); ``CancelledError`` likewise (``cancelled``). The user never got the
-  whole answer; as the seed's sync sweep rules for answers that never reached the user,
+  whole answer; as the original design's sync sweep rules for answers that never reached the user,
   the credits go back (the upstream cost is the host's). A route that wants to charge a
   partial answer catches ``GeneratorExit`` inside the block, calls ``call.succeeded``
   with what it has and returns.
@@ -34,7 +35,6 @@ owns, over its own pool: every write is the one write path's statement, never a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from collections.abc import Coroutine, Sequence
@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from callwarden.calls.beat import Beat
 from callwarden.calls.config import CallConfig
 from callwarden.calls.own import (
     Action,
@@ -77,7 +78,7 @@ class SyncCall:
         self.usage: Usage = {}  # a stream may fill it in as usage is reported
         self.outcome: Reported | None = None
         self._result: Succeeded | Failed | None = None
-        self._beat: asyncio.Task[None] | None = None
+        self._beat: Beat | None = None
 
     def succeeded(self, *, text: str | None = None, media_urls: Sequence[str] = (),
                   usage: Usage | None = None, cost: float | None = None,
@@ -115,7 +116,7 @@ async def enter_sync(calls: OwnCalls, job_id: uuid.UUID, kind: str,
                                  f"{p.status!r}, or a task from other code)", p)
         raise CallAlreadyStarted(f"job {job_id} already has a call ({p.state})", p)
     call = SyncCall(calls, job_id, kind, p)
-    call._beat = asyncio.get_running_loop().create_task(calls._beat_forever(job_id))
+    call._beat = calls._beat(job_id).start()
     return call
 
 
@@ -135,9 +136,7 @@ def _exit_outcome(call: SyncCall, exc: BaseException | None) -> Succeeded | Fail
 async def exit_sync(calls: OwnCalls, call: SyncCall, exc: BaseException | None) -> Reported:
     """Stop the heartbeat; record the outcome (``exc``: what ended the body) and finalize."""
     if call._beat is not None:
-        call._beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await call._beat
+        await call._beat.stop()
     call.outcome = await calls.record(call.job_id, call.kind, _exit_outcome(call, exc),
                                       call.projection)
     call.projection = call.outcome.projection

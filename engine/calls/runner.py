@@ -26,6 +26,7 @@ from typing import Any, Literal, cast
 import aiohttp
 import msgspec
 
+from callwarden.calls.beat import Beat
 from callwarden.calls.config import CallConfig
 from callwarden.calls.failpoints import failpoint
 from callwarden.calls.finalize import Finalizer, FinalizeResult
@@ -233,16 +234,8 @@ class CallRunner:
         if not (at_once and (event.result.media_urls or event.result.stored_keys)):
             return await self.finalizer.finalize_success(job_id, p, event, at_once=at_once)
 
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(self.config.heartbeat_every_s)
-                await self._heartbeat(job_id, None)
-
-        beating = asyncio.create_task(beat())
-        try:
+        async with Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s):
             return await self.finalizer.finalize_success(job_id, p, event, at_once=True)
-        finally:
-            beating.cancel()
 
     # -- sync kinds -------------------------------------------------------------------
 

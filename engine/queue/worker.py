@@ -30,6 +30,7 @@ import uuid
 
 import aiohttp
 
+from callwarden.calls.beat import Beat
 from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig
 from callwarden.calls.pricing import Pricing
@@ -154,7 +155,7 @@ class Worker:
                           job.job_id, job.deliveries)
 
     async def _run(self, job: Claimed, spec: JobSpec) -> None:
-        keeper = asyncio.create_task(self._keep_leased(job.job_id))
+        keeper = Beat(lambda: self._extend_lease(job.job_id), self.visibility_s / 2).start()
         try:
             if self.callbacks is not None:
                 async with connection(self.pool) as conn:
@@ -171,28 +172,28 @@ class Worker:
                           job.job_id, spec.kind, job.deliveries)
             return
         finally:
-            keeper.cancel()
+            await keeper.stop()
             if self.callbacks is not None:
                 self.callbacks.forget(job.job_id)
         acked = await self._ack(job.job_id)
         _log_outcome(job, spec, outcome, acked)
 
-    async def _keep_leased(self, job_id: uuid.UUID) -> None:
-        while True:
-            await asyncio.sleep(self.visibility_s / 2)
-            try:
-                async with connection(self.pool) as conn:
-                    held = await extend(conn, job_id, owner=self.owner,
-                                        visibility_s=self.visibility_s)
-            except DatabaseUnavailable as exc:
-                self.outage.down(exc)
-                continue
-            except DB_ERRORS as exc:
-                log.warning("job %s: lease extension failed: %s", job_id, exc)
-                continue
-            if not held:
-                log.warning("job %s: lease lost (redelivered elsewhere)", job_id)
-                return
+    async def _extend_lease(self, job_id: uuid.UUID) -> bool:
+        """One extension of the job's queue lease; ``False`` once it is lost."""
+        try:
+            async with connection(self.pool) as conn:
+                held = await extend(conn, job_id, owner=self.owner,
+                                    visibility_s=self.visibility_s)
+        except DatabaseUnavailable as exc:
+            self.outage.down(exc)
+            return True
+        except DB_ERRORS as exc:
+            log.warning("job %s: lease extension failed: %s", job_id, exc)
+            return True
+        if not held:
+            log.warning("job %s: lease lost (redelivered elsewhere)", job_id)
+            return False
+        return True
 
     async def _ack(self, job_id: uuid.UUID) -> bool:
         async with connection(self.pool) as conn:

@@ -1,0 +1,112 @@
+"""callwarden.calls.beat.Beat: a heartbeat loop ends when it is stopped, and stopping it
+never cancels a beat in flight (a cancelled wait for a pooled connection could lose the
+connection, or be swallowed by Python 3.11's ``asyncio.wait_for`` and leave the loop
+running)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from callwarden.calls.beat import Beat
+
+
+async def no_wait(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+async def settle() -> None:
+    """Give every ready task many turns (a loop that survived would beat again)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_stop_lets_the_beat_in_flight_finish_and_no_other_starts() -> None:
+    """``stop()`` during a beat does not cancel it: the beat completes (it saw no
+    CancelledError), ``stop()`` returns once it has, and no further beat runs."""
+    beats, cancelled = 0, 0
+    in_flight, release = asyncio.Event(), asyncio.Event()
+
+    async def beat() -> None:
+        nonlocal beats, cancelled
+        beats += 1
+        in_flight.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+
+    loop = Beat(beat, 0.0, sleep=no_wait).start()
+    await in_flight.wait()
+    stopping = asyncio.ensure_future(loop.stop())
+    await settle()
+    assert not stopping.done()  # waits for the beat in flight
+    release.set()
+    await asyncio.wait({stopping}, timeout=5)
+    assert stopping.done(), "stop() did not return after the beat finished"
+    await settle()
+    assert (beats, cancelled) == (1, 0)
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_beat_in_flight() -> None:
+    """The task that stops the loop being cancelled (a worker shutting down) is not
+    passed on to the beat: it still completes, and the loop still ends."""
+    done, cancelled = asyncio.Event(), 0
+    in_flight, release = asyncio.Event(), asyncio.Event()
+
+    async def beat() -> None:
+        nonlocal cancelled
+        in_flight.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        done.set()
+
+    loop = Beat(beat, 0.0, sleep=no_wait).start()
+    task = loop._task
+    assert task is not None
+    await in_flight.wait()
+    stopping = asyncio.ensure_future(loop.stop())
+    await settle()
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    release.set()
+    await asyncio.wait({task}, timeout=5)
+    assert (done.is_set(), cancelled, task.done()) == (True, 0, True)
+
+
+async def test_stop_during_the_sleep_ends_the_loop_at_once() -> None:
+    """A loop asleep for an hour is stopped without waiting it out, and never beats."""
+    beats = 0
+
+    async def beat() -> None:
+        nonlocal beats
+        beats += 1
+
+    loop = Beat(beat, 3600.0).start()
+    await settle()
+    await asyncio.wait_for(loop.stop(), timeout=5)
+    assert beats == 0
+
+
+async def test_a_beat_answering_false_ends_the_loop() -> None:
+    """A beat that answers ``False`` (the worker's lease was lost) is the last one."""
+    beats = 0
+
+    async def beat() -> bool:
+        nonlocal beats
+        beats += 1
+        return beats < 3
+
+    loop = Beat(beat, 0.0, sleep=no_wait).start()
+    task = loop._task
+    assert task is not None
+    await asyncio.wait({task}, timeout=5)
+    assert task.done()
+    await loop.stop()
+    assert beats == 3
