@@ -70,6 +70,7 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
 _MAX_KEY_LEN = 1024
 _META_DIR = ".meta"
+_KEY_PREFIX = "media"  # media_key's default prefix: a local folder leaves it out
 _GENERIC_TYPE = "application/octet-stream"
 
 _EXTENSIONS: Mapping[str, str] = {
@@ -192,16 +193,37 @@ def _os_errors(action: str, key: str) -> Iterator[None]:
 
 
 class LocalFolderStore:
-    """A :class:`MediaStore` in a folder; nothing is ever written outside ``root``."""
+    """A :class:`MediaStore` in a folder; nothing is ever written outside ``root``.
+
+    The folder is the media store itself, so a key under :func:`media_key`'s ``media/``
+    prefix is stored without it: ``media/<job>/0.png`` at ``<root>/<job>/0.png`` (and
+    ``LocalFolderStore(Path("media"))`` writes ``media/<job>/0.png``, not
+    ``media/media/…``). An object an earlier release wrote at ``<root>/media/<job>/…`` is
+    still read, headed and found there, so calls finalized before an upgrade keep their
+    files and a re-finalization after one does not fetch them again."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).absolute()
 
+    def _parts(self, key: str) -> list[str]:
+        parts = check_key(key).split("/")
+        return parts[1:] if len(parts) > 1 and parts[0] == _KEY_PREFIX else parts
+
     def _path(self, key: str) -> Path:
-        return self.root.joinpath(*check_key(key).split("/"))
+        return self.root.joinpath(*self._parts(key))
 
     def _meta_path(self, key: str) -> Path:
-        return self.root.joinpath(_META_DIR, *f"{check_key(key)}.json".split("/"))
+        parts = self._parts(key)
+        return self.root.joinpath(_META_DIR, *parts[:-1], f"{parts[-1]}.json")
+
+    def _stored(self, key: str) -> tuple[Path, Path]:
+        """The object's file and sidecar: where this release writes them, or where an
+        earlier release did (``<root>/media/…``) when only that file exists."""
+        path = self._path(key)
+        legacy = self.root.joinpath(*check_key(key).split("/"))
+        if legacy != path and not path.is_file() and legacy.is_file():
+            return legacy, self.root.joinpath(_META_DIR, *f"{check_key(key)}.json".split("/"))
+        return path, self._meta_path(key)
 
     def _confined(self, path: Path) -> Path:
         """Create ``path``'s folder and refuse it if a symlink leads outside ``root``."""
@@ -220,25 +242,25 @@ class LocalFolderStore:
         return obj
 
     def _get_sync(self, key: str) -> bytes:
-        path = self._path(key)
         with _os_errors("get", key):
-            return path.read_bytes()
+            return self._stored(key)[0].read_bytes()
 
     def _head_sync(self, key: str) -> StoredObject:
-        data = self._get_sync(key)
+        with _os_errors("get", key):
+            path, meta_path = self._stored(key)
+            data = path.read_bytes()
         digest = _sha256(data)
         content_type = _GENERIC_TYPE
         with contextlib.suppress(OSError, ValueError):
-            meta = json.loads(self._meta_path(key).read_bytes())
+            meta = json.loads(meta_path.read_bytes())
             if meta.get("sha256") == digest:  # else a put was cut between data and sidecar
                 content_type = str(meta["content_type"])
-        return StoredObject(key=key, uri=self._path(key).as_uri(), size=len(data),
+        return StoredObject(key=key, uri=path.as_uri(), size=len(data),
                             content_type=content_type, sha256=digest)
 
     def _exists_sync(self, key: str) -> bool:
-        path = self._path(key)
         with _os_errors("stat", key):
-            return path.is_file()
+            return self._stored(key)[0].is_file()
 
     async def put(self, key: str, data: bytes, content_type: str) -> StoredObject:
         return await asyncio.to_thread(self._put_sync, key, data, content_type)

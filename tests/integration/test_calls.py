@@ -46,7 +46,7 @@ async def test_async_call_completes_with_stored_media_and_commits(
     assert (row["status"], row["call_state"], row["progress"], row["credits"]) == (
         "completed", "completed", 100, "committed")
     assert row["assets"] == 1
-    stored = list((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    stored = list((tmp_path / "media" / str(job)).glob("0.*"))
     assert len(stored) == 1
     assert stored[0].read_bytes()
     assert sim.sim.journal.count("kie", "create") == 1

@@ -79,7 +79,7 @@ async def test_replicate_data_uri_output_is_decoded_and_stored_without_a_fetch(
     assert out.result == "completed"
     row = await seen_by_host(conn, job)
     assert (row["credits"], row["assets"]) == ("committed", 1)
-    stored = list((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    stored = list((tmp_path / "media" / str(job)).glob("0.*"))
     assert [p.read_bytes() for p in stored] == [PNG]
     assert sim.sim.media.requests == []
     assert "base64," not in msgspec.json.encode(row["output_data"]).decode()
@@ -107,7 +107,7 @@ async def test_a_data_uri_is_stored_by_the_reconciler_that_recovers_the_call(
     row = await seen_by_host(conn, job)
     assert (row["call_state"], row["credits"], row["assets"]) == (
         "completed", "committed", 1)
-    stored = list((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    stored = list((tmp_path / "media" / str(job)).glob("0.*"))
     assert [p.read_bytes() for p in stored] == [PNG]
 
 

@@ -175,7 +175,7 @@ async def test_kie_task_that_succeeded_while_its_worker_was_dead_is_completed_wi
     r = await row(conn, job)
     assert (r["status"], r["progress"], r["credits"], r["assets"]) == (
         "completed", 100, "committed", 1)
-    stored = list((tmp_path / "media" / "media" / str(job)).glob("0.*"))
+    stored = list((tmp_path / "media" / str(job)).glob("0.*"))
     assert len(stored) == 1
     assert stored[0].read_bytes()
     assert sim.sim.journal.count("kie", "create") == 1  # never re-created

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -181,16 +182,54 @@ async def test_local_store_leaves_no_temp_files(tmp_path: Path) -> None:
     store = LocalFolderStore(tmp_path)
     stored = await store.put(media_key("job-10", 0, "image/png"), PNG, "image/png")
     await store.put(stored.key, PNG + b"again", "image/png")
-    names = sorted(p.name for p in (tmp_path / "media" / "job-10").iterdir())
+    names = sorted(p.name for p in (tmp_path / "job-10").iterdir())
     assert names == ["0.png"]
-    assert stored.uri == (tmp_path / "media" / "job-10" / "0.png").as_uri()
+    assert stored.uri == (tmp_path / "job-10" / "0.png").as_uri()
+
+
+async def test_local_store_in_a_folder_named_media_writes_no_media_media(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LocalFolderStore(Path("media"))`` stores ``media/<job>/0.png`` (issue 25 item 6):
+    the folder is the store, so media_key's ``media/`` prefix is not a second folder."""
+    monkeypatch.chdir(tmp_path)
+    store = LocalFolderStore(Path("media"))
+    stored = await store.put(media_key("job-12", 0, "image/png"), PNG, "image/png")
+    assert stored.uri == (tmp_path / "media" / "job-12" / "0.png").as_uri()
+    assert sorted(p.name for p in (tmp_path / "media").iterdir()) == [".meta", "job-12"]
+    assert (await store.head(stored.key)).content_type == "image/png"
+
+
+async def test_local_store_reads_what_an_earlier_release_wrote_under_media(
+    tmp_path: Path,
+) -> None:
+    """An object an earlier release wrote at ``<root>/media/<job>/…`` (with its sidecar at
+    ``<root>/.meta/media/<job>/…``) is still found, read and headed after an upgrade, so
+    a re-finalization does not download it again; a new put goes to ``<root>/<job>/``."""
+    key = media_key("job-13", 0, "image/png")
+    old = tmp_path / "media" / "job-13" / "0.png"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(PNG)
+    side = tmp_path / ".meta" / "media" / "job-13" / "0.png.json"
+    side.parent.mkdir(parents=True)
+    side.write_text(json.dumps({"key": key, "uri": old.as_uri(), "size": len(PNG),
+                                "content_type": "image/png",
+                                "sha256": hashlib.sha256(PNG).hexdigest()}))
+    store = LocalFolderStore(tmp_path)
+    assert await store.exists(key)
+    assert await store.get(key) == PNG
+    head = await store.head(key)
+    assert (head.uri, head.content_type) == (old.as_uri(), "image/png")
+    assert not await store.exists(media_key("job-14", 0, "image/png"))
+    await store.put(media_key("job-14", 0, "image/png"), PNG, "image/png")
+    assert (tmp_path / "job-14" / "0.png").read_bytes() == PNG
 
 
 async def test_local_store_refuses_a_symlink_leading_out_of_root(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (tmp_path / "root").mkdir()
-    (tmp_path / "root" / "media").symlink_to(outside)
+    (tmp_path / "root" / "job").symlink_to(outside)
     with pytest.raises(InvalidMediaKey):
         await LocalFolderStore(tmp_path / "root").put("media/job/0.png", PNG, "image/png")
     assert list(outside.iterdir()) == []
