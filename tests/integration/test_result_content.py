@@ -90,7 +90,10 @@ def kie(**script: Any) -> dict[str, Any]:
 
 
 def stored_bytes(media: Path, key: str) -> bytes:
-    return (media / key).read_bytes()
+    """The file on disk: a folder store keeps ``media/<job>/<n>.<ext>`` at ``<job>/<n>.<ext>``."""
+    prefix, _, rest = key.partition("/")
+    assert prefix == "media", key
+    return (media / rest).read_bytes()
 
 
 # -- item 2: text that mentions a link is text --------------------------------------------
