@@ -22,62 +22,56 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+class HeldBeat:
+    """A beat that waits for ``release`` and counts the beats begun, ended and cancelled."""
+
+    def __init__(self) -> None:
+        self.begun = self.ended = self.cancelled = 0
+        self.in_flight, self.release = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.begun += 1
+        self.in_flight.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.ended += 1
+
+
 async def test_stop_lets_the_beat_in_flight_finish_and_no_other_starts() -> None:
     """``stop()`` during a beat does not cancel it: the beat completes (it saw no
     CancelledError), ``stop()`` returns once it has, and no further beat runs."""
-    beats, cancelled = 0, 0
-    in_flight, release = asyncio.Event(), asyncio.Event()
-
-    async def beat() -> None:
-        nonlocal beats, cancelled
-        beats += 1
-        in_flight.set()
-        try:
-            await release.wait()
-        except asyncio.CancelledError:
-            cancelled += 1
-            raise
-
+    beat = HeldBeat()
     loop = Beat(beat, 0.0, sleep=no_wait).start()
-    await in_flight.wait()
+    await beat.in_flight.wait()
     stopping = asyncio.ensure_future(loop.stop())
     await settle()
     assert not stopping.done()  # waits for the beat in flight
-    release.set()
+    beat.release.set()
     await asyncio.wait({stopping}, timeout=5)
     assert stopping.done(), "stop() did not return after the beat finished"
     await settle()
-    assert (beats, cancelled) == (1, 0)
+    assert (beat.begun, beat.ended, beat.cancelled) == (1, 1, 0)
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_beat_in_flight() -> None:
     """The task that stops the loop being cancelled (a worker shutting down) is not
     passed on to the beat: it still completes, and the loop still ends."""
-    done, cancelled = asyncio.Event(), 0
-    in_flight, release = asyncio.Event(), asyncio.Event()
-
-    async def beat() -> None:
-        nonlocal cancelled
-        in_flight.set()
-        try:
-            await release.wait()
-        except asyncio.CancelledError:
-            cancelled += 1
-            raise
-        done.set()
-
+    beat = HeldBeat()
     loop = Beat(beat, 0.0, sleep=no_wait).start()
     task = loop._task
     assert task is not None
-    await in_flight.wait()
+    await beat.in_flight.wait()
     stopping = asyncio.ensure_future(loop.stop())
     await settle()
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    release.set()
+    beat.release.set()
     await asyncio.wait({task}, timeout=5)
-    assert (done.is_set(), cancelled, task.done()) == (True, 0, True)
+    assert (beat.ended, beat.cancelled, task.done()) == (1, 0, True)
 
 
 async def test_stop_during_the_sleep_ends_the_loop_at_once() -> None:
