@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -25,10 +26,11 @@ SQL = load_queries((Path(__file__).parent / "bench.sql").read_text(encoding="utf
 @contextmanager
 def fresh_database(prefix: str = "bench") -> Iterator[str]:
     """Yield the URL of a new migrated database; drop it (and any embedded server) after."""
-    server = None
+    server, folder = None, None
     admin = os.environ.get("DATABASE_URL")
     if not admin:
-        server = EmbeddedServer(Path(tempfile.mkdtemp(prefix="cw-bench-")), cleanup="delete")
+        folder = Path(tempfile.mkdtemp(prefix="cw-bench-"))
+        server = EmbeddedServer(folder, cleanup="delete")
         admin = server.url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     url = create_database(admin, name)
@@ -44,6 +46,8 @@ def fresh_database(prefix: str = "bench") -> Iterator[str]:
         drop_database(admin, name)
         if server is not None:
             server.stop()
+        if folder is not None:  # the server deletes its data folder, not this one
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def conninfo_parts(url: str) -> dict[str, str]:
