@@ -14,7 +14,6 @@ that records every request it gets. Every provider's credential header is covere
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from callwarden.events.types import CallStarted, UpstreamResult, UpstreamSucceed
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from tests.integration.conftest import MakeRunner
+from tests.support.rows import host_job, seen_by_host
 
 AUDIO = b"ID3\x04\x00" + bytes(range(200))
 CREDENTIAL = {"kie": "authorization", "replicate": "authorization",
@@ -69,25 +69,6 @@ async def elsewhere() -> AsyncIterator[Elsewhere]:
         yield Elsewhere(url=f"http://127.0.0.1:{runner.addresses[0][1]}", seen=seen)
     finally:
         await runner.cleanup()
-
-
-async def host_job(conn: Conn) -> uuid.UUID:
-    job = uuid.uuid4()
-    await conn.execute("INSERT INTO jobs (id, user_id, status) VALUES (%s, 'u1', 'pending')",
-                       (job,))
-    await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
-                       "VALUES (%s, 'u1', 'reserved', 10)", (job,))
-    return job
-
-
-async def seen_by_host(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
-    row = await (await conn.execute(
-        "SELECT j.status, j.error_message, u.status AS credits, "
-        "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
-        "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s",
-        (job,))).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 async def arm_redirect(http: aiohttp.ClientSession, sim: RunningSimulator, provider: str,
