@@ -56,7 +56,10 @@ if TYPE_CHECKING:
     from callwarden.database.migrate import migrate
     from callwarden.database.write import cancel
     from callwarden.errors import CallwardenError
-    from callwarden.providers.base import ProviderSettings
+    from callwarden.providers.adapters import load_adapters
+    from callwarden.providers.base import Endpoint, ProviderSettings
+    from callwarden.providers.kinds import KindSpec
+    from callwarden.providers.registry import ClientRequest, Provider
     from callwarden.providers.storage import LocalFolderStore, MediaStore, S3Store, media_from_env
     from callwarden.reconciler.config import ReconcileConfig
     from callwarden.reconciler.config import load_config as load_reconcile_config
@@ -95,6 +98,11 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "CallbackUrls": ("callwarden.calls.callbacks", "CallbackUrls"),
     "CallwardenError": ("callwarden.errors", "CallwardenError"),
     "ChargeReservation": ("callwarden.calls.pricing", "ChargeReservation"),
+    "ClientRequest": ("callwarden.providers.registry", "ClientRequest"),
+    "Endpoint": ("callwarden.providers.base", "Endpoint"),
+    "KindSpec": ("callwarden.providers.kinds", "KindSpec"),
+    "Provider": ("callwarden.providers.registry", "Provider"),
+    "load_adapters": ("callwarden.providers.adapters", "load_adapters"),
     "Conn": ("callwarden.database.db", "Conn"),
     "Finalizer": ("callwarden.calls.finalize", "Finalizer"),
     "LocalFolderStore": ("callwarden.providers.storage", "LocalFolderStore"),
@@ -142,8 +150,11 @@ __all__ = [
     "CallbackUrls",
     "CallwardenError",
     "ChargeReservation",
+    "ClientRequest",
     "Conn",
+    "Endpoint",
     "Finalizer",
+    "KindSpec",
     "LocalFolderStore",
     "MediaStore",
     "OwnCall",
@@ -151,6 +162,7 @@ __all__ = [
     "OwnCalls",
     "Pool",
     "Pricing",
+    "Provider",
     "ProviderSettings",
     "Rate",
     "RateTable",
@@ -169,6 +181,7 @@ __all__ = [
     "cancel",
     "connect",
     "create_job",
+    "load_adapters",
     "load_pricing",
     "load_reconcile_config",
     "media_from_env",

@@ -30,13 +30,14 @@ import msgspec
 
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.errors import AdapterError
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["SECTIONS", "load", "provider_settings", "read_section", "register"]
+__all__ = ["SECTIONS", "load", "load_providers", "provider_settings", "read_section",
+           "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks", "serve")
-_ENV_KIND = {name.upper().replace("-", "_"): name for name in KINDS}
 #: section -> its settings struct's field names (:func:`register`): how a flat file is split.
 _FIELDS: dict[str, frozenset[str]] = {}
 
@@ -86,7 +87,8 @@ def _flat_share(data: dict[str, Any], section: str, path: Path) -> dict[str, Any
 
 
 def _kind(name: str, key: str) -> str:
-    kind = _ENV_KIND.get(key) or _ENV_KIND.get(key.removesuffix("_S"))
+    by_env = {kind.upper().replace("-", "_"): kind for kind in KINDS}  # a host's kinds too
+    kind = by_env.get(key) or by_env.get(key.removesuffix("_S"))
     if kind is None:
         raise ConfigError(f"{name}: unknown provider_kind")
     return kind
@@ -208,7 +210,10 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
     ``env`` (``maps``: env name -> per-kind map field, e.g. ``{"THRESHOLD": "thresholds_s"}``)
     and finally ``overrides`` (a command's flags; ``origins`` names each one's source in
     errors, e.g. ``{"finalize_lease_s": "--finalize-lease"}``); validated. An error names
-    the setting at fault by its source: ``FILE [section] key``, the variable, the flag."""
+    the setting at fault by its source: ``FILE [section] key``, the variable, the flag.
+    The host's providers are registered first (:func:`load_providers`), so a per-kind
+    setting may name a host's kind."""
+    load_providers(env)
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
     merged: dict[str, Any] = {}
     where: dict[Entry, str] = {}
@@ -232,11 +237,29 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
                           + (f" (set by {'; '.join(culprits)})" if culprits else "")) from exc
 
 
+def load_providers(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Register the host's providers (:func:`callwarden.providers.adapters.load_adapters`:
+    its entry points and ``CALLWARDEN_PROVIDERS`` in ``env``); one that does not load is a
+    :class:`ConfigError` naming it."""
+    # imported here: the registry brings the clients (aiohttp), and pure modules read
+    # their settings structs from this module
+    from callwarden.providers.adapters import load_adapters
+
+    try:
+        return load_adapters(env)
+    except AdapterError as exc:
+        raise ConfigError(f"provider adapter: {exc}") from exc
+
+
 def provider_settings(env: Mapping[str, str]) -> ProviderSettings:
     """The providers' endpoints, keys and answer limit from ``env``
-    (:meth:`ProviderSettings.from_env`); a bad value is a :class:`ConfigError` naming its
+    (:meth:`ProviderSettings.from_env`), a host's registered providers included
+    (:func:`load_providers` first); a bad value is a :class:`ConfigError` naming its
     variable."""
+    from callwarden.providers.registry import host_providers
+
+    load_providers(env)
     try:
-        return ProviderSettings.from_env(env)
+        return ProviderSettings.from_env(env, hosts=host_providers())
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -80,9 +80,10 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
 
 class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where each provider lives and how to authenticate. Defaults are the real APIs.
-    ``stop_policy``: per language-model kind (``anthropic-sync``, ``kie-llm``), which stop
-    reasons are results (``{"max_tokens": "succeed"}`` accepts truncated answers); the
-    defaults and why: :mod:`callwarden.providers.llm_stop`."""
+    ``endpoints``: the providers a host registered (by provider name; the built-in four
+    have their own fields). ``stop_policy``: per language-model kind (``anthropic-sync``,
+    ``kie-llm``), which stop reasons are results (``{"max_tokens": "succeed"}`` accepts
+    truncated answers); the defaults and why: :mod:`callwarden.providers.llm_stop`."""
 
     kie: Endpoint = Endpoint(base_url="https://api.kie.ai", api_key="")
     replicate: Endpoint = Endpoint(base_url="https://api.replicate.com", api_key="")
@@ -90,13 +91,18 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
     anthropic: Endpoint = Endpoint(base_url="https://api.anthropic.com", api_key="")
     retry: RetryPolicy = RetryPolicy()
     stop_policy: Mapping[str, StopPolicy] = msgspec.field(default_factory=dict)
+    endpoints: Mapping[str, Endpoint] = msgspec.field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ProviderSettings:
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 hosts: Mapping[str, str] | None = None) -> ProviderSettings:
         """Read ``CALLWARDEN_<PROVIDER>_URL`` and ``<PROVIDER>_API_KEY`` (e.g.
         ``KIE_API_KEY``, ``REPLICATE_API_TOKEN``, ``ELEVENLABS_API_KEY``,
-        ``ANTHROPIC_API_KEY``), and ``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` (the largest
-        answer read, default 16 MiB: :class:`RetryPolicy`; a bad value is a ``ValueError``
+        ``ANTHROPIC_API_KEY``; for each of ``hosts``, a host's provider name -> its
+        default base URL, ``CALLWARDEN_<NAME>_URL`` and ``<NAME>_API_KEY`` with the
+        name upper-cased and ``-`` spelled ``_``), and
+        ``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` (the largest answer read, default 16 MiB:
+        :class:`RetryPolicy`; a bad value is a ``ValueError``
         naming the variable)."""
         e = os.environ if env is None else env
         base = cls()
@@ -115,7 +121,12 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
                 api_key=e.get(key_var, default.api_key),
             )
 
+        def host(name: str, url: str) -> Endpoint:
+            env_name = name.upper().replace("-", "_")
+            return ep(env_name, Endpoint(base_url=url, api_key=""), f"{env_name}_API_KEY")
+
         return cls(
+            endpoints={name: host(name, url) for name, url in (hosts or {}).items()},
             kie=ep("KIE", base.kie, "KIE_API_KEY"),
             replicate=ep("REPLICATE", base.replicate, "REPLICATE_API_TOKEN"),
             elevenlabs=ep("ELEVENLABS", base.elevenlabs, "ELEVENLABS_API_KEY"),

@@ -21,6 +21,8 @@
                                       kind's media may come from, or resolves to a
                                       loopback / private / link-local / metadata address
 
+    AdapterError                      a provider adapter or kind that cannot be
+                                      registered or loaded (names its source)
     StorageError                      storing media failed (transient by nature)
     SignatureError                    a webhook signature is missing or wrong
     └── StaleSignature                its timestamp is outside the scheme's tolerance
@@ -31,6 +33,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "AdapterError",
     "AuthenticationError",
     "BadRequest",
     "InsufficientCredits",
@@ -147,6 +150,13 @@ class MediaTypeRejected(MediaError):
 class MediaRefused(MediaError):
     """The media URL was refused before anything was fetched (server-side request
     forgery guard): permanent, the call fails and refunds."""
+
+
+class AdapterError(Exception):
+    """A provider adapter or kind that cannot be registered: a kind another provider
+    serves, a spec out of range, an entry point or ``module:attr`` that does not load or
+    is not a :class:`~callwarden.providers.registry.Provider`. The message names where it
+    came from; nothing was registered from that source."""
 
 
 class StorageError(Exception):

@@ -6,20 +6,29 @@ poll cadence/budget a worker uses, and the hosts its result media are served fro
 only hosts, with the provider's configured endpoint, media is downloaded from:
 :mod:`callwarden.providers.media_guard`). Thresholds here are *defaults*: the reconciler's
 configuration may override them and validates them against ``result_url_lifetime_s``.
+
+A host adds its own kinds with the provider that serves them
+(:func:`callwarden.providers.registry.register` calls :func:`add_kind`): after that, a
+host kind is known everywhere a built-in one is (the worker, the reconciler's thresholds,
+the media guard, the settings' per-kind maps).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Literal
 
 import msgspec
 
-from callwarden.providers.errors import UnknownProviderKind
+from callwarden.providers.errors import AdapterError, UnknownProviderKind
 
 __all__ = [
+    "BUILTIN_PROVIDERS",
     "ELEVENLABS_SYNC_OPERATIONS",
     "KINDS",
     "KindSpec",
+    "add_kind",
     "get_kind",
     "is_sync_call",
     "kinds_of",
@@ -28,6 +37,7 @@ __all__ = [
 #: The providers callwarden ships clients for (a kind's ``provider`` names any entry of
 #: :data:`callwarden.providers.registry.PROVIDERS`).
 BuiltinProvider = Literal["kie", "replicate", "elevenlabs", "anthropic"]
+BUILTIN_PROVIDERS: tuple[BuiltinProvider, ...] = ("kie", "replicate", "elevenlabs", "anthropic")
 Mode = Literal["async", "sync"]
 
 MIN = 60.0
@@ -105,6 +115,42 @@ KINDS: dict[str, KindSpec] = {
 # Operations filed under ``elevenlabs-async`` by the seed that the reference shows are
 # synchronous: no id to poll, so they get sweep semantics.
 ELEVENLABS_SYNC_OPERATIONS = frozenset({"voice-clone", "voice-design", "forced-alignment"})
+
+
+_KIND_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def _spec_problem(spec: KindSpec) -> str | None:
+    if not _KIND_NAME.fullmatch(spec.name):
+        return "a kind's name is 1-63 of a-z, 0-9 and '-' (it names settings: THRESHOLD_<KIND>)"
+    if spec.mode not in ("async", "sync"):
+        return f"mode must be 'async' or 'sync', got {spec.mode!r}"
+    for field in ("stale_threshold_s", "poll_interval_s", "poll_budget_s"):
+        value = getattr(spec, field)
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            return f"{field} must be a number of seconds > 0, got {value!r}"
+    life = spec.result_url_lifetime_s
+    if life is not None and not (math.isfinite(life) and life > 0):
+        return f"result_url_lifetime_s must be > 0 seconds or None, got {life!r}"
+    if life is not None and spec.stale_threshold_s >= life:
+        return (f"stale_threshold_s ({spec.stale_threshold_s:g}) must be below "
+                f"result_url_lifetime_s ({life:g}): a call recovered later finds its result "
+                "gone")
+    return None
+
+
+def add_kind(spec: KindSpec) -> None:
+    """Make ``spec`` a known kind (``AdapterError`` if it is out of range, or if another
+    provider already serves a kind of that name). Adding the same kind again for the
+    same provider replaces its spec."""
+    problem = _spec_problem(spec)
+    if problem is not None:
+        raise AdapterError(f"kind {spec.name!r}: {problem}")
+    known = KINDS.get(spec.name)
+    if known is not None and known.provider != spec.provider:
+        raise AdapterError(f"kind {spec.name!r} is served by provider {known.provider!r}; "
+                           f"provider {spec.provider!r} cannot declare it too")
+    KINDS[spec.name] = spec
 
 
 def kinds_of(provider: str, mode: Mode | None = None) -> tuple[str, ...]:

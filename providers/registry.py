@@ -2,7 +2,9 @@
 
 :data:`PROVIDERS` holds one :class:`Provider` entry per provider name (its client factory,
 its endpoint in :class:`~callwarden.providers.base.ProviderSettings`, how its media are
-fetched, its webhook scheme); :func:`register` adds one. The engine asks
+fetched, its webhook scheme, and the kinds it serves); :func:`register` adds one — the
+four built-in providers and a host's own alike (a host's adapter, loaded by
+:mod:`callwarden.providers.adapters`). The engine asks
 :func:`client_for` for a client and gets an
 :class:`~callwarden.providers.base.AsyncKindClient` or a
 :class:`~callwarden.providers.base.SyncKindClient`. A kind that :mod:`callwarden.providers.kinds`
@@ -14,6 +16,7 @@ calls) — never another provider's client.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
@@ -23,13 +26,26 @@ import msgspec
 
 from callwarden.providers.anthropic.client import anthropic_client_for
 from callwarden.providers.base import AsyncKindClient, Endpoint, ProviderSettings, SyncKindClient
+from callwarden.providers.checked import CheckedAsyncClient, CheckedSyncClient
 from callwarden.providers.elevenlabs import webhook as elevenlabs_webhook
 from callwarden.providers.elevenlabs.client import elevenlabs_client_for
 from callwarden.providers.elevenlabs.operations import media_auth_headers
-from callwarden.providers.errors import MediaExpired, TaskNotFound, UnknownProviderKind
+from callwarden.providers.errors import (
+    AdapterError,
+    MediaExpired,
+    TaskNotFound,
+    UnknownProviderKind,
+)
 from callwarden.providers.kie import webhook as kie_webhook
 from callwarden.providers.kie.client import kie_client_for
-from callwarden.providers.kinds import get_kind
+from callwarden.providers.kinds import (
+    BUILTIN_PROVIDERS,
+    KINDS,
+    KindSpec,
+    add_kind,
+    get_kind,
+    is_sync_call,
+)
 from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES, Credentials
 from callwarden.providers.media_guard import MediaPolicy
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome
@@ -39,7 +55,8 @@ from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
 __all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
-           "media_fetch_for", "media_url_test", "poll_task", "provider_for", "register"]
+           "host_providers", "media_fetch_for", "media_url_test", "poll_task", "provider_for",
+           "register"]
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
@@ -55,11 +72,13 @@ class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True, kw_only=True)
 class ClientRequest:
-    """What a :class:`Provider`'s factory gets to build the client of one call."""
+    """What a :class:`Provider`'s factory gets to build the client of one call:
+    ``endpoint`` is the provider's own (:meth:`Provider.endpoint_in` the settings)."""
 
     kind: str
     session: aiohttp.ClientSession
     settings: ProviderSettings
+    endpoint: Endpoint | None = None
     operation: str | None = None
     callback_url: str | None = None
     sleep: Sleep = asyncio.sleep
@@ -67,16 +86,33 @@ class ClientRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class Provider:
-    """One provider's entry: ``client`` builds the client of a call; ``endpoint`` picks its
-    :class:`~callwarden.providers.base.Endpoint` out of the settings (the media guard
-    allows its hosts); ``media`` adjusts how its results are downloaded; ``webhook`` is
+    """One provider's entry — its adapter: ``client`` builds the client of a call (an
+    :class:`~callwarden.providers.base.AsyncKindClient`, ``create`` -> task id and ``poll``
+    -> outcome, for a polled kind; a :class:`~callwarden.providers.base.SyncKindClient`
+    for a one-round-trip kind); ``kinds`` are the kinds it serves, each with its stale
+    threshold, result-URL lifetime and media hosts (:class:`KindSpec`, ``provider`` equal
+    to ``name``); ``endpoint`` picks its :class:`~callwarden.providers.base.Endpoint` out of
+    the settings (by default ``settings.endpoints[name]``, read from
+    ``CALLWARDEN_<NAME>_URL`` and ``<NAME>_API_KEY``, else ``default_url``; the media guard
+    allows that host); ``media`` adjusts how its results are downloaded; ``webhook`` is
     its callback scheme, if it calls back (the receiver mounts one route per scheme)."""
 
     name: str
     client: Callable[[ClientRequest], AsyncKindClient | SyncKindClient]
-    endpoint: Callable[[ProviderSettings], Endpoint]
+    kinds: tuple[KindSpec, ...] = ()
+    endpoint: Callable[[ProviderSettings], Endpoint] | None = None
+    default_url: str = ""
     media: Callable[[MediaFetch, ProviderSettings], MediaFetch] = lambda fetch, _: fetch
     webhook: WebhookScheme | None = None
+
+    def endpoint_in(self, settings: ProviderSettings) -> Endpoint | None:
+        """Where this provider lives under ``settings`` (``None``: nowhere configured)."""
+        if self.endpoint is not None:
+            return self.endpoint(settings)
+        found = settings.endpoints.get(self.name)
+        if found is not None:
+            return found
+        return Endpoint(base_url=self.default_url, api_key="") if self.default_url else None
 
 
 PROVIDERS: dict[str, Provider] = {}
@@ -85,12 +121,39 @@ PROVIDERS: dict[str, Provider] = {}
 WEBHOOKS: dict[str, WebhookScheme] = {}
 
 
+_PROVIDER_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
+
+
 def register(provider: Provider) -> None:
-    """Add (or replace) ``provider``'s entry, and its webhook scheme."""
+    """Add (or replace) ``provider``'s entry, its kinds and its webhook scheme.
+    :class:`~callwarden.providers.errors.AdapterError`, and nothing registered, for a
+    name that cannot name settings, a kind of another provider, or a kind out of range."""
+    if not _PROVIDER_NAME.fullmatch(provider.name):
+        raise AdapterError(f"provider name {provider.name!r}: 1-31 of a-z, 0-9 and '-', "
+                           "starting with a letter (it names CALLWARDEN_<NAME>_URL)")
+    for spec in provider.kinds:
+        if spec.provider != provider.name:
+            raise AdapterError(f"provider {provider.name!r} declares kind {spec.name!r} "
+                               f"of provider {spec.provider!r}")
+    before = dict(KINDS)
+    try:
+        for spec in provider.kinds:
+            add_kind(spec)
+    except AdapterError:
+        KINDS.clear()
+        KINDS.update(before)
+        raise
     PROVIDERS[provider.name] = provider
     WEBHOOKS.pop(provider.name, None)
     if provider.webhook is not None:
         WEBHOOKS[provider.name] = provider.webhook
+
+
+def host_providers() -> dict[str, str]:
+    """The registered providers that are not built in: name -> default base URL (what
+    :meth:`ProviderSettings.from_env` reads their endpoints for)."""
+    return {name: p.default_url for name, p in PROVIDERS.items()
+            if name not in BUILTIN_PROVIDERS}
 
 
 def provider_for(kind: str) -> Provider:
@@ -115,9 +178,17 @@ def client_for(
 ) -> AsyncKindClient | SyncKindClient:
     """The client for one call of ``kind`` (``operation`` selects an ElevenLabs
     operation; ``callback_url`` is passed to KIE, whose Suno API requires one)."""
-    return provider_for(kind).client(ClientRequest(
-        kind=kind, session=session, settings=settings, operation=operation,
-        callback_url=callback_url, sleep=sleep))
+    provider = provider_for(kind)
+    client = provider.client(ClientRequest(
+        kind=kind, session=session, settings=settings, endpoint=provider.endpoint_in(settings),
+        operation=operation, callback_url=callback_url, sleep=sleep))
+    if provider.name in BUILTIN_PROVIDERS and PROVIDERS.get(provider.name) is _BUILTIN.get(
+            provider.name):
+        return client
+    # a host's adapter: what it answers is checked before the engine acts on it
+    if is_sync_call(kind, operation):
+        return CheckedSyncClient(cast(SyncKindClient, client), provider.name)
+    return CheckedAsyncClient(cast(AsyncKindClient, client), provider.name)
 
 
 def _kie(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
@@ -142,20 +213,30 @@ def _anthropic(r: ClientRequest) -> AsyncKindClient | SyncKindClient:
                                 stop_policy=r.settings.stop_policy.get(r.kind))
 
 
+def _own(provider: str) -> tuple[KindSpec, ...]:
+    return tuple(spec for spec in KINDS.values() if spec.provider == provider)
+
+
+_BUILTIN: dict[str, Provider] = {}
 for _entry in (
-    Provider(name="kie", client=_kie, endpoint=lambda s: s.kie, webhook=kie_webhook.SCHEME),
-    Provider(name="replicate", client=_replicate, endpoint=lambda s: s.replicate,
+    Provider(name="kie", client=_kie, kinds=_own("kie"), endpoint=lambda s: s.kie,
+             webhook=kie_webhook.SCHEME),
+    Provider(name="replicate", client=_replicate, kinds=_own("replicate"),
+             endpoint=lambda s: s.replicate,
              webhook=replicate_webhook.SCHEME,
              # a model's output may be any file (not a web page)
              media=lambda fetch, _: msgspec.structs.replace(fetch, allowed_types=ANY_FILE)),
-    Provider(name="elevenlabs", client=_elevenlabs, endpoint=lambda s: s.elevenlabs,
+    Provider(name="elevenlabs", client=_elevenlabs, kinds=_own("elevenlabs"),
+             endpoint=lambda s: s.elevenlabs,
              webhook=elevenlabs_webhook.SCHEME,
              media=lambda fetch, s: msgspec.structs.replace(
                  fetch, credentials=Credentials.for_endpoint(
                      s.elevenlabs.base_url, media_auth_headers(s.elevenlabs)))),
-    Provider(name="anthropic", client=_anthropic, endpoint=lambda s: s.anthropic),
+    Provider(name="anthropic", client=_anthropic, kinds=_own("anthropic"),
+             endpoint=lambda s: s.anthropic),
 ):
     register(_entry)
+    _BUILTIN[_entry.name] = _entry
 
 
 async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
@@ -178,7 +259,9 @@ async def poll_task(kind: str, task_id: str, session: aiohttp.ClientSession,
 
 
 def _endpoint_urls(provider: Provider, settings: ProviderSettings) -> tuple[str, ...]:
-    endpoint = provider.endpoint(settings)
+    endpoint = provider.endpoint_in(settings)
+    if endpoint is None:
+        return ()
     return tuple(u for u in (endpoint.base_url, endpoint.media_base_url) if u)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from callwarden.cli.process import env_help
+from callwarden.config import load_providers
 from callwarden.database.db import connect, resolve_database_url
 from callwarden.database.migrate import migrate
 from callwarden.errors import CallwardenError
@@ -111,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        load_providers(os.environ)  # a host's kinds, before any command reads its settings
         if getattr(args, "sync_handler", None) is not None:
             return int(args.sync_handler(args))
         url = resolve_database_url(args.data_dir)

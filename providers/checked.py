@@ -1,0 +1,101 @@
+"""A host adapter's answers, checked before the engine acts on them.
+
+The built-in clients map their provider's answers onto the outcome types themselves
+(and are tested against recorded shapes); a host's client is code callwarden has never
+seen. Whatever it returns passes through here first: a task id that is not a non-empty
+string (at most 512 characters), or an outcome that is not one of
+:mod:`callwarden.providers.outcomes`' types, is a
+:class:`~callwarden.providers.errors.MalformedResponse` naming the provider — never a
+``TaskCreated`` with a bogus id, never an ``AttributeError`` deep in the finalizer.
+An exception the adapter lets out that is not a
+:class:`~callwarden.providers.errors.ProviderError` becomes one: a connection or timeout
+error (``aiohttp.ClientError``, ``OSError``, ``TimeoutError``) a
+:class:`~callwarden.providers.errors.TransientError` (retried), anything else (a
+``KeyError`` from an answer of an unexpected shape) a ``MalformedResponse``; the original
+is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+
+from callwarden.providers.base import AsyncKindClient, SyncKindClient
+from callwarden.providers.errors import MalformedResponse, ProviderError, TransientError
+from callwarden.providers.outcomes import (
+    Failed,
+    NotFound,
+    PollOutcome,
+    Running,
+    Succeeded,
+    SyncOutcome,
+)
+
+__all__ = ["MAX_TASK_ID", "CheckedAsyncClient", "CheckedSyncClient"]
+
+#: The longest task id an adapter may return (the column is text; this keeps it sane).
+MAX_TASK_ID = 512
+
+
+T = TypeVar("T")
+
+
+async def _guarded(provider: str, what: str, answer: Awaitable[T]) -> T:
+    try:
+        return await answer
+    except ProviderError:
+        raise
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise TransientError(f"{provider} adapter's {what}: {type(exc).__name__}: {exc}",
+                             provider=provider) from exc
+    except Exception as exc:
+        raise MalformedResponse(f"{provider} adapter's {what} raised "
+                                f"{type(exc).__name__}: {exc}", provider=provider) from exc
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+class CheckedAsyncClient:
+    """``client`` (a host's :class:`AsyncKindClient`) with its answers checked."""
+
+    def __init__(self, client: AsyncKindClient, provider: str) -> None:
+        self.client, self.provider, self.kind = client, provider, client.kind
+
+    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
+        task_id: object = await _guarded(self.provider, "create()", self.client.create(
+            request, callback_url=callback_url))
+        if not isinstance(task_id, str) or not task_id.strip() or len(task_id) > MAX_TASK_ID:
+            raise MalformedResponse(
+                f"{self.provider} adapter's create() returned {_shown(task_id)}: a task id "
+                f"is a non-empty string of at most {MAX_TASK_ID} characters",
+                provider=self.provider)
+        return task_id
+
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+        outcome: object = await _guarded(self.provider, "poll()", self.client.poll(
+            task_id, created_at=created_at))
+        if not isinstance(outcome, Running | Succeeded | Failed | NotFound):
+            raise MalformedResponse(
+                f"{self.provider} adapter's poll() returned {_shown(outcome)}: expected "
+                "Running, Succeeded, Failed or NotFound", provider=self.provider)
+        return outcome
+
+
+class CheckedSyncClient:
+    """``client`` (a host's :class:`SyncKindClient`) with its answers checked."""
+
+    def __init__(self, client: SyncKindClient, provider: str) -> None:
+        self.client, self.provider, self.kind = client, provider, client.kind
+
+    async def call(self, request: Mapping[str, Any]) -> SyncOutcome:
+        outcome: object = await _guarded(self.provider, "call()", self.client.call(request))
+        if not isinstance(outcome, Succeeded | Failed):
+            raise MalformedResponse(
+                f"{self.provider} adapter's call() returned {_shown(outcome)}: expected "
+                "Succeeded or Failed", provider=self.provider)
+        return outcome
