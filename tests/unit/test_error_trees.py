@@ -47,7 +47,8 @@ def _find(name: str) -> type:
 
 
 @pytest.mark.parametrize(("module", "roots"), [
-    ("callwarden.providers.errors", {"ProviderError", "StorageError", "SignatureError"}),
+    ("callwarden.providers.errors", {"ProviderError", "StorageError", "SignatureError",
+                                      "AdapterError"}),
     ("callwarden.errors", {"CallwardenError"}),
 ])
 def test_every_error_class_is_drawn_under_its_parent(module: str, roots: set[str]) -> None:

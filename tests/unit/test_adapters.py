@@ -1,0 +1,221 @@
+"""A host's provider adapters: how they are found, what registering one changes, what a
+bad one gets (issue 25 item 1). The end-to-end run through real processes is
+``tests/acceptance/test_host_adapter.py``."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from callwarden.config import load_providers, provider_settings
+from callwarden.errors import ConfigError
+from callwarden.providers.adapters import load_adapters
+from callwarden.providers.checked import CheckedAsyncClient, CheckedSyncClient
+from callwarden.providers.errors import (
+    AdapterError,
+    MalformedResponse,
+    TransientError,
+    UnknownProviderKind,
+)
+from callwarden.providers.kinds import KINDS, KindSpec, get_kind
+from callwarden.providers.outcomes import PollOutcome, Running, SyncOutcome
+from callwarden.providers.registry import (
+    PROVIDERS,
+    ClientRequest,
+    Provider,
+    client_for,
+    media_fetch_for,
+    poll_task,
+    provider_for,
+    register,
+)
+from callwarden.reconciler.config import load_config
+from tests.support.acme import load_example_adapter, registry_restored
+
+
+@pytest.fixture(autouse=True)
+def restored() -> Iterator[None]:
+    with registry_restored():
+        yield
+
+
+@pytest.fixture
+def host_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A host's folder on the path with a module re-exporting the example adapter."""
+    load_example_adapter()
+    (tmp_path / "acme_adapters.py").write_text(textwrap.dedent("""
+        from acme_host_providers import PROVIDER, RENDER
+        from callwarden.providers.registry import Provider
+        ALL = [PROVIDER]
+        def make() -> Provider:
+            return PROVIDER
+        NOT_A_PROVIDER = {"name": "acme"}
+        EMPTY: list[Provider] = []
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def spec(name: str = "acme-video", provider: str = "acme", **changes: Any) -> KindSpec:
+    base = KindSpec(name=name, provider=provider, mode="async", family="video",
+                    stale_threshold_s=600, result_url_lifetime_s=3600)
+    return msgspec.structs.replace(base, **changes)
+
+
+def dummy(r: ClientRequest) -> Any:
+    raise AssertionError("not built in these tests")
+
+
+@pytest.mark.parametrize("ref", ["acme_adapters:PROVIDER", "acme_adapters:ALL",
+                                 "acme_adapters:make"])
+def test_a_provider_named_by_the_setting_is_known_everywhere_a_built_in_one_is(
+        host_root: Path, ref: str) -> None:
+    with pytest.raises(UnknownProviderKind):
+        get_kind("acme-render")
+    assert load_adapters({"CALLWARDEN_PROVIDERS": ref}) == (f"CALLWARDEN_PROVIDERS {ref}",)
+    assert get_kind("acme-render").stale_threshold_s == 600
+    assert provider_for("acme-render").name == "acme"
+    env = {"CALLWARDEN_PROVIDERS": ref, "CALLWARDEN_ACME_URL": "http://127.0.0.9:8123/",
+           "ACME_API_KEY": "k-1"}
+    settings = provider_settings(env)
+    assert settings.endpoints["acme"].base_url == "http://127.0.0.9:8123"
+    assert settings.endpoints["acme"].api_key == "k-1"
+    policy = media_fetch_for("acme-render", settings).policy
+    assert policy.allows_url("https://files.acme.example/r_1.png")  # its declared host
+    assert policy.allows_url("http://127.0.0.9:8123/files/r_1.png")  # its configured endpoint
+    assert not policy.allows_url("https://replicate.delivery/x.png")
+    # the reconciler's settings name the host's kind like any other
+    config = load_config(env={**env, "CALLWARDEN_RECONCILE_THRESHOLD_ACME_RENDER": "300"})
+    assert config.threshold_for("acme-render") == 300
+    assert load_adapters({"CALLWARDEN_PROVIDERS": ref}) == ()  # once per process
+
+
+def test_without_its_setting_the_endpoint_is_the_adapters_default(host_root: Path) -> None:
+    settings = provider_settings({"CALLWARDEN_PROVIDERS": "acme_adapters:PROVIDER"})
+    assert settings.endpoints["acme"].base_url == "https://api.acme.example"
+
+
+@pytest.mark.parametrize(("ref", "said"), [
+    ("acme_adapters:NOT_A_PROVIDER", "expected a callwarden Provider"),
+    ("acme_adapters:EMPTY", "got list"),
+    ("acme_adapters:MISSING", "AttributeError"),
+    ("no_such_module:X", "ModuleNotFoundError"),
+    ("acme_adapters", "is not module:attr"),
+])
+def test_a_source_that_is_no_provider_is_a_config_error_naming_it(
+        host_root: Path, ref: str, said: str) -> None:
+    before = dict(KINDS), dict(PROVIDERS)
+    with pytest.raises(ConfigError) as caught:
+        load_providers({"CALLWARDEN_PROVIDERS": ref})
+    assert said in str(caught.value)
+    assert ref in str(caught.value)
+    assert (dict(KINDS), dict(PROVIDERS)) == before
+
+
+@pytest.mark.parametrize(("provider", "said"), [
+    (Provider(name="acme", client=dummy, kinds=(spec(name="kie-standard"),)),
+     "is served by provider 'kie'"),
+    (Provider(name="acme", client=dummy, kinds=(spec(provider="other"),)),
+     "of provider 'other'"),
+    (Provider(name="acme", client=dummy, kinds=(spec(stale_threshold_s=3600),)),
+     "must be below result_url_lifetime_s"),
+    (Provider(name="acme", client=dummy, kinds=(spec(stale_threshold_s=float("nan")),)),
+     "stale_threshold_s must be a number of seconds > 0"),
+    (Provider(name="acme", client=dummy, kinds=(spec(name="Acme Video"),)), "a kind's name"),
+    (Provider(name="ACME", client=dummy), "provider name 'ACME'"),
+    (Provider(name="acme", client=dummy, kinds=(spec(), spec(name="x", poll_interval_s=0))),
+     "poll_interval_s"),
+])
+def test_a_provider_that_cannot_be_registered_registers_nothing(
+        provider: Provider, said: str) -> None:
+    before = dict(KINDS), dict(PROVIDERS)
+    with pytest.raises(AdapterError, match=said):
+        register(provider)
+    assert (dict(KINDS), dict(PROVIDERS)) == before
+
+
+def test_the_fourteen_built_in_kinds_are_adapters_in_the_same_registry() -> None:
+    declared = {s.name for p in PROVIDERS.values() for s in p.kinds}
+    assert declared == set(KINDS)
+    assert len(declared) == 14
+
+
+class Answers:
+    """A host client answering whatever the test gives it."""
+
+    kind = "acme-video"
+
+    def __init__(self, answer: object = None, error: BaseException | None = None) -> None:
+        self.answer, self.error = answer, error
+
+    async def _give(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None
+                     ) -> str:
+        return await self._give()  # type: ignore[no-any-return]
+
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+        return await self._give()  # type: ignore[no-any-return]
+
+    async def call(self, request: Mapping[str, Any]) -> SyncOutcome:
+        return await self._give()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("answer", "error", "raised"), [
+    ({"state": "done"}, None, MalformedResponse),
+    (None, KeyError("render"), MalformedResponse),
+    (None, aiohttp.ClientConnectionError("reset"), TransientError),
+    (None, TimeoutError(), TransientError),
+])
+async def test_what_a_host_adapter_answers_is_checked(answer: object, error: Exception | None,
+                                                      raised: type[Exception]) -> None:
+    client = CheckedAsyncClient(Answers(answer, error), "acme")
+    with pytest.raises(raised, match="acme adapter's poll"):
+        await client.poll("r_1")
+    with pytest.raises(raised):
+        await CheckedSyncClient(Answers(answer, error), "acme").call({})
+
+
+@pytest.mark.parametrize("task_id", ["", "   ", 42, None, "x" * 513])
+async def test_a_task_id_that_is_no_id_is_refused_before_it_is_recorded(task_id: object
+                                                                        ) -> None:
+    with pytest.raises(MalformedResponse, match="task id"):
+        await CheckedAsyncClient(Answers(task_id), "acme").create({})
+
+
+async def test_a_running_answer_passes_unchanged() -> None:
+    answer = Running(raw_state="rendering")
+    assert await CheckedAsyncClient(Answers(answer), "acme").poll("r_1") is answer
+
+
+async def test_host_clients_are_checked_built_in_clients_are_not(host_root: Path) -> None:
+    load_adapters({"CALLWARDEN_PROVIDERS": "acme_adapters:PROVIDER"})
+    settings = provider_settings({})
+    async with aiohttp.ClientSession() as session:
+        assert isinstance(client_for("acme-render", session, settings), CheckedAsyncClient)
+        assert not isinstance(client_for("kie-standard", session, settings),
+                              CheckedAsyncClient)
+
+
+async def test_a_host_client_for_a_built_in_provider_serves_its_kinds_recovery_too() -> None:
+    """A host with its own Replicate client registers it under ``replicate``: the
+    reconciler's one poll (``poll_task``) goes through the host's client, the kinds and
+    their thresholds stay the built-in ones, and its answers are checked."""
+    class HostReplicate(Answers):
+        kind = "replicate-prediction"
+
+    register(Provider(name="replicate", client=lambda r: HostReplicate(
+        Running(raw_state="host-client")), kinds=()))
+    assert get_kind("replicate-prediction").stale_threshold_s == 1200
+    async with aiohttp.ClientSession() as session:
+        outcome = await poll_task("replicate-prediction", "p-1", session, provider_settings({}))
+    assert outcome == Running(raw_state="host-client")
