@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -126,7 +127,8 @@ async def run(url: str, rows: int, n: int) -> Table:
                 for name, params in queries:
                     await execute(conn, name, params)
             floors[label] = await timed(sql, n)
-    proc, _, base = await start_service(url)
+    media = tempfile.TemporaryDirectory(prefix="cw-bench-media-")
+    proc, _, base = await start_service(url, Path(media.name))
     table = Table(title=f"dashboard pages, {n} sequential requests each")
     for col in ("page", "HTTP median ms", "HTTP p95 ms", "SQL floor median ms",
                 "SQL floor p95 ms", "bytes"):
@@ -152,6 +154,7 @@ async def run(url: str, rows: int, n: int) -> Table:
     finally:
         proc.terminate()
         await proc.wait()
+        media.cleanup()
     return table
 
 

@@ -19,9 +19,11 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -87,9 +89,10 @@ def pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def start_service(db_url: str) -> tuple[asyncio.subprocess.Process, str, str]:
+async def start_service(db_url: str, media: Path
+                        ) -> tuple[asyncio.subprocess.Process, str, str]:
     """``callwarden serve`` on free ports: the process, its webhook and operator URLs."""
-    env = {**os.environ, "DATABASE_URL": db_url,
+    env = {**os.environ, "DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media),
            "CALLWARDEN_REPLICATE_WEBHOOK_SECRET": SECRET}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", "--operator-port", "0",
@@ -104,7 +107,12 @@ async def start_service(db_url: str) -> tuple[asyncio.subprocess.Process, str, s
 
 
 async def run(db_url: str, jobs: int, levels: list[int]) -> Table:
-    proc, base, _ = await start_service(db_url)
+    with tempfile.TemporaryDirectory(prefix="cw-bench-media-") as media:
+        return await _run(db_url, jobs, levels, Path(media))
+
+
+async def _run(db_url: str, jobs: int, levels: list[int], media: Path) -> Table:
+    proc, base, _ = await start_service(db_url, media)
     table = Table(title=f"webhook receiver, {jobs} signed Replicate deliveries per burst")
     for col in ("concurrency", "burst", "deliveries/s", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right")

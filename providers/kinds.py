@@ -61,6 +61,9 @@ class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
     poll_interval_s: float = 3.0
     poll_budget_s: float = 15 * MIN
     media_hosts: tuple[str, ...] = ()
+    #: whether a completed call may carry files to store (a media store is then needed);
+    #: ``False`` only for kinds that answer text alone (the language models)
+    media_results: bool = True
 
     @property
     def is_async(self) -> bool:
@@ -81,6 +84,7 @@ def _k(name: str, provider: BuiltinProvider, mode: Mode, family: str, threshold_
        lifetime_s: float | None, interval_s: float = 3.0, budget_min: float = 15) -> KindSpec:
     return KindSpec(
         name=name, provider=provider, mode=mode, family=family,
+        media_results=family not in ("llm", "messages"),
         stale_threshold_s=threshold_min * MIN, result_url_lifetime_s=lifetime_s,
         poll_interval_s=interval_s, poll_budget_s=budget_min * MIN,
         media_hosts=_MEDIA_HOSTS[provider] if mode == "async" else (),

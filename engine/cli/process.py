@@ -50,7 +50,7 @@ ENV: dict[str, str] = {
     "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY":
         "provider credentials",
     "CALLWARDEN_MEDIA_DIR, CALLWARDEN_MEDIA_S3_BUCKET, CALLWARDEN_MEDIA_S3_ENDPOINT_URL":
-        "where result media is stored",
+        "where result media is stored (reconcile and serve: one is required)",
     "CALLWARDEN_MEDIA_ALLOW_HOSTS": "extra hosts media may be fetched from (comma-separated)",
     "CALLWARDEN_PRICING_FILE": "a price list charging completed calls from reported usage",
     "CALLWARDEN_CALL_<FIELD>": "the [calls] settings (e.g. CALLWARDEN_CALL_FINALIZE_LEASE_S)",

@@ -31,12 +31,12 @@ from rich.table import Table
 from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
+from callwarden.cli.media import configured_media
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import default_data_dir, open_pool
+from callwarden.database.db import open_pool
 from callwarden.database.outage import configured_limit_s
 from callwarden.observe.metrics import start_metrics_server
-from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
 
@@ -53,6 +53,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--once", action="store_true", help="run one pass, print its counts")
     p.add_argument("--json", action="store_true", help="with --once: counts as JSON")
     p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    p.add_argument("--media-dir", type=Path, default=None,
+                   help="local media folder (else CALLWARDEN_MEDIA_DIR or "
+                        "CALLWARDEN_MEDIA_S3_BUCKET; one is required)")
     p.set_defaults(handler=handler)
 
 
@@ -71,10 +74,10 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     call_config = load_call_config(args.config, os.environ)  # every setting before connecting
     pricing = pricing_from_env(os.environ)
+    media = configured_media(os.environ, args.media_dir, "reconcile")
     setup_logging()
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
-    media = media_from_env(os.environ, default_dir=default_data_dir() / "media")
     # --once retries a short wait for a connection until the outage limit (then exit 1).
     wait_s = min(5.0, configured_limit_s()) if args.once else 30.0
     async with open_pool(url, max_size=config.concurrency + 2, check=True,

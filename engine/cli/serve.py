@@ -19,8 +19,9 @@ by the per-job token in their URL), ``CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET``, th
 token in the variable named by ``--admin-token-env`` (default ``CALLWARDEN_ADMIN_TOKEN``;
 unset: read-only), the read token in the variable named by ``--read-token-env`` (default
 ``CALLWARDEN_READ_TOKEN``; unset: the operator listener is open to whoever reaches it),
-provider endpoints as for the worker (``ProviderSettings.from_env``) and media storage as
-for the worker (``media_from_env``: S3 or ``--media-dir``).
+provider endpoints as for the worker (``ProviderSettings.from_env``) and the media store,
+which must be named (``CALLWARDEN_MEDIA_S3_BUCKET``, ``CALLWARDEN_MEDIA_DIR`` or
+``--media-dir``; without one it exits 2: :mod:`callwarden.cli.media`).
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
+from callwarden.cli.media import configured_media
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import default_data_dir, open_pool
+from callwarden.database.db import open_pool
 from callwarden.errors import ConfigError
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
-from callwarden.providers.storage import media_from_env
 from callwarden.reconciler.config import load_config
 from callwarden.service.app import (
     ListenConfig,
@@ -80,7 +81,8 @@ def register(sub: Any) -> None:
                    help="environment variable holding the operator listener's read token "
                         "(unset: no token asked)")
     s.add_argument("--media-dir", type=Path, default=None,
-                   help="local media folder (default: <data dir>/media)")
+                   help="local media folder (else CALLWARDEN_MEDIA_DIR or "
+                        "CALLWARDEN_MEDIA_S3_BUCKET; one is required)")
     s.add_argument("--pool-size", type=positive_int, default=10)
     s.add_argument("--config", type=Path, default=None,
                    help="settings file (TOML or JSON): [serve], [webhooks], [calls] and the "
@@ -117,9 +119,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     listen = listen_config(args)
     settings = provider_settings(os.environ)
     env = dict(os.environ)
-    if args.media_dir is not None:
-        env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
-    media = media_from_env(env, default_dir=(args.data_dir or default_data_dir()) / "media")
+    media = configured_media(env, args.media_dir, "serve")
     config = service_config(args, listen)
     call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -47,9 +48,10 @@ class Served:
     operator: str | None
 
 
-def environment(db_url: str, **extra: str) -> dict[str, str]:
+def environment(db_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLWARDEN_", "AWS_"))}
-    env.update({"DATABASE_URL": db_url, "CALLWARDEN_ADMIN_TOKEN": TOKEN, **extra})
+    env.update({"DATABASE_URL": db_url, "CALLWARDEN_ADMIN_TOKEN": TOKEN,
+                "CALLWARDEN_MEDIA_DIR": str(tmp_path / "media"), **extra})
     return env
 
 
@@ -91,12 +93,12 @@ async def status(http: aiohttp.ClientSession, method: str, url: str, **kw: objec
 
 
 async def test_the_webhook_listener_serves_only_webhooks_and_health(
-        db_url: str, conn: Conn) -> None:
+        db_url: str, conn: Conn, tmp_path: Path) -> None:
     """What the internet reaches answers 404 for every operator page; the operator
     listener (127.0.0.1 by default, its port from the environment) serves them all."""
     job, _ = await kie_call(conn)
     admin = {"Authorization": f"Bearer {TOKEN}"}
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0")
     async with serve(env) as served, aiohttp.ClientSession() as http:
         public = served.webhooks
         for path in ("/", "/jobs", f"/jobs/{job}", f"/jobs?q={job}", "/metrics",
@@ -148,14 +150,14 @@ async def counts(conn: Conn) -> tuple[int, int]:
 
 
 async def test_a_gzip_bomb_to_a_webhook_route_is_refused_without_being_inflated(
-        db_url: str, conn: Conn) -> None:
+        db_url: str, conn: Conn, tmp_path: Path) -> None:
     """50 MiB of zeros, gzipped to about 50 KiB, to every webhook route (a real KIE
     callback URL with its token included): refused 415, the server's memory does not
     grow by the inflated size, nothing is recorded."""
     job, token = await kie_call(conn)
     bomb = gzip.compress(bytes(50 * MiB), compresslevel=9)
     assert len(bomb) < MiB  # under the body limit as sent: only inflating it is the danger
-    env = environment(db_url, CALLWARDEN_REPLICATE_WEBHOOK_SECRET="whsec_" + "A" * 32,
+    env = environment(db_url, tmp_path, CALLWARDEN_REPLICATE_WEBHOOK_SECRET="whsec_" + "A" * 32,
                       CALLWARDEN_ELEVENLABS_WEBHOOK_SECRET="sek")
     before_rows = await counts(conn)
     async with serve(env, "--operator-port", "0") as served, \
@@ -200,7 +202,7 @@ async def raw_status(base: str, head: bytes) -> int:
 
 
 async def test_without_a_read_token_the_operator_answers_only_to_its_own_names(
-        db_url: str, conn: Conn) -> None:
+        db_url: str, conn: Conn, tmp_path: Path) -> None:
     """DNS rebinding: a page at attacker.example whose name then resolves to 127.0.0.1
     reaches the operator listener from the operator's browser with ``Host:
     attacker.example``. Without a read token, every operator route but the probes answers
@@ -208,7 +210,7 @@ async def test_without_a_read_token_the_operator_answers_only_to_its_own_names(
     (``CALLWARDEN_SERVE_ALLOWED_HOSTS``); with a read token the token decides."""
     job, _ = await kie_call(conn)
     task = f"t-{job}"  # on the job page, and in the call list
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0",
                       CALLWARDEN_SERVE_ALLOWED_HOSTS="ops.internal, Dash.Example.")
     admin = {"Authorization": f"Bearer {TOKEN}"}
     async with serve(env) as served, aiohttp.ClientSession() as http:
@@ -247,7 +249,7 @@ async def test_without_a_read_token_the_operator_answers_only_to_its_own_names(
             assert resp.status == 200
     assert (await load(conn, job)).state == "polling"  # nothing a refused host sent acted
 
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0",
                       CALLWARDEN_READ_TOKEN="reader")
     async with serve(env) as served, aiohttp.ClientSession() as http:
         assert served.operator is not None
@@ -260,12 +262,12 @@ async def test_without_a_read_token_the_operator_answers_only_to_its_own_names(
 
 
 async def test_a_bad_authorization_header_is_refused_never_a_500(
-        db_url: str, conn: Conn) -> None:
+        db_url: str, conn: Conn, tmp_path: Path) -> None:
     """``Authorization`` bytes that are not UTF-8 (a hostile client's; aiohttp keeps them
     as surrogates) against the read token and the admin token: 401 and 403, the job
     untouched. Valid non-ASCII text is refused the same way."""
     job, _ = await kie_call(conn)
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0",
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0",
                       CALLWARDEN_READ_TOKEN="reader")
     async with serve(env) as served:
         operator = served.operator
@@ -281,7 +283,7 @@ async def test_a_bad_authorization_header_is_refused_never_a_500(
                         f"Content-Length: 0\r\nConnection: close\r\n".encode()
                         + b"Authorization: " + value + b"\r\n\r\n")
                 assert (value, await raw_status(operator, head)) == (value, 401)
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")  # no read token
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0")  # no read token
     async with serve(env) as served:
         assert served.operator is not None
         admin = f"Authorization: Bearer {TOKEN}\r\n".encode()
@@ -296,11 +298,11 @@ async def test_a_bad_authorization_header_is_refused_never_a_500(
     assert (await load(conn, job)).state == "polling"
 
 
-async def test_allowed_hosts_takes_names_only(db_url: str) -> None:
+async def test_allowed_hosts_takes_names_only(db_url: str, tmp_path: Path) -> None:
     """An entry with a port, a scheme or a wildcard stops serve before it listens, naming
     the setting (a name that never matches would pass silently)."""
     for bad in ("ops.internal:8001", "http://ops.internal", "*.example.com"):
-        env = environment(db_url, CALLWARDEN_SERVE_ALLOWED_HOSTS=f"localhost,{bad}")
+        env = environment(db_url, tmp_path, CALLWARDEN_SERVE_ALLOWED_HOSTS=f"localhost,{bad}")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "callwarden.cli", "serve", "--port", "0",
             "--operator-port", "0", env=env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
@@ -312,13 +314,13 @@ async def test_allowed_hosts_takes_names_only(db_url: str) -> None:
 
 
 async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
-        db_url: str, conn: Conn) -> None:
+        db_url: str, conn: Conn, tmp_path: Path) -> None:
     """With the admin token, both actions on a job id this database does not have: 404,
     nothing written."""
     before = await (await conn.execute(
         "SELECT (SELECT count(*) FROM jobs) AS jobs, "
         "(SELECT count(*) FROM call_events) AS events")).fetchone()
-    env = environment(db_url, CALLWARDEN_SERVE_OPERATOR_PORT="0")
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0")
     async with serve(env) as served, aiohttp.ClientSession() as http:
         for action in ("force-fail", "requeue-reconcile"):
             async with http.post(f"{served.operator}/admin/jobs/{uuid.uuid4()}/{action}",

@@ -113,10 +113,10 @@ async def test_a_delivery_during_an_outage_is_503_and_its_retry_applies(
 
 
 
-def _reconcile_once(url: str, limit_s: float) -> subprocess.Popen[str]:
+def _reconcile_once(url: str, limit_s: float, media: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "DATABASE_URL": url, "CALLWARDEN_DB_OUTAGE_LIMIT_S": str(limit_s)}
     return subprocess.Popen([sys.executable, "-m", "callwarden.cli", "reconcile", "--once",
-                             "--json"], env=env, stdout=subprocess.PIPE,
+                             "--json", "--media-dir", str(media)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -131,12 +131,12 @@ def _migrated(server: EmbeddedServer) -> str:
 
 
 def test_reconcile_once_rides_through_an_outage_shorter_than_its_limit(
-        server: EmbeddedServer) -> None:
+        server: EmbeddedServer, tmp_path: Path) -> None:
     """``reconcile --once`` started while the database is down waits it out (with
     backoff) and runs its pass once the server is back: exit 0, one outage logged."""
     url = _migrated(server)
     server.halt()
-    proc = _reconcile_once(url, 120)
+    proc = _reconcile_once(url, 120, tmp_path / "media")
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()  # the process says the outage started ...
@@ -152,11 +152,11 @@ def test_reconcile_once_rides_through_an_outage_shorter_than_its_limit(
 
 
 def test_reconcile_once_exits_1_when_the_outage_outlasts_its_limit(
-        server: EmbeddedServer) -> None:
+        server: EmbeddedServer, tmp_path: Path) -> None:
     url = _migrated(server)
     server.halt()
     try:
-        proc = _reconcile_once(url, 1)
+        proc = _reconcile_once(url, 1, tmp_path / "media")
         out, err = proc.communicate(timeout=120)
     finally:
         server.start()

@@ -6,6 +6,8 @@ connection that met a read-only server is not lent again."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import psycopg_pool
 import pytest
@@ -104,11 +106,12 @@ async def test_connecting_to_a_dead_server_is_unavailable() -> None:
 ])
 def test_every_command_says_the_database_is_unavailable_and_exits_non_zero(
         argv: list[str], code: int, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A dead DATABASE_URL: one clear line (no traceback), a non-zero exit; ``reconcile
     --once`` reports the failed pass (exit 1) once the outage outlasts its limit."""
     monkeypatch.setenv("DATABASE_URL", DEAD)
     monkeypatch.setenv("CALLWARDEN_DB_OUTAGE_LIMIT_S", "1")
+    monkeypatch.setenv("CALLWARDEN_MEDIA_DIR", str(tmp_path / "media"))
     assert main(argv) == code
     out = capsys.readouterr()
     assert "Traceback" not in out.err
