@@ -1,0 +1,166 @@
+"""``callwarden check``: what a host's configuration or schema lacks, before anything runs.
+
+Every actor's settings are read as the actor reads them (the ``--config`` file and the
+environment: ``[reconcile]``, ``[calls]``, ``[webhooks]``, ``[serve]``, the price list,
+the provider adapters, the media store); then the database: every migration applied, and
+the host's tables against the host contract (:mod:`callwarden.database.contract`): each
+column callwarden reads or writes present with a compatible type, no NOT NULL column
+without a default in a table callwarden inserts into, and a CHECK on ``jobs.status`` that
+allows the statuses callwarden writes. Each finding is one line; exit 2 if any is a
+problem, 0 otherwise (notes, such as a provider with no API key, do not fail it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from rich.console import Console
+from rich.markup import escape
+
+from callwarden.calls.config import load_call_config
+from callwarden.calls.pricing import pricing_from_env
+from callwarden.cli.media import configured_media
+from callwarden.config import provider_settings
+from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Family
+from callwarden.database.db import connect
+from callwarden.database.migrate import available, pending
+from callwarden.database.write import execute
+from callwarden.errors import CallwardenError
+from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
+from callwarden.reconciler.config import load_config
+from callwarden.service.app import load_listen_config
+from callwarden.service.webhooks import load_webhook_config
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+__all__ = ["register"]
+
+Level = Literal["ok", "note", "problem"]
+Finding = tuple[Level, str]
+
+#: information_schema's udt_name values each family accepts
+_TYPES: dict[Family, frozenset[str]] = {
+    "uuid": frozenset({"uuid"}),
+    "text": frozenset({"text", "varchar", "bpchar"}),
+    "jsonb": frozenset({"jsonb"}),
+    "numeric": frozenset({"numeric", "int2", "int4", "int8", "float4", "float8"}),
+    "integer": frozenset({"int2", "int4", "int8", "numeric"}),
+    "boolean": frozenset({"bool"}),
+    "timestamptz": frozenset({"timestamptz"}),
+    "text[]": frozenset({"_text", "_varchar"}),
+}
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("check", help="what the host's configuration or schema lacks (exit 2)",
+                       description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    p.add_argument("--media-dir", type=Path, default=None,
+                   help="the media folder reconcile and serve would be given")
+    p.set_defaults(handler=handler)
+
+
+def _settings(args: argparse.Namespace) -> list[Finding]:
+    env = os.environ
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("provider adapters and endpoints", lambda: provider_settings(env)),
+        ("[reconcile] settings", lambda: load_config(args.config, env)),
+        ("[calls] settings", lambda: load_call_config(args.config, env)),
+        ("[webhooks] settings", lambda: load_webhook_config(args.config, env)),
+        ("[serve] listeners", lambda: load_listen_config(args.config, env)),
+        ("price list", lambda: pricing_from_env(env)),
+        ("media store", lambda: configured_media(env, args.media_dir, "reconcile and serve")),
+    ]
+    found: list[Finding] = []
+    for what, step in steps:
+        try:
+            step()
+        except (CallwardenError, ValueError) as exc:
+            found.append(("problem", f"{what}: {exc}"))
+        else:
+            found.append(("ok", what))
+    settings = provider_settings(env) if found[0][0] == "ok" else None
+    if settings is not None:
+        for name in BUILTIN_PROVIDERS:
+            endpoint = getattr(settings, name)
+            if not endpoint.api_key:
+                kinds = ", ".join(k for k, s in KINDS.items() if s.provider == name)
+                found.append(("note", f"no API key for {name} ({kinds}): its calls would be "
+                                      "refused upstream"))
+    return found
+
+
+def _columns(rows: list[dict[str, object]]) -> list[Finding]:
+    have: dict[tuple[str, str], dict[str, object]] = {
+        (str(r["table_name"]), str(r["column_name"])): r for r in rows}
+    tables = {t for t, _ in have}
+    found: list[Finding] = []
+    for table in CONTRACT:
+        if table.name not in tables:
+            found.append(("problem", f"table {table.name} is missing (callwarden migrate "
+                                     "creates the baseline on an empty database)"))
+            continue
+        for column in table.columns:
+            row = have.get((table.name, column.name))
+            if row is None:
+                found.append(("problem", f"{table.name}.{column.name} is missing "
+                                         f"({column.family}: {column.why})"))
+            elif str(row["udt_name"]) not in _TYPES[column.family]:
+                found.append(("problem", f"{table.name}.{column.name} is {row['udt_name']}, "
+                                         f"callwarden needs {column.family} ({column.why})"))
+        if table.inserts is not None:
+            ours = {c.name for c in table.columns} | {"id", "created_at", "updated_at"}
+            for (t, name), row in sorted(have.items()):
+                if (t == table.name and name not in ours and row["is_nullable"] == "NO"
+                        and row["column_default"] is None):
+                    found.append(("problem" if table.always else "note",
+                                  f"{t}.{name} is NOT NULL without a default: "
+                                  f"{table.inserts} inserts {t} rows without it"))
+    return found
+
+
+def _status_checks(rows: list[dict[str, object]]) -> list[Finding]:
+    found: list[Finding] = []
+    for row in rows:
+        definition = str(row["definition"])
+        missing = [s for s in JOB_STATUSES_WRITTEN if f"'{s}'" not in definition]
+        if missing:
+            found.append(("problem", f"jobs CHECK {row['name']} does not allow "
+                                     f"{', '.join(missing)}, which callwarden writes "
+                                     f"({definition})"))
+    return found
+
+
+async def _database(url: str) -> list[Finding]:
+    found: list[Finding] = []
+    conn = await connect(url)
+    async with conn:
+        waiting = await pending(conn)
+        if waiting:
+            names = ", ".join(f"{m.version:04d}_{m.name}" for m in waiting)
+            found.append(("problem", f"{len(waiting)} of {len(available())} migrations not "
+                                     f"applied ({names}): run callwarden migrate"))
+        else:
+            found.append(("ok", f"all {len(available())} migrations applied"))
+        columns = _columns(await execute(conn, "check_host_columns", {}))
+        found += columns or [("ok", "the host tables hold every column callwarden uses")]
+        found += _status_checks(await execute(conn, "check_status_constraints", {}))
+    return found
+
+
+async def handler(args: argparse.Namespace, url: str) -> int:
+    found = _settings(args) + await _database(url)
+    console = Console()
+    style = {"ok": "green", "note": "yellow", "problem": "red"}
+    for level, text in found:
+        console.print(f"[{style[level]}]{level:<7}[/{style[level]}] {escape(text)}",
+                      soft_wrap=True)
+    problems = sum(1 for level, _ in found if level == "problem")
+    console.print(f"{problems} problem(s)" if problems else "nothing missing")
+    return 2 if problems else 0

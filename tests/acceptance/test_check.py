@@ -1,0 +1,56 @@
+"""``callwarden check`` run as a process against a database whose host tables were changed
+the way a host's own migrations change them (plain SQL): it names every gap of the host
+contract (docs/embedding.md, "The host contract") and of the configuration, and exits 2;
+on a migrated database with a media store it finds nothing and exits 0 (issue 25 item 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from callwarden.database.db import Conn
+from callwarden.providers.simulator.core import RunningSimulator
+from tests.support.processes import cli, environment
+
+
+async def test_a_migrated_database_and_a_named_media_store_lack_nothing(
+        db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
+    code, out, err = await cli(["check"], environment(db_url, sim, tmp_path / "media"))
+    assert code == 0, out + err
+    assert "nothing missing" in out
+    assert "problem" not in out
+
+
+async def test_every_gap_of_the_host_contract_is_named_and_exits_2(
+        db_url: str, conn: Conn, sim: RunningSimulator, tmp_path: Path) -> None:
+    for statement in (
+        "ALTER TABLE assets ADD COLUMN tenant_id text NOT NULL",
+        "ALTER TABLE jobs ADD CONSTRAINT host_status_check "
+        "CHECK (status IN ('pending', 'processing', 'completed', 'failed'))",
+        "ALTER TABLE usage_logs ALTER COLUMN settled_at TYPE text",
+        "ALTER TABLE jobs DROP COLUMN node_id",
+        "ALTER TABLE assets ADD COLUMN label text NOT NULL DEFAULT 'x'",  # has a default: fine
+    ):
+        await conn.execute(statement)
+    env = environment(db_url, sim, tmp_path / "media")
+    del env["CALLWARDEN_MEDIA_DIR"]
+    code, out, err = await cli(["check"], env)
+    assert code == 2, out + err
+    said = " ".join(out.split())  # the console wraps long lines
+    for gap in ("assets.tenant_id is NOT NULL without a default",
+                "host_status_check does not allow cancelled",
+                "usage_logs.settled_at is text, callwarden needs timestamptz",
+                "jobs.node_id is missing",
+                "media store: reconcile and serve: no media store configured"):
+        assert gap in said, said
+    assert "assets.label" not in said
+    assert "5 problem(s)" in said
+
+
+async def test_an_unmigrated_database_is_told_to_migrate(
+        empty_db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
+    code, out, _ = await cli(["check"], environment(empty_db_url, sim, tmp_path / "media"))
+    assert code == 2
+    said = " ".join(out.split())
+    assert "migrations not applied" in said
+    assert "run callwarden migrate" in said
+    assert "table jobs is missing" in said
