@@ -68,7 +68,9 @@ Row = Mapping[str, Any]
 class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One reconciler claim (the parameters of ``reconcile_claim``): ``cutoff`` bounds the
     index range every stale open call falls in; ``horizon_extra_s`` = attempt cap x
-    re-poll; ``legacy_cutoff`` ``None``: when migration 0002 installed the call columns."""
+    re-poll; ``legacy_cutoff`` ``None``: when migration 0002 installed the call columns;
+    ``reserved_before``: a call-less row created before it that still holds a ``reserved``
+    reservation is swept and refunded like a legacy row (``None``: never)."""
 
     owner: str
     now: datetime
@@ -78,11 +80,13 @@ class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
     horizon_extra_s: float
     legacy_cutoff: datetime | None
     batch_size: int
+    reserved_before: datetime | None = None
 
     def sql_params(self) -> dict[str, Any]:
         return {**self.stale.sql_params(self.now), "cutoff": self.cutoff, "owner": self.owner,
                 "lease_until": self.lease_until, "horizon_extra_s": self.horizon_extra_s,
-                "legacy_cutoff": self.legacy_cutoff, "batch_size": self.batch_size}
+                "legacy_cutoff": self.legacy_cutoff, "batch_size": self.batch_size,
+                "reserved_before": self.reserved_before}
 
 
 @runtime_checkable

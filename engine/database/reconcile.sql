@@ -14,7 +14,12 @@
 --              legacy row with none), through jobs_inflight_idx (status pending/processing);
 --              a row with no call at all is legacy only when created before the legacy
 --              cutoff (%(legacy_cutoff)s, or when migration 0002 installed the call columns;
---              with neither known, no row is legacy: fail closed).
+--              with neither known, no row is legacy: fail closed). A newer call-less row
+--              that still holds a reserved reservation is treated as legacy once it was
+--              created before %(reserved_before)s (reserved_without_call_s ago; NULL:
+--              never): a job whose call never started (a lost queue message) is swept and
+--              refunded, never reserved forever. The row's legacy_cutoff is returned as
+--              the effective one, so the decision (is_legacy) agrees.
 -- Every mutable predicate (state, heartbeat, next attempt, claim lease, finalization lease)
 -- sits on the locked relation itself, so a row changed by a concurrent commit is re-checked
 -- on its newest version before it is locked (no stale-snapshot claim, River #1302).
@@ -53,7 +58,13 @@ WITH cut AS (
     WHERE j.status IN ('pending', 'processing')
       AND j.call_state IS NULL
       AND (j.provider_call_started_at < %(cutoff)s::timestamptz
-           OR (j.provider_call_started_at IS NULL AND j.created_at < cut.legacy_cutoff))
+           OR (j.provider_call_started_at IS NULL
+               AND (j.created_at < cut.legacy_cutoff
+                    OR (j.created_at < %(reserved_before)s::timestamptz
+                        -- LIMIT 1: a look-up per row through usage_logs_job_id_idx, never
+                        -- a hashed scan of every reserved row
+                        AND (SELECT true FROM usage_logs u WHERE u.job_id = j.id
+                               AND u.status = 'reserved' LIMIT 1)))))
       AND (j.reconcile_lease_until IS NULL OR j.reconcile_lease_until <= %(now)s::timestamptz)
       AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
                               j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
@@ -73,7 +84,12 @@ RETURNING j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provi
           j.finalize_lease_until, j.upstream_result::text AS upstream_result,
           j.call_output::text AS call_output, j.provider_cost, j.call_finished_at,
           j.call_settlement, j.heartbeat_at, j.started_at, j.created_at,
-          cut.legacy_cutoff,
+          CASE WHEN j.call_state IS NULL AND j.provider_call_started_at IS NULL
+                    AND j.created_at < %(reserved_before)s::timestamptz
+                    AND (SELECT true FROM usage_logs u WHERE u.job_id = j.id
+                           AND u.status = 'reserved' LIMIT 1)
+               THEN greatest(cut.legacy_cutoff, %(reserved_before)s::timestamptz)
+               ELSE cut.legacy_cutoff END AS legacy_cutoff,
           (SELECT count(*) FROM usage_logs u
             WHERE u.job_id = j.id AND u.status <> 'reserved') AS settled_reservations;
 

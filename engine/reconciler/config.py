@@ -34,7 +34,12 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ``legacy_cutoff``: a row with no call (no ``provider_call_started_at``) is a legacy row,
     swept after ``legacy_threshold_s``, only if it was created before this time (ISO 8601
     with a zone). Default (``None``): when this database got the call columns (migration
-    0002 applied). Newer call-less rows are the host's (pipeline wrappers, queued jobs)."""
+    0002 applied). Newer call-less rows are the host's (pipeline wrappers, queued jobs),
+    until ``reserved_without_call_s``: a call-less ``pending``/``processing`` job created
+    that long ago that still holds a ``reserved`` reservation (its queue message was lost,
+    or its worker died before the call started) is swept and refunded — never reserved
+    forever. ``0`` (or ``null`` in JSON and the environment) turns that off; otherwise it
+    must be at least ``legacy_threshold_s``."""
 
     thresholds_s: Mapping[str, float] = msgspec.field(default_factory=dict)
     scan_interval_s: float = 30.0
@@ -49,6 +54,7 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     url_buffer_s: float = 600.0
     headroom_s: float = 600.0
     legacy_cutoff: datetime | None = None
+    reserved_without_call_s: float | None = 86400.0
 
     def __post_init__(self) -> None:
         _check_positive(self)
@@ -94,6 +100,10 @@ def _check_positive(c: ReconcileConfig) -> None:
             raise ConfigError(f"reconcile {name} must not be negative")
     if not 0 <= c.scan_jitter < 1:
         raise ConfigError(f"reconcile scan_jitter must be in [0, 1), got {c.scan_jitter}")
+    if c.reserved_without_call_s and not c.reserved_without_call_s >= c.legacy_threshold_s:
+        raise ConfigError(
+            f"reconcile reserved_without_call_s ({c.reserved_without_call_s:g} s) must be at "
+            f"least legacy_threshold_s ({c.legacy_threshold_s:g} s), or 0 (never)")
     if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
         raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00:00Z)")
 

@@ -199,7 +199,9 @@ class Reconciler:
             stale=c.stale,
             cutoff=now - timedelta(seconds=min(c.min_threshold_s, c.heartbeat_timeout_s)),
             horizon_extra_s=c.attempt_cap * c.repoll_interval_s,
-            legacy_cutoff=c.legacy_cutoff, batch_size=c.batch_size)
+            legacy_cutoff=c.legacy_cutoff, batch_size=c.batch_size,
+            reserved_before=(now - timedelta(seconds=c.reserved_without_call_s)
+                             if c.reserved_without_call_s else None))
 
     def claim_params(self, now: datetime) -> dict[str, Any]:
         """The parameters of the ``reconcile_claim`` statement at ``now``."""
