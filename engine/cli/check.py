@@ -6,8 +6,9 @@ the provider adapters, the media store); then the database: every migration appl
 the host's tables against the host contract (:mod:`callwarden.database.contract`): each
 column callwarden reads or writes present with a compatible type, no NOT NULL column
 without a default in a table callwarden inserts into, and a CHECK on ``jobs.status`` that
-allows the statuses callwarden writes. Each finding is one line; exit 2 if any is a
-problem, 0 otherwise (notes, such as a provider with no API key, do not fail it).
+allows the statuses callwarden writes. Each finding is one line (a problem on stderr);
+exit 2 if any is a problem, 0 otherwise (notes, such as a provider with no API key, do not
+fail it). A problem in the settings stops it before it connects.
 """
 
 from __future__ import annotations
@@ -154,13 +155,21 @@ async def _database(url: str) -> list[Finding]:
     return found
 
 
-async def handler(args: argparse.Namespace, url: str) -> int:
-    found = _settings(args) + await _database(url)
-    console = Console()
+def _print(found: list[Finding]) -> int:
+    """Each finding on its own line (problems on stderr); the number of problems."""
+    out, err = Console(), Console(stderr=True)
     style = {"ok": "green", "note": "yellow", "problem": "red"}
     for level, text in found:
-        console.print(f"[{style[level]}]{level:<7}[/{style[level]}] {escape(text)}",
-                      soft_wrap=True)
-    problems = sum(1 for level, _ in found if level == "problem")
-    console.print(f"{problems} problem(s)" if problems else "nothing missing")
+        (err if level == "problem" else out).print(
+            f"[{style[level]}]{level:<7}[/{style[level]}] {escape(text)}", soft_wrap=True)
+    return sum(1 for level, _ in found if level == "problem")
+
+
+async def handler(args: argparse.Namespace, url: str) -> int:
+    settings = _settings(args)
+    if _print(settings):  # the settings first: a bad one is fixed before connecting
+        Console(stderr=True).print("the database was not checked: fix the settings first")
+        return 2
+    problems = _print(await _database(url))
+    Console().print(f"{problems} problem(s)" if problems else "nothing missing")
     return 2 if problems else 0
