@@ -55,8 +55,7 @@ def installed(tmp_path: Path) -> Path:
 
 def host_env(db_url: str, acme: Acme, media: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CALLWARDEN_", "AWS_")) and k not in KEY_VARS
-           and k != "PYTHONPATH"}
+           if not k.startswith(("CALLWARDEN_", "AWS_")) and k not in KEY_VARS}
     env.update({"DATABASE_URL": db_url, "CALLWARDEN_MEDIA_DIR": str(media),
                 "CALLWARDEN_ACME_URL": acme.url, "ACME_API_KEY": KEY})
     env.update(extra)
@@ -103,7 +102,8 @@ async def test_a_fifth_provider_is_created_polled_and_recovered_through_the_host
     rec_log = tmp_path / "reconcile.log"
     reconciler = await start(
         ["reconcile"],
-        host_env(db_url, acme, media, PYTHONPATH=str(installed(tmp_path)),
+        host_env(db_url, acme, media, PYTHONPATH=os.pathsep.join(filter(None, [
+                     str(installed(tmp_path)), os.environ.get("PYTHONPATH")])),
                  CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S="1",
                  CALLWARDEN_RECONCILE_SCAN_INTERVAL_S="0.2"), rec_log)
     try:

@@ -1,4 +1,5 @@
-"""The host's adapter for Acme Render, a provider callwarden does not ship.
+"""The host's provider code: its client for Acme Render, a provider callwarden does not
+ship, and its own client for Replicate's predictions, which callwarden does ship.
 
 Acme's API (the host's own knowledge of it): ``POST /v2/renders`` with a JSON body starts a
 render and answers ``201 {"render": {"id": ..., "state": "queued"}}``; ``GET
@@ -9,9 +10,10 @@ Token <key>``. A render created with a ``callback_url`` is announced there when 
 receiver checks the job's token in the URL and polls the render through this adapter.
 
 Registered through the ``callwarden.providers`` entry point of the host's package (or
-``CALLWARDEN_PROVIDERS=providers:PROVIDER``), the same adapter serves the worker that
-creates and polls the render and the reconciler that recovers it after that worker died.
-Its endpoint comes from ``CALLWARDEN_ACME_URL`` and ``ACME_API_KEY``.
+``CALLWARDEN_PROVIDERS=providers:PROVIDERS``), the same adapters serve the worker that
+creates and polls a task and the reconciler that recovers it after that worker died.
+Acme's endpoint comes from ``CALLWARDEN_ACME_URL`` and ``ACME_API_KEY``; Replicate's from
+``CALLWARDEN_REPLICATE_URL`` and ``REPLICATE_API_TOKEN``, as for callwarden's own client.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from callwarden.providers.errors import (
 from callwarden.providers.kinds import KindSpec
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from callwarden.providers.registry import ClientRequest, Provider
+from callwarden.providers.replicate.webhook import SCHEME as REPLICATE_CALLBACKS
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, json_object, text_field
 
 RENDER = KindSpec(
@@ -107,10 +110,55 @@ class AcmeCallbacks:
         return f"{base_url.rstrip('/')}/webhooks/acme/{job_id}/{token}" if token else None
 
 
+class HostReplicate:
+    """The host's own Replicate client (predictions; this host runs no trainings). It
+    identifies itself as ``acme-host/1.0``."""
+
+    def __init__(self, kind: str, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
+        self.kind, self.session, self.base = kind, session, endpoint.base_url
+        self.headers = {"Authorization": f"Bearer {endpoint.api_key}",
+                        "User-Agent": "acme-host/1.0"}
+
+    async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
+        body = dict(request) | ({"webhook": callback_url} if callback_url else {})
+        async with self.session.post(f"{self.base}/v1/predictions", json=body,
+                                     headers=self.headers) as resp:
+            answer = await resp.json(content_type=None)
+            if resp.status >= 500 or resp.status == 429:
+                raise TransientError(f"replicate answered {resp.status}", provider="replicate")
+            if resp.status not in (200, 201):
+                raise BadRequest(str(answer), provider="replicate", status=resp.status)
+        return str(answer["id"])
+
+    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+        async with self.session.get(f"{self.base}/v1/predictions/{task_id}",
+                                    headers=self.headers) as resp:
+            if resp.status == 404:
+                return NotFound(message=f"replicate has no prediction {task_id}")
+            if resp.status >= 500 or resp.status == 429:
+                raise TransientError(f"replicate answered {resp.status}", provider="replicate")
+            answer = await resp.json(content_type=None)
+        status, output = answer["status"], answer.get("output")
+        if status in ("starting", "processing"):
+            return Running(raw_state=status)
+        if status == "succeeded":
+            urls = [output] if isinstance(output, str) else list(output or [])
+            return Succeeded(media_urls=tuple(u for u in urls if isinstance(u, str)))
+        return Failed(error=str(answer.get("error") or status), code=status)
+
+
 def _client(r: ClientRequest) -> AcmeRenders:
     assert r.endpoint is not None  # default_url below: there is always one
     return AcmeRenders(r.kind, r.session, r.endpoint)
 
 
+def _replicate(r: ClientRequest) -> HostReplicate:
+    return HostReplicate(r.kind, r.session, r.settings.replicate)
+
+
 PROVIDER = Provider(name="acme", kinds=(RENDER,), client=_client,
                     default_url="https://api.acme.example", webhook=AcmeCallbacks())
+# Replicate's kinds and thresholds stay callwarden's; its calls go through the host's client.
+REPLICATE = Provider(name="replicate", client=_replicate, endpoint=lambda s: s.replicate,
+                     webhook=REPLICATE_CALLBACKS)
+PROVIDERS = [PROVIDER, REPLICATE]
