@@ -128,3 +128,13 @@ FROM jobs j,
          AS a(key, url, content_type, size)
 WHERE j.id = %(job_id)s
 ON CONFLICT (job_id, storage_key) DO NOTHING;
+
+-- name: plan_counts
+-- bench/plan_cache.py: the generic and custom plans of this session's prepared appends.
+SELECT CASE WHEN statement LIKE '%%host_charged%%' THEN 'settling (append_event/completion)'
+            WHEN statement LIKE '%%<> ''reserved''%%' THEN 'append_move'
+            ELSE 'append_start' END AS shape,
+       generic_plans, custom_plans
+FROM pg_prepared_statements
+WHERE statement LIKE '%%INSERT INTO call_events%%'
+ORDER BY prepare_time;
