@@ -87,7 +87,8 @@ async def engine_op(conn: Conn, job: uuid.UUID) -> None:
 def cte_op(pre: dict[uuid.UUID, list[dict[str, Any]]]) -> Op:
     async def op(conn: Conn, job: uuid.UUID) -> None:
         for params in pre[job]:
-            name = "append_start" if params["is_start"] else "append_event"
+            name = ("append_start" if params["is_start"] else "append_event"
+                    if params["settle_to"] is not None else "append_move")
             await conn.execute(QUERIES[name], params)
     return op
 

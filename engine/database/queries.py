@@ -94,13 +94,14 @@ def _load_all() -> tuple[dict[str, LiteralString], dict[str, str]]:
 
 def _with_start(loaded: tuple[dict[str, LiteralString], dict[str, str]]
                 ) -> dict[str, LiteralString]:
-    """``append_start``: ``append_event`` with an empty ``settled_fence`` (a start is
-    fenced on version 0 and on the host's status, never on settled reservations)."""
+    """``append_start``: ``append_move`` with an empty ``settled_fence`` (a start is
+    fenced on version 0 and on the host's status, never on settled reservations, and
+    settles nothing)."""
     queries, fragments = loaded
     fence = fragments["settled_fence"]
-    append = queries["append_event"]
+    append = queries["append_move"]
     if append.count(fence) != 1:
-        raise RuntimeError("append_event must splice settled_fence once")
+        raise RuntimeError("append_move must splice settled_fence once")
     return {**queries, "append_start": append.replace(fence, "")}
 
 

@@ -200,7 +200,8 @@ async def _append(
     for e in events:
         new = apply(new, e)
     params = append_params(job_id, current, new, events)
-    statement = "append_start" if params["is_start"] else "append_event"
+    statement = ("append_start" if params["is_start"]
+                 else "append_event" if params["settle_to"] is not None else "append_move")
     if assets is not None:
         statement = "append_completion"
         params.update(asset_keys=[m.key for m in assets], asset_urls=[m.url for m in assets],

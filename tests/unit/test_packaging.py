@@ -76,6 +76,6 @@ def test_the_statements_every_call_runs_stay_in_psycopgs_parse_cache() -> None:
 
     from callwarden.database.queries import QUERIES
 
-    for name in ("append_event", "load_projection", "heartbeat", "reconcile_claim",
-                 "load_events", "webhook_find_job"):
+    for name in ("append_event", "append_move", "load_projection", "heartbeat",
+                 "reconcile_claim", "load_events", "webhook_find_job"):
         assert len(QUERIES[name].encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
