@@ -25,8 +25,8 @@ SQL, the clock, migrations, the port every actor's ``db`` handle speaks); ``obse
 (metric and trace hooks on the database and the transport); ``calls`` (the worker API,
 the host's own calls, finalization, pricing, callback URLs); ``queue``, ``reconciler``
 and ``replay`` (the reference queue and the Celery and arq integrations, the reconciler,
-the log read back); and the faces on top:
-``service`` (webhooks, ``/metrics``, the dashboard), ``demo`` and ``cli``.
+the log read back); ``service`` (webhooks, ``/metrics``, the dashboard); ``settings``
+(every actor's settings in one object); and the faces on top: ``demo`` and ``cli``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         build_webhook_app,
     )
     from callwarden.service.webhooks import WebhookConfig
+    from callwarden.settings import Settings, load_settings
 
 #: engine's units, lowest layer first: a unit may import only units of lower layers.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -82,6 +83,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("calls",),
     ("queue", "reconciler", "replay"),
     ("service",),
+    ("settings",),
     ("demo",),
     ("cli",),
 )
@@ -120,6 +122,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Reported": ("callwarden.calls.own", "Reported"),
     "S3Store": ("callwarden.providers.storage", "S3Store"),
     "ServiceConfig": ("callwarden.service.app", "ServiceConfig"),
+    "Settings": ("callwarden.settings", "Settings"),
     "SyncCall": ("callwarden.calls.own_sync", "SyncCall"),
     "TaskIdConflict": ("callwarden.calls.own", "TaskIdConflict"),
     "WebhookConfig": ("callwarden.service.webhooks", "WebhookConfig"),
@@ -132,6 +135,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "create_job": ("callwarden.database.jobs", "create_job"),
     "load_pricing": ("callwarden.calls.pricing", "load_pricing"),
     "load_reconcile_config": ("callwarden.reconciler.config", "load_config"),
+    "load_settings": ("callwarden.settings", "load_settings"),
     "migrate": ("callwarden.database.migrate", "migrate"),
     "open_pool": ("callwarden.database.db", "open_pool"),
     "media_from_env": ("callwarden.providers.storage", "media_from_env"),
@@ -171,6 +175,7 @@ __all__ = [
     "Reported",
     "S3Store",
     "ServiceConfig",
+    "Settings",
     "SyncCall",
     "TaskIdConflict",
     "WebhookConfig",
@@ -184,6 +189,7 @@ __all__ = [
     "load_adapters",
     "load_pricing",
     "load_reconcile_config",
+    "load_settings",
     "media_from_env",
     "migrate",
     "open_pool",

@@ -9,6 +9,9 @@ fields and defaults and validates itself in ``__post_init__``; :func:`load` fill
   each actor takes the settings that are its own (its struct's fields, :func:`register`
   ed by the module that defines it), and a name that is no registered actor's setting is
   an error (a typo never passes silently);
+* the file is ``--config`` where a command takes one, else ``CALLWARDEN_CONFIG`` (a path):
+  set it once for every process of a deployment — workers, queue processes, the
+  reconciler, ``serve``, the host's own-call code — and they all read the same file;
 * the environment overrides the file: ``<PREFIX><FIELD>`` (``CALLWARDEN_RECONCILE_BATCH_SIZE``),
   and for a per-kind map ``<PREFIX><MAP>_<KIND>`` with the kind's ``-`` spelled ``_``
   (``CALLWARDEN_RECONCILE_THRESHOLD_KIE_STANDARD=600``); a list field is comma-separated.
@@ -33,13 +36,24 @@ from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import AdapterError
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["SECTIONS", "load", "load_providers", "provider_settings", "read_section",
-           "register"]
+__all__ = ["CONFIG_VAR", "SECTIONS", "config_path", "load", "load_providers",
+           "provider_settings", "read_section", "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks", "serve")
+#: The settings file every actor reads when it is given none (``--config`` wins).
+CONFIG_VAR = "CALLWARDEN_CONFIG"
 #: section -> its settings struct's field names (:func:`register`): how a flat file is split.
 _FIELDS: dict[str, frozenset[str]] = {}
+
+
+def config_path(given: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The settings file: ``given`` (a command's ``--config``), else ``CALLWARDEN_CONFIG``
+    in ``env``, else none."""
+    if given is not None:
+        return given
+    named = env.get(CONFIG_VAR, "").strip()
+    return Path(named) if named else None
 
 
 def register(section: str, cls: type[msgspec.Struct]) -> None:
@@ -206,7 +220,8 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
          section: str, maps: Mapping[str, str] | None = None,
          overrides: Mapping[str, Any] | None = None,
          origins: Mapping[str, str] | None = None) -> T:
-    """``cls`` from its defaults, ``path``'s ``[section]``, the ``prefix`` variables of
+    """``cls`` from its defaults, ``path``'s ``[section]`` (``None``: the file
+    ``CALLWARDEN_CONFIG`` names, if any: :func:`config_path`), the ``prefix`` variables of
     ``env`` (``maps``: env name -> per-kind map field, e.g. ``{"THRESHOLD": "thresholds_s"}``)
     and finally ``overrides`` (a command's flags; ``origins`` names each one's source in
     errors, e.g. ``{"finalize_lease_s": "--finalize-lease"}``); validated. An error names
@@ -214,6 +229,7 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
     The host's providers are registered first (:func:`load_providers`), so a per-kind
     setting may name a host's kind."""
     load_providers(env)
+    path = config_path(path, env)
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
     merged: dict[str, Any] = {}
     where: dict[Entry, str] = {}

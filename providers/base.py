@@ -22,6 +22,8 @@ __all__ = ["DEFAULT_MAX_ANSWER_BYTES", "AsyncKindClient", "Endpoint", "ProviderS
 
 
 _MAX_ANSWER_VAR = "CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES"
+#: The built-in providers, whose clients add ``/v1`` (KIE: ``/api/v1``) to every path.
+_BASE_ONLY = ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC")
 #: The largest provider answer read by default (once inflated): 16 MiB.
 DEFAULT_MAX_ANSWER_BYTES = 16 * 2**20
 
@@ -116,10 +118,12 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
                                  f"{limit!r}") from exc
 
         def ep(name: str, default: Endpoint, key_var: str) -> Endpoint:
-            return Endpoint(
-                base_url=e.get(f"CALLWARDEN_{name}_URL", default.base_url).rstrip("/"),
-                api_key=e.get(key_var, default.api_key),
-            )
+            url = e.get(f"CALLWARDEN_{name}_URL", default.base_url).rstrip("/")
+            if name in _BASE_ONLY and url.lower().endswith(("/v1", "/api/v1")):
+                raise ValueError(f"CALLWARDEN_{name}_URL: the provider's base URL, without "
+                                 f"its API version (e.g. {default.base_url}), got {url!r}: "
+                                 "callwarden adds the version to each path")
+            return Endpoint(base_url=url, api_key=e.get(key_var, default.api_key))
 
         def host(name: str, url: str) -> Endpoint:
             env_name = name.upper().replace("-", "_")

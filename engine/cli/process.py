@@ -45,6 +45,7 @@ ENV: dict[str, str] = {
                                     "reported (default 300; --once exits 1)",
     "CALLWARDEN_<PROVIDER>_URL": "a provider's base URL (KIE, REPLICATE, ELEVENLABS, "
                                  "ANTHROPIC, or a host's provider; e.g. the simulator)",
+    "CALLWARDEN_CONFIG": "the settings file (TOML or JSON) when --config is not given",
     "CALLWARDEN_PROVIDERS": "the host's provider adapters, module:attr comma-separated "
                             "(besides the callwarden.providers entry points)",
     "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY":
@@ -70,7 +71,7 @@ ENV: dict[str, str] = {
 }
 _DB = ["DATABASE_URL", "CALLWARDEN_DB_POOLER"]
 _LONG = [*_DB, "CALLWARDEN_DB_OUTAGE_LIMIT_S"]  # the commands that ride through outages
-_PROVIDERS = ["CALLWARDEN_PROVIDERS", "CALLWARDEN_<PROVIDER>_URL",
+_PROVIDERS = ["CALLWARDEN_CONFIG", "CALLWARDEN_PROVIDERS", "CALLWARDEN_<PROVIDER>_URL",
               "KIE_API_KEY, REPLICATE_API_TOKEN, ELEVENLABS_API_KEY, ANTHROPIC_API_KEY",
               "CALLWARDEN_MEDIA_DIR, CALLWARDEN_MEDIA_S3_BUCKET, "
               "CALLWARDEN_MEDIA_S3_ENDPOINT_URL", "CALLWARDEN_MEDIA_ALLOW_HOSTS",
