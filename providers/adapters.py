@@ -33,7 +33,7 @@ from typing import TypeVar
 
 from callwarden.providers.errors import AdapterError
 from callwarden.providers.kinds import KINDS
-from callwarden.providers.registry import PROVIDERS, WEBHOOKS, Provider, register
+from callwarden.providers.registry import PROVIDERS, WEBHOOKS, Provider, is_builtin, register
 
 __all__ = ["GROUP", "SETTING", "load_adapters", "providers_in"]
 
@@ -95,16 +95,26 @@ def _restore(table: dict[str, V], saved: dict[str, V]) -> None:
 
 
 def _register_all(providers: list[Provider], source: str) -> None:
-    """Register every one of ``providers`` or none (the registry is put back)."""
+    """Register every one of ``providers`` or none (the registry is put back). A name
+    another host provider already holds is refused: two adapters for one provider (an
+    entry point and the setting naming different objects) would otherwise replace each
+    other silently, in an order nobody chose."""
     kinds, registered, hooks = dict(KINDS), dict(PROVIDERS), dict(WEBHOOKS)
     try:
         for provider in providers:
+            held = PROVIDERS.get(provider.name)
+            if held is not None and held is not provider and not is_builtin(held):
+                raise AdapterError(f"provider {provider.name!r} is already registered by "
+                                   "another adapter")
             register(provider)
-    except AdapterError as exc:
+    except Exception as exc:
         _restore(KINDS, kinds)
         _restore(PROVIDERS, registered)
         _restore(WEBHOOKS, hooks)
-        raise AdapterError(f"{source}: {exc}") from exc
+        if isinstance(exc, AdapterError):
+            raise AdapterError(f"{source}: {exc}") from exc
+        raise AdapterError(f"{source}: cannot register it: {type(exc).__name__}: "
+                           f"{exc}") from exc
 
 
 def load_adapters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -116,13 +126,13 @@ def load_adapters(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
         if source in _LOADED:
             continue
         try:
-            obj = load()
+            providers = providers_in(load(), source)  # the host's code runs here
         except AdapterError:
             raise
-        except Exception as exc:  # any import-time failure of the host's module
+        except Exception as exc:  # any failure of the host's module or factory
             raise AdapterError(f"{source}: cannot load it: {type(exc).__name__}: "
                                f"{exc}") from exc
-        _register_all(providers_in(obj, source), source)
+        _register_all(providers, source)
         _LOADED.add(source)
         loaded.append(source)
     return tuple(loaded)

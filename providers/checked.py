@@ -17,7 +17,7 @@ is kept as ``__cause__``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -42,9 +42,11 @@ MAX_TASK_ID = 512
 T = TypeVar("T")
 
 
-async def _guarded(provider: str, what: str, answer: Awaitable[T]) -> T:
+async def _guarded(provider: str, what: str, answer: Callable[[], Awaitable[T]]) -> T:
+    """``answer()`` awaited; what the host's code raises, calling it or awaiting it, as a
+    provider error (a wrong signature is a ``TypeError`` at the call: malformed too)."""
     try:
-        return await answer
+        return await answer()
     except ProviderError:
         raise
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -67,7 +69,7 @@ class CheckedAsyncClient:
         self.client, self.provider, self.kind = client, provider, client.kind
 
     async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
-        task_id: object = await _guarded(self.provider, "create()", self.client.create(
+        task_id: object = await _guarded(self.provider, "create()", lambda: self.client.create(
             request, callback_url=callback_url))
         if not isinstance(task_id, str) or not task_id.strip() or len(task_id) > MAX_TASK_ID:
             raise MalformedResponse(
@@ -77,7 +79,7 @@ class CheckedAsyncClient:
         return task_id
 
     async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        outcome: object = await _guarded(self.provider, "poll()", self.client.poll(
+        outcome: object = await _guarded(self.provider, "poll()", lambda: self.client.poll(
             task_id, created_at=created_at))
         if not isinstance(outcome, Running | Succeeded | Failed | NotFound):
             raise MalformedResponse(
@@ -93,7 +95,8 @@ class CheckedSyncClient:
         self.client, self.provider, self.kind = client, provider, client.kind
 
     async def call(self, request: Mapping[str, Any]) -> SyncOutcome:
-        outcome: object = await _guarded(self.provider, "call()", self.client.call(request))
+        outcome: object = await _guarded(self.provider, "call()",
+                                         lambda: self.client.call(request))
         if not isinstance(outcome, Succeeded | Failed):
             raise MalformedResponse(
                 f"{self.provider} adapter's call() returned {_shown(outcome)}: expected "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import aiohttp
@@ -84,6 +84,11 @@ class ClientRequest:
     sleep: Sleep = asyncio.sleep
 
 
+def _same_fetch(fetch: MediaFetch, _: ProviderSettings) -> MediaFetch:
+    """The default ``Provider.media``: download as the kind's policy says."""
+    return fetch
+
+
 @dataclass(frozen=True, kw_only=True)
 class Provider:
     """One provider's entry — its adapter: ``client`` builds the client of a call (an
@@ -102,7 +107,7 @@ class Provider:
     kinds: tuple[KindSpec, ...] = ()
     endpoint: Callable[[ProviderSettings], Endpoint] | None = None
     default_url: str = ""
-    media: Callable[[MediaFetch, ProviderSettings], MediaFetch] = lambda fetch, _: fetch
+    media: Callable[[MediaFetch, ProviderSettings], MediaFetch] = _same_fetch
     webhook: WebhookScheme | None = None
 
     def endpoint_in(self, settings: ProviderSettings) -> Endpoint | None:
@@ -122,15 +127,47 @@ WEBHOOKS: dict[str, WebhookScheme] = {}
 
 
 _PROVIDER_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
+#: Names whose CALLWARDEN_<NAME>_URL / <NAME>_API_KEY would be (or shadow) callwarden's
+#: own settings: a provider called "redis" would take CALLWARDEN_REDIS_URL's password
+#: into its base URL, one called "media-s3-endpoint" would allow the media store's host.
+_RESERVED = ("reconcile", "call", "webhook", "serve", "media", "db", "redis", "callback",
+             "provider", "pricing", "config", "failpoints", "admin", "read", "test",
+             "embedded", "metrics")
+
+
+def is_builtin(provider: Provider) -> bool:
+    """Whether ``provider`` is the entry callwarden registered itself."""
+    return _BUILTIN.get(provider.name) is provider
+
+
+def _with_builtin_defaults(provider: Provider) -> Provider:
+    """A host's replacement of a built-in provider keeps what it leaves unset: the
+    endpoint, how media is fetched (Replicate: any file; ElevenLabs: the key for its own
+    host) and the webhook scheme (its route). Set a field to change it."""
+    builtin = _BUILTIN.get(provider.name)
+    if builtin is None or provider is builtin:
+        return provider
+    return replace(
+        provider,
+        endpoint=provider.endpoint or builtin.endpoint,
+        media=builtin.media if provider.media is _same_fetch else provider.media,
+        webhook=provider.webhook if provider.webhook is not None else builtin.webhook)
 
 
 def register(provider: Provider) -> None:
-    """Add (or replace) ``provider``'s entry, its kinds and its webhook scheme.
-    :class:`~callwarden.providers.errors.AdapterError`, and nothing registered, for a
-    name that cannot name settings, a kind of another provider, or a kind out of range."""
+    """Add (or replace) ``provider``'s entry, its kinds and its webhook scheme (a host's
+    replacement of a built-in provider keeps the built-in's endpoint, media handling and
+    webhook scheme where it sets none). :class:`~callwarden.providers.errors.AdapterError`,
+    and nothing registered, for a name that cannot name settings or is reserved, a kind of
+    another provider, or a kind out of range."""
     if not _PROVIDER_NAME.fullmatch(provider.name):
         raise AdapterError(f"provider name {provider.name!r}: 1-31 of a-z, 0-9 and '-', "
                            "starting with a letter (it names CALLWARDEN_<NAME>_URL)")
+    if provider.name.split("-")[0] in _RESERVED and provider.name not in _BUILTIN:
+        raise AdapterError(f"provider name {provider.name!r}: its settings "
+                           f"(CALLWARDEN_{provider.name.upper().replace('-', '_')}_URL) "
+                           "would collide with callwarden's own; choose another name")
+    provider = _with_builtin_defaults(provider)
     for spec in provider.kinds:
         if spec.provider != provider.name:
             raise AdapterError(f"provider {provider.name!r} declares kind {spec.name!r} "

@@ -87,6 +87,7 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return threshold + self.attempt_cap * self.repoll_interval_s
 
 
+_TEN_YEARS_S = 10 * 365 * 86400.0
 _POSITIVE = ("scan_interval_s", "repoll_interval_s", "attempt_cap", "batch_size",
              "concurrency", "heartbeat_timeout_s", "legacy_threshold_s", "claim_lease_s")
 
@@ -100,10 +101,12 @@ def _check_positive(c: ReconcileConfig) -> None:
             raise ConfigError(f"reconcile {name} must not be negative")
     if not 0 <= c.scan_jitter < 1:
         raise ConfigError(f"reconcile scan_jitter must be in [0, 1), got {c.scan_jitter}")
-    if c.reserved_without_call_s and not c.reserved_without_call_s >= c.legacy_threshold_s:
+    if c.reserved_without_call_s and not (
+            c.legacy_threshold_s <= c.reserved_without_call_s <= _TEN_YEARS_S):
         raise ConfigError(
             f"reconcile reserved_without_call_s ({c.reserved_without_call_s:g} s) must be at "
-            f"least legacy_threshold_s ({c.legacy_threshold_s:g} s), or 0 (never)")
+            f"least legacy_threshold_s ({c.legacy_threshold_s:g} s) and at most ten years, "
+            "or 0 (never)")
     if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
         raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00:00Z)")
 

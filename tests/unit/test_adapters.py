@@ -27,6 +27,7 @@ from callwarden.providers.kinds import KINDS, KindSpec, get_kind
 from callwarden.providers.outcomes import PollOutcome, Running, SyncOutcome
 from callwarden.providers.registry import (
     PROVIDERS,
+    WEBHOOKS,
     ClientRequest,
     Provider,
     client_for,
@@ -57,6 +58,10 @@ def host_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             return PROVIDER
         NOT_A_PROVIDER = {"name": "acme"}
         EMPTY: list[Provider] = []
+        def raises() -> Provider:
+            raise RuntimeError("db down at import of adapters")
+        NONE_KINDS = Provider(name="acme2", client=PROVIDER.client, kinds=None)
+        OTHER = Provider(name="acme", client=PROVIDER.client, kinds=(RENDER,))
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
@@ -107,6 +112,8 @@ def test_without_its_setting_the_endpoint_is_the_adapters_default(host_root: Pat
     ("acme_adapters:MISSING", "AttributeError"),
     ("no_such_module:X", "ModuleNotFoundError"),
     ("acme_adapters", "is not module:attr"),
+    ("acme_adapters:raises", "RuntimeError: db down at import of adapters"),
+    ("acme_adapters:NONE_KINDS", "cannot register it: TypeError"),
 ])
 def test_a_source_that_is_no_provider_is_a_config_error_naming_it(
         host_root: Path, ref: str, said: str) -> None:
@@ -129,6 +136,9 @@ def test_a_source_that_is_no_provider_is_a_config_error_naming_it(
      "stale_threshold_s must be a number of seconds > 0"),
     (Provider(name="acme", client=dummy, kinds=(spec(name="Acme Video"),)), "a kind's name"),
     (Provider(name="ACME", client=dummy), "provider name 'ACME'"),
+    (Provider(name="redis", client=dummy), "would collide with callwarden's own"),
+    (Provider(name="media-s3-endpoint", client=dummy), "CALLWARDEN_MEDIA_S3_ENDPOINT_URL"),
+    (Provider(name="callback-base", client=dummy), "would collide"),
     (Provider(name="acme", client=dummy, kinds=(spec(), spec(name="x", poll_interval_s=0))),
      "poll_interval_s"),
 ])
@@ -219,3 +229,44 @@ async def test_a_host_client_for_a_built_in_provider_serves_its_kinds_recovery_t
     async with aiohttp.ClientSession() as session:
         outcome = await poll_task("replicate-prediction", "p-1", session, provider_settings({}))
     assert outcome == Running(raw_state="host-client")
+
+
+def test_a_second_adapter_for_a_name_another_holds_is_refused(host_root: Path) -> None:
+    load_adapters({"CALLWARDEN_PROVIDERS": "acme_adapters:PROVIDER"})
+    before = dict(KINDS), dict(PROVIDERS)
+    with pytest.raises(AdapterError, match="already registered by another adapter"):
+        load_adapters({"CALLWARDEN_PROVIDERS": "acme_adapters:OTHER"})
+    assert (dict(KINDS), dict(PROVIDERS)) == before
+
+
+def test_a_host_replacing_a_built_in_provider_keeps_what_it_leaves_unset() -> None:
+    """Its webhook route, its endpoint and how its media are fetched stay the built-in's
+    (before, a host's own Replicate client dropped the route and refused any output that
+    was not an image, a video or audio)."""
+    settings = provider_settings({"CALLWARDEN_ELEVENLABS_URL": "http://127.0.0.8:9",
+                                  "ELEVENLABS_API_KEY": "el-key"})
+    fetch_before = media_fetch_for("elevenlabs-async", settings)
+    replicate_before = media_fetch_for("replicate-prediction", settings)
+    for name in ("replicate", "elevenlabs"):
+        register(Provider(name=name, client=dummy))
+    assert set(WEBHOOKS) == {"kie", "replicate", "elevenlabs"}
+    assert PROVIDERS["replicate"].endpoint_in(settings) == settings.replicate
+    assert media_fetch_for("elevenlabs-async", settings) == fetch_before  # key, host kept
+    assert media_fetch_for("replicate-prediction", settings) == replicate_before  # any file
+
+
+async def test_what_a_host_adapter_raises_when_called_is_checked_too() -> None:
+    class Careless:
+        kind = "acme-video"
+
+        async def create(self, request: Mapping[str, Any]) -> str:  # no callback_url
+            return "t-1"
+
+        def poll(self, task_id: str, *, created_at: float | None = None) -> Any:
+            raise KeyError("render")  # a plain def that raises before any await
+
+    client = CheckedAsyncClient(Careless(), "acme")  # type: ignore[arg-type]
+    with pytest.raises(MalformedResponse, match="TypeError"):
+        await client.create({})
+    with pytest.raises(MalformedResponse, match="KeyError"):
+        await client.poll("t-1")

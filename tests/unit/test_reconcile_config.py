@@ -100,3 +100,13 @@ def test_a_flat_file_with_a_name_no_actor_has_is_refused(tmp_path: Path) -> None
     for load in (load_config, load_call_config):
         with pytest.raises(ConfigError, match="repoll_intervall_s"):
             load(path)
+
+
+@pytest.mark.parametrize("value", [600.0, float("inf"), 1e11])
+def test_reserved_without_call_is_bounded(value: float) -> None:
+    """Below the legacy threshold, or beyond ten years (``inf`` used to pass and made every
+    pass's ``now - timedelta(...)`` overflow), it is refused; 0 and None turn it off."""
+    with pytest.raises(ConfigError, match="reserved_without_call_s"):
+        ReconcileConfig(reserved_without_call_s=value)
+    assert ReconcileConfig(reserved_without_call_s=0).reserved_without_call_s == 0
+    assert ReconcileConfig(reserved_without_call_s=None).reserved_without_call_s is None

@@ -34,7 +34,6 @@ from callwarden.providers.errors import (
 from callwarden.providers.kinds import KindSpec
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from callwarden.providers.registry import ClientRequest, Provider
-from callwarden.providers.replicate.webhook import SCHEME as REPLICATE_CALLBACKS
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, json_object, text_field
 
 RENDER = KindSpec(
@@ -153,12 +152,13 @@ def _client(r: ClientRequest) -> AcmeRenders:
 
 
 def _replicate(r: ClientRequest) -> HostReplicate:
-    return HostReplicate(r.kind, r.session, r.settings.replicate)
+    assert r.endpoint is not None  # the built-in provider's endpoint, kept
+    return HostReplicate(r.kind, r.session, r.endpoint)
 
 
 PROVIDER = Provider(name="acme", kinds=(RENDER,), client=_client,
                     default_url="https://api.acme.example", webhook=AcmeCallbacks())
-# Replicate's kinds and thresholds stay callwarden's; its calls go through the host's client.
-REPLICATE = Provider(name="replicate", client=_replicate, endpoint=lambda s: s.replicate,
-                     webhook=REPLICATE_CALLBACKS)
+# Replicate's kinds, thresholds, endpoint, media handling and webhook route stay
+# callwarden's; its calls go through the host's client.
+REPLICATE = Provider(name="replicate", client=_replicate)
 PROVIDERS = [PROVIDER, REPLICATE]
