@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -25,7 +26,7 @@ from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.media import configured_media
 from callwarden.config import provider_settings
-from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Family
+from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
 from callwarden.database.db import connect
 from callwarden.database.migrate import available, pending
 from callwarden.database.write import execute
@@ -49,6 +50,7 @@ Finding = tuple[Level, str]
 _TYPES: dict[Family, frozenset[str]] = {
     "uuid": frozenset({"uuid"}),
     "text": frozenset({"text", "varchar", "bpchar"}),
+    "text or uuid": frozenset({"text", "varchar", "bpchar", "uuid"}),
     "jsonb": frozenset({"jsonb"}),
     "numeric": frozenset({"numeric", "int2", "int4", "int8", "float4", "float8"}),
     "integer": frozenset({"int2", "int4", "int8", "numeric"}),
@@ -115,6 +117,9 @@ def _columns(rows: list[dict[str, object]]) -> list[Finding]:
             elif str(row["udt_name"]) not in _TYPES[column.family]:
                 found.append(("problem", f"{table.name}.{column.name} is {row['udt_name']}, "
                                          f"callwarden needs {column.family} ({column.why})"))
+            elif row["max_chars"] is not None:
+                found.append(_limited(table.name, column, int(str(row["max_chars"])),
+                                      str(row["declared"])))
         if table.inserts is not None:
             ours = {c.name for c in table.columns} | {"id", "created_at", "updated_at"}
             for (t, name), row in sorted(have.items()):
@@ -126,13 +131,39 @@ def _columns(rows: list[dict[str, object]]) -> list[Finding]:
     return found
 
 
+def _limited(table: str, column: Column, limit: int, declared: str) -> Finding:
+    """A length limit on a text column: a problem below what callwarden writes there."""
+    if column.min_chars is not None and limit < column.min_chars:
+        return ("problem", f"{table}.{column.name} is {declared}: callwarden writes up to "
+                           f"{column.min_chars} characters there; a longer one would fail "
+                           "the write that ends the call")
+    return ("note", f"{table}.{column.name} is {declared}: a longer value would fail the "
+                    "write")
+
+
+def _allowed(definition: str) -> set[str] | None:
+    """The values a CHECK of the form ``status = ANY (ARRAY[...])`` / ``IN (...)`` allows
+    (on the column or, for a domain, ``VALUE``); ``None`` for any other expression."""
+    upper = definition.upper()
+    if "= ANY" not in upper or any(w in upper for w in (" AND ", " OR ", " NOT ", " IS ",
+                                                        "<>", "!=")):
+        return None
+    return set(re.findall(r"'([^']*)'", definition))
+
+
 def _status_checks(rows: list[dict[str, object]]) -> list[Finding]:
     found: list[Finding] = []
     for row in rows:
         definition = str(row["definition"])
-        missing = [s for s in JOB_STATUSES_WRITTEN if f"'{s}'" not in definition]
+        allowed = _allowed(definition)
+        if allowed is None:
+            found.append(("note", f"jobs.status CHECK {row['name']} ({definition}): make sure "
+                                  f"it allows {', '.join(JOB_STATUSES_WRITTEN)}, which "
+                                  "callwarden writes"))
+            continue
+        missing = [s for s in JOB_STATUSES_WRITTEN if s not in allowed]
         if missing:
-            found.append(("problem", f"jobs CHECK {row['name']} does not allow "
+            found.append(("problem", f"jobs.status CHECK {row['name']} does not allow "
                                      f"{', '.join(missing)}, which callwarden writes "
                                      f"({definition})"))
     return found

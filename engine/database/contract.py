@@ -16,14 +16,18 @@ import msgspec
 
 __all__ = ["CONTRACT", "JOB_STATUSES_READ", "JOB_STATUSES_WRITTEN", "Column", "Table"]
 
-Family = Literal["uuid", "text", "jsonb", "numeric", "integer", "boolean", "timestamptz",
-                 "text[]"]
+Family = Literal["uuid", "text", "text or uuid", "jsonb", "numeric", "integer", "boolean",
+                 "timestamptz", "text[]"]
 
 
 class Column(msgspec.Struct, frozen=True, kw_only=True):
+    """``min_chars``: the longest text callwarden writes there (a ``varchar(n)`` below it
+    would fail the write that ends a call)."""
+
     name: str
     family: Family
     why: str
+    min_chars: int | None = None
 
 
 class Table(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,19 +41,20 @@ class Table(msgspec.Struct, frozen=True, kw_only=True):
     always: bool = False
 
 
-def _c(name: str, family: Family, why: str) -> Column:
-    return Column(name=name, family=family, why=why)
+def _c(name: str, family: Family, why: str, min_chars: int | None = None) -> Column:
+    return Column(name=name, family=family, why=why, min_chars=min_chars)
 
 
 CONTRACT: tuple[Table, ...] = (
     Table(name="jobs", inserts="create_job", columns=(
         _c("id", "uuid", "the job; every event and reservation names it"),
-        _c("user_id", "text", "whose credits and assets"),
+        _c("user_id", "text or uuid", "whose credits and assets"),
         _c("status", "text", "the host's word: pending/processing open, anything else ends "
                              "the call as the host decided"),
         _c("input_data", "jsonb", "the reference worker's request (provider_kind, request)"),
         _c("output_data", "jsonb", "the result written at completion"),
-        _c("error_message", "text", "why a call failed"),
+        _c("error_message", "text", "why a call failed (up to 1,000 characters and a note "
+                                    "of what was cut)", min_chars=1100),
         _c("job_type", "text", "shown by the dashboard and stats"),
         _c("workflow_execution_id", "uuid", "a workflow node's run, reopened at completion"),
         _c("node_id", "text", "the node of that run"),
@@ -63,7 +68,7 @@ CONTRACT: tuple[Table, ...] = (
     )),
     Table(name="usage_logs", inserts="create_job", columns=(
         _c("job_id", "uuid", "the job the reservation is for"),
-        _c("user_id", "text", "whose credits"),
+        _c("user_id", "text or uuid", "whose credits"),
         _c("status", "text", "reserved, then committed or refunded exactly once"),
         _c("credits_reserved", "numeric", "what was held"),
         _c("credits_charged", "numeric", "what was committed"),
@@ -72,7 +77,7 @@ CONTRACT: tuple[Table, ...] = (
     Table(name="assets", inserts="the finalizer (one row per stored file)", always=True,
           columns=(
         _c("job_id", "uuid", "the job the file belongs to"),
-        _c("user_id", "text", "the owner"),
+        _c("user_id", "text or uuid", "the owner"),
         _c("storage_key", "text", "where the file is stored (unique per job)"),
         _c("url", "text", "how the host serves it"),
         _c("content_type", "text", "the file's type"),
@@ -83,7 +88,7 @@ CONTRACT: tuple[Table, ...] = (
         _c("id", "uuid", "the run"),
         _c("status", "text", "reopened (running) or failed as its nodes end"),
         _c("failed_nodes", "text[]", "the nodes that failed"),
-        _c("error_message", "text", "why the run failed"),
+        _c("error_message", "text", "why the run failed", min_chars=1100),
         _c("updated_at", "timestamptz", "stamped when it changes"),
     )),
 )

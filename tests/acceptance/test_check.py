@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from psycopg import sql
+
 from callwarden.database.db import Conn
 from callwarden.providers.simulator.core import RunningSimulator
 from tests.support.processes import cli, environment
+from tests.support.queues import value
 
 
 async def test_a_migrated_database_and_a_named_media_store_lack_nothing(
@@ -63,3 +66,42 @@ async def test_an_unmigrated_database_is_told_to_migrate(
     assert "migrations not applied" in said
     assert "run callwarden migrate" in said
     assert "table jobs is missing" in said
+
+
+async def test_what_the_engine_accepts_passes_and_what_breaks_a_write_is_named(
+        db_url: str, conn: Conn, sim: RunningSimulator, tmp_path: Path) -> None:
+    """A ``uuid`` user_id (the engine runs on it) is no problem; a ``varchar(255)``
+    error_message (a long failure could not be recorded: the call would stay open) is; a
+    domain on ``jobs.status`` without ``cancelled`` is read like a table CHECK; a CHECK
+    it cannot read is a note, not a guess."""
+    for statement in (
+        "ALTER TABLE usage_logs ALTER COLUMN user_id TYPE uuid USING gen_random_uuid()",
+        "ALTER TABLE jobs ALTER COLUMN error_message TYPE varchar(255)",
+        "CREATE DOMAIN job_status AS text "
+        "CHECK (VALUE = ANY (ARRAY['pending', 'processing', 'completed', 'failed']))",
+        "ALTER TABLE jobs ALTER COLUMN status TYPE job_status",
+        "ALTER TABLE jobs ADD CONSTRAINT host_not_archived "
+        "CHECK (status IS DISTINCT FROM 'archived')",
+    ):
+        await conn.execute(statement)
+    code, out, err = await cli(["check"], environment(db_url, sim, tmp_path / "media"))
+    assert code == 2, out + err
+    said, noted = " ".join(err.split()), " ".join(out.split())
+    assert "usage_logs.user_id" not in said + noted
+    assert "jobs.error_message is character varying(255)" in said
+    assert "CHECK job_status_check does not allow cancelled" in said
+    assert "CHECK host_not_archived" in noted  # a note: it cannot tell
+    assert "2 problem(s)" in noted
+
+
+async def test_tables_found_through_the_search_path_are_the_ones_checked(
+        db_url: str, conn: Conn, sim: RunningSimulator, tmp_path: Path) -> None:
+    """The engine's statements find ``jobs`` through the search_path; so does ``check``
+    (it reported every table missing when the session's first schema was another)."""
+    await conn.execute("CREATE SCHEMA app")
+    dbname = await value(conn, "SELECT current_database()")
+    await conn.execute(sql.SQL("ALTER DATABASE {} SET search_path = app, public").format(
+        sql.Identifier(dbname)))
+    code, out, err = await cli(["check"], environment(db_url, sim, tmp_path / "media"))
+    assert code == 0, out + err
+    assert "nothing missing" in out
