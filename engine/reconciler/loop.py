@@ -302,15 +302,9 @@ class Reconciler:
             counts.skipped += 1
         elif isinstance(action, Adopt):
             await self._adopt(job, p, action, now, counts)
-        elif isinstance(action, Sweep):
-            why = f" ({action.why})" if action.why else ""
-            await self._write(job, p, Swept(at=now, actor=self.owner, reason=action.reason),
-                              counts, "swept", f"swept: {action.reason}{why}")
-        elif isinstance(action, Exhaust):
-            await self._write(job, p, Exhausted(
-                at=now, actor=self.owner, attempts=action.attempts,
-                last_error=action.last_error), counts, "exhausted",
-                f"exhausted after {action.attempts} attempts")
+        elif isinstance(action, Sweep | Exhaust):
+            event, count, what = self._ending(action, now)
+            await self._write(job, p, event, counts, count, what)
         elif isinstance(action, Finalize):
             await self._finalize(job, counts, p, final=action.final)
         elif isinstance(action, RecordHostEnded):
@@ -319,29 +313,51 @@ class Reconciler:
         else:
             await self._poll(job, p, action, now, counts)
 
+    def _ending(self, action: Sweep | Exhaust, now: datetime) -> tuple[Event, str, str]:
+        """The terminal event of a sweep or an exhaust, its count and its log line."""
+        if isinstance(action, Sweep):
+            why = f" ({action.why})" if action.why else ""
+            return (Swept(at=now, actor=self.owner, reason=action.reason), "swept",
+                    f"swept: {action.reason}{why}")
+        return (Exhausted(at=now, actor=self.owner, attempts=action.attempts,
+                          last_error=action.last_error), "exhausted",
+                f"exhausted after {action.attempts} attempts")
+
     async def _adopt(self, job: uuid.UUID, p: CallProjection, action: Adopt, now: datetime,
                      counts: Counts) -> None:
         event = adopted_event(action, now, self.owner)
-        r = await self._write(job, p, event, counts, "adopted",
-                              f"adopted ({action.kind}, task {action.task_id})")
+        adopted = f"adopted ({action.kind}, task {action.task_id})"
+        if isinstance(action.then, Sweep | Exhaust):
+            # Adopted and its end in ONE write: between two writes the row was an adopted,
+            # open call with no task, which a worker under ambiguous_create="recreate"
+            # would create upstream again (billed by the provider, refunded to the user).
+            ending, count, what = self._ending(action.then, now)
+            r = await self._write(job, p, [event, ending], counts, "adopted",
+                                  f"{adopted}, then {what}")
+            if r is not None:
+                counts.bump(count)
+                record_reconcile(action.kind, count)
+            return
+        r = await self._write(job, p, event, counts, "adopted", adopted)
         if r is not None:
             await self._act(job, r.projection, action.then, now, counts)
 
-    async def _write(self, job: uuid.UUID, p: CallProjection, event: Event, counts: Counts,
-                     count: str, what: str) -> AppendResult | None:
-        """Append ``event`` fenced on the version read (``p``); ``None`` if the call
-        moved meanwhile (the write is dropped, never retried blindly)."""
+    async def _write(self, job: uuid.UUID, p: CallProjection, event: Event | list[Event],
+                     counts: Counts, count: str, what: str) -> AppendResult | None:
+        """Append ``event`` (or a run of them) fenced on the version read (``p``); ``None``
+        if the call moved meanwhile (the write is dropped, never retried blindly)."""
+        first = event[0] if isinstance(event, list) else event
         r = await self.db.append(job, p, event, before=lambda: self._signal("write", job))
-        if not r.ok and not isinstance(event, HostEnded) and host_status_ended(r.projection):
+        if not r.ok and not isinstance(first, HostEnded) and host_status_ended(r.projection):
             assert r.projection.status is not None  # the host ended it meanwhile: record it
             await self._write(job, r.projection, HostEnded(
-                at=event.at, actor=self.owner, status=r.projection.status), counts,
+                at=first.at, actor=self.owner, status=r.projection.status), counts,
                 "host_ended", f"ended by the host ({r.projection.status})")
             return None
         if not r.ok:
             state = r.projection.state.value if r.projection.state else "none"
             log.info("job %s: %s skipped: the call moved to %s meanwhile", job,
-                     type(event).__name__, state)
+                     type(first).__name__, state)
             counts.lost_race += 1
             record_reconcile(p.provider_kind, "lost_race")
             return None

@@ -60,6 +60,10 @@ async def test_a_reservation_without_a_call_ends_refunded_after_the_set_time(
         assert status == "failed"
         assert credits == ["refunded"]
         assert types == ["Adopted", "Swept"]
+        # one transaction: never a moment with an adopted, open call and no task, which a
+        # worker under ambiguous_create="recreate" would create upstream again
+        assert await value(conn, "SELECT count(DISTINCT xmin::text) FROM call_events "
+                                 "WHERE job_id = %s", jid) == 1
         assert await verify_job(conn, jid) == []
     assert await seen(conn, wrapper) == ("pending", None, None)
     assert await seen(conn, young) == ("pending", ["reserved"], None)
