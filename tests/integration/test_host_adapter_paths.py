@@ -57,6 +57,18 @@ def host_renders(http: aiohttp.ClientSession, settings: ProviderSettings) -> Any
     return load_example_adapter().AcmeRenders(KIND, http, settings.endpoints["acme"])
 
 
+async def own_render(pool: Pool, conn: Conn, http: aiohttp.ClientSession,
+                     settings: ProviderSettings, prompt: str) -> tuple[uuid.UUID, str]:
+    """A host job whose render the host's own code created (own calls): the job, the
+    render id."""
+    job = await host_job(conn)
+    call = await OwnCalls(pool, settings=settings).start(job, KIND)
+    assert call.action == "create"
+    task = str(await host_renders(http, settings).create({"prompt": prompt}))
+    await call.task_created(task)
+    return job, task
+
+
 async def completed_once(conn: Conn, job: uuid.UUID, acme: Acme) -> dict[str, Any]:
     seen = await seen_by_host(conn, job)
     assert seen["status"] == "completed", seen
@@ -87,11 +99,7 @@ async def test_a_call_the_host_made_itself_is_recovered_through_its_adapter(
         pool: Pool, conn: Conn, http: aiohttp.ClientSession, acme: Acme, tmp_path: Path
         ) -> None:
     settings = settings_for(acme)
-    job = await host_job(conn)
-    call = await OwnCalls(pool, settings=settings).start(job, KIND)
-    assert call.action == "create"
-    host_client = host_renders(http, settings)  # the host's own client, as it calls it
-    await call.task_created(await host_client.create({"prompt": "a harbour"}))
+    job, _ = await own_render(pool, conn, http, settings, "a harbour")
     # the host's process dies here; the render finishes upstream
     acme.release()
     reconciler = Reconciler(pool, http, settings, LocalFolderStore(tmp_path / "m"))
@@ -105,10 +113,7 @@ async def test_a_callback_of_the_hosts_provider_is_polled_through_its_adapter(
         pool: Pool, conn: Conn, http: aiohttp.ClientSession, acme: Acme, tmp_path: Path
         ) -> None:
     settings = settings_for(acme)
-    job = await host_job(conn)
-    call = await OwnCalls(pool, settings=settings).start(job, KIND)
-    task = await host_renders(http, settings).create({"prompt": "a dune"})
-    await call.task_created(task)
+    job, task = await own_render(pool, conn, http, settings, "a dune")
     token = await ensure_callback_token(conn, job)
     finalizer = Finalizer(pool, LocalFolderStore(tmp_path / "m"), settings, owner="webhook:t")
 
