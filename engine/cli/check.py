@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
@@ -192,7 +192,7 @@ def _print(found: list[Finding]) -> int:
     style = {"ok": "green", "note": "yellow", "problem": "red"}
     for level, text in found:
         (err if level == "problem" else out).print(
-            f"[{style[level]}]{level:<7}[/{style[level]}] {escape(text)}", soft_wrap=True)
+            Text.assemble((f"{level:<7}", style[level]), f" {text}"), soft_wrap=True)
     return sum(1 for level, _ in found if level == "problem")
 
 

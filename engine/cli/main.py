@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from callwarden.cli.process import env_help
 from callwarden.config import load_providers
@@ -119,8 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = resolve_database_url(args.data_dir)
         return int(asyncio.run(args.handler(args, url)))
     except CallwardenError as exc:
-        # A message is shown as it is: no markup, one line.
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        # A message is shown as it is: no markup, no emoji codes (``module:X:`` would
+        # print as a cross), one line.
+        Console(stderr=True).print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

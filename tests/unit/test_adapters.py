@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from callwarden.cli.main import main
 from callwarden.config import load_providers, provider_settings
 from callwarden.errors import ConfigError
 from callwarden.providers.adapters import load_adapters
@@ -270,3 +271,15 @@ async def test_what_a_host_adapter_raises_when_called_is_checked_too() -> None:
         await client.create({})
     with pytest.raises(MalformedResponse, match="KeyError"):
         await client.poll("t-1")
+
+
+def test_the_command_names_a_source_that_does_not_load_as_written(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2, before connecting, the reference as the host wrote it (``nope:X:`` was
+    rendered as an emoji code, a cross, by the console)."""
+    monkeypatch.setenv("CALLWARDEN_PROVIDERS", "nope:X")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert "CALLWARDEN_PROVIDERS nope:X: cannot load it: ModuleNotFoundError" in err
+    assert "database unavailable" not in err
