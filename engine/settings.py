@@ -15,6 +15,11 @@ price list (``CALLWARDEN_PRICING_FILE``) and the media store (``CALLWARDEN_MEDIA
 queue workers, ``callwarden reconcile`` and ``callwarden serve`` given the same file and
 environment therefore agree on every setting — the provider endpoints the reconciler
 recovers through are the ones the workers created with.
+
+:func:`configured_media` is the store ``reconcile`` and ``serve`` require: they finalize
+calls whose results are files, and without a store named (``CALLWARDEN_MEDIA_DIR``,
+``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they used to write under the user's data
+folder, on whichever machine they ran; they now refuse to start (exit 2).
 """
 
 from __future__ import annotations
@@ -30,14 +35,42 @@ from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.config import config_path, provider_settings
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import KINDS
 from callwarden.providers.storage import MediaStore, media_from_env
 from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["MEDIA_SETTINGS", "Settings", "configured_media", "load_settings", "named_media"]
 
-_MEDIA_VARS = ("CALLWARDEN_MEDIA_DIR", "CALLWARDEN_MEDIA_S3_BUCKET")
+#: The settings that name a media store (one of them, or ``--media-dir``, is required).
+MEDIA_SETTINGS = ("CALLWARDEN_MEDIA_DIR", "CALLWARDEN_MEDIA_S3_BUCKET")
+
+
+def configured_media(env: Mapping[str, str], media_dir: Path | None, command: str
+                     ) -> MediaStore:
+    """The store ``env`` (or ``--media-dir``) names; :class:`ConfigError` naming the
+    settings when none does and a registered kind's results may be files."""
+    if media_dir is not None:
+        env = {**env, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
+    store = named_media(env)
+    if store is not None:
+        return store
+    media_kinds = sorted(k for k, spec in KINDS.items() if spec.media_results)
+    if media_kinds:
+        shown = ", ".join(media_kinds[:3]) + (", ..." if len(media_kinds) > 3 else "")
+        raise ConfigError(
+            f"{command}: no media store configured: set CALLWARDEN_MEDIA_DIR (a folder the "
+            f"host's app reads) or CALLWARDEN_MEDIA_S3_BUCKET, or pass --media-dir; calls "
+            f"of {shown} complete with files, and this process would store them")
+    return media_from_env(env, default_dir=Path("."))  # text results only: never written
+
+
+def named_media(env: Mapping[str, str]) -> MediaStore | None:
+    """The store ``env`` names (``None``: none is named; nothing is guessed)."""
+    if not any(env.get(name, "").strip() for name in MEDIA_SETTINGS):
+        return None
+    return media_from_env(env, default_dir=Path("."))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +110,6 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     naming it."""
     env = dict(os.environ if env is None else env)
     path = config_path(path, env)
-    named = any(env.get(name, "").strip() for name in _MEDIA_VARS)
     return Settings(
         path=path,
         providers=provider_settings(env),
@@ -86,4 +118,4 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
         webhooks=load_webhook_config(path, env),
         listen=load_listen_config(path, env),
         pricing=pricing_from_env(env),
-        media=media_from_env(env, default_dir=Path(".")) if named else None)
+        media=named_media(env))

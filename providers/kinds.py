@@ -8,7 +8,8 @@ only hosts, with the provider's configured endpoint, media is downloaded from:
 configuration may override them and validates them against ``result_url_lifetime_s``.
 
 A host adds its own kinds with the provider that serves them
-(:func:`callwarden.providers.registry.register` calls :func:`add_kind`): after that, a
+(:func:`callwarden.providers.registry.register` checks each with :func:`check_kind`,
+then adds it to :data:`KINDS`): after that, a
 host kind is known everywhere a built-in one is (the worker, the reconciler's thresholds,
 the media guard, the settings' per-kind maps).
 """
@@ -28,7 +29,7 @@ __all__ = [
     "ELEVENLABS_SYNC_OPERATIONS",
     "KINDS",
     "KindSpec",
-    "add_kind",
+    "check_kind",
     "get_kind",
     "is_sync_call",
     "kinds_of",
@@ -143,10 +144,9 @@ def _spec_problem(spec: KindSpec) -> str | None:
     return None
 
 
-def add_kind(spec: KindSpec) -> None:
-    """Make ``spec`` a known kind (``AdapterError`` if it is out of range, or if another
-    provider already serves a kind of that name). Adding the same kind again for the
-    same provider replaces its spec."""
+def check_kind(spec: KindSpec) -> None:
+    """``AdapterError`` if ``spec`` is out of range, or if another provider already serves
+    a kind of that name (the same provider may declare it again: it replaces its spec)."""
     problem = _spec_problem(spec)
     if problem is not None:
         raise AdapterError(f"kind {spec.name!r}: {problem}")
@@ -154,7 +154,7 @@ def add_kind(spec: KindSpec) -> None:
     if known is not None and known.provider != spec.provider:
         raise AdapterError(f"kind {spec.name!r} is served by provider {known.provider!r}; "
                            f"provider {spec.provider!r} cannot declare it too")
-    KINDS[spec.name] = spec
+
 
 
 def kinds_of(provider: str, mode: Mode | None = None) -> tuple[str, ...]:

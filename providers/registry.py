@@ -42,7 +42,7 @@ from callwarden.providers.kinds import (
     BUILTIN_PROVIDERS,
     KINDS,
     KindSpec,
-    add_kind,
+    check_kind,
     get_kind,
     is_sync_call,
 )
@@ -172,14 +172,9 @@ def register(provider: Provider) -> None:
         if spec.provider != provider.name:
             raise AdapterError(f"provider {provider.name!r} declares kind {spec.name!r} "
                                f"of provider {spec.provider!r}")
-    before = dict(KINDS)
-    try:
-        for spec in provider.kinds:
-            add_kind(spec)
-    except AdapterError:
-        KINDS.clear()
-        KINDS.update(before)
-        raise
+        check_kind(spec)  # every kind checked before any is added
+    for spec in provider.kinds:
+        KINDS[spec.name] = spec
     PROVIDERS[provider.name] = provider
     WEBHOOKS.pop(provider.name, None)
     if provider.webhook is not None:
@@ -219,8 +214,7 @@ def client_for(
     client = provider.client(ClientRequest(
         kind=kind, session=session, settings=settings, endpoint=provider.endpoint_in(settings),
         operation=operation, callback_url=callback_url, sleep=sleep))
-    if provider.name in BUILTIN_PROVIDERS and PROVIDERS.get(provider.name) is _BUILTIN.get(
-            provider.name):
+    if is_builtin(provider):
         return client
     # a host's adapter: what it answers is checked before the engine acts on it
     if is_sync_call(kind, operation):

@@ -24,17 +24,18 @@ from rich.text import Text
 
 from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
-from callwarden.cli.media import configured_media
 from callwarden.config import provider_settings
 from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
 from callwarden.database.db import connect
 from callwarden.database.migrate import available, pending
 from callwarden.database.write import execute
 from callwarden.errors import CallwardenError
+from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import load_config
 from callwarden.service.app import load_listen_config
 from callwarden.service.webhooks import load_webhook_config
+from callwarden.settings import configured_media
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -81,15 +82,17 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
         ("media store", lambda: configured_media(env, args.media_dir, "reconcile and serve")),
     ]
     found: list[Finding] = []
+    read: list[object] = []
     for what, step in steps:
         try:
-            step()
+            read.append(step())
         except (CallwardenError, ValueError) as exc:
             found.append(("problem", f"{what}: {exc}"))
+            read.append(None)
         else:
             found.append(("ok", what))
-    settings = provider_settings(env) if found[0][0] == "ok" else None
-    if settings is not None:
+    settings = read[0]
+    if isinstance(settings, ProviderSettings):
         for name in BUILTIN_PROVIDERS:
             endpoint = getattr(settings, name)
             if not endpoint.api_key:

@@ -31,7 +31,6 @@ from rich.table import Table
 from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
-from callwarden.cli.media import configured_media
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
 from callwarden.database.db import open_pool
@@ -39,6 +38,7 @@ from callwarden.database.outage import configured_limit_s
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
+from callwarden.settings import configured_media
 
 __all__ = ["register"]
 

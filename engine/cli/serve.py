@@ -21,7 +21,7 @@ unset: read-only), the read token in the variable named by ``--read-token-env`` 
 ``CALLWARDEN_READ_TOKEN``; unset: the operator listener is open to whoever reaches it),
 provider endpoints as for the worker (``ProviderSettings.from_env``) and the media store,
 which must be named (``CALLWARDEN_MEDIA_S3_BUCKET``, ``CALLWARDEN_MEDIA_DIR`` or
-``--media-dir``; without one it exits 2: :mod:`callwarden.cli.media`).
+``--media-dir``; without one it exits 2: :func:`callwarden.settings.configured_media`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
-from callwarden.cli.media import configured_media
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
 from callwarden.database.db import open_pool
@@ -59,6 +58,7 @@ from callwarden.service.app import (
     runner,
 )
 from callwarden.service.webhooks import load_webhook_config
+from callwarden.settings import configured_media
 
 __all__ = ["register"]
 

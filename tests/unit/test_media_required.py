@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from callwarden.cli.main import main
-from callwarden.cli.media import configured_media
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.storage import LocalFolderStore, S3Store
+from callwarden.settings import configured_media
 from tests.support.acme import registry_restored
 
 DEAD = "postgresql://nobody@127.0.0.1:1/none"  # a connection would fail differently
