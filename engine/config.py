@@ -27,7 +27,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
 
 import msgspec
 
@@ -36,8 +36,11 @@ from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import AdapterError
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["CONFIG_VAR", "SECTIONS", "config_path", "load", "load_providers",
-           "provider_settings", "read_section", "register"]
+if TYPE_CHECKING:
+    from callwarden.providers.storage import MediaStore
+
+__all__ = ["CONFIG_VAR", "MEDIA_SETTINGS", "SECTIONS", "config_path", "configured_media", "load",
+           "load_providers", "named_media", "provider_settings", "read_section", "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks", "serve")
@@ -279,3 +282,38 @@ def provider_settings(env: Mapping[str, str]) -> ProviderSettings:
         return ProviderSettings.from_env(env, hosts=host_providers())
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+#: The settings that name a media store (one of them, or ``--media-dir``, is required).
+MEDIA_SETTINGS = ("CALLWARDEN_MEDIA_DIR", "CALLWARDEN_MEDIA_S3_BUCKET")
+
+
+def configured_media(env: Mapping[str, str], media_dir: Path | None, command: str, *,
+                     flag: str | None = "--media-dir") -> MediaStore:
+    from callwarden.providers.storage import media_from_env  # boto3: only when asked
+    """The store ``env`` (or ``--media-dir``) names; :class:`ConfigError` naming the
+    settings (and ``flag``, the command's own option, if it has one) when none does and a
+    registered kind's results may be files."""
+    if media_dir is not None:
+        env = {**env, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
+    store = named_media(env)
+    if store is not None:
+        return store
+    media_kinds = sorted(k for k, spec in KINDS.items() if spec.media_results)
+    if media_kinds:
+        shown = ", ".join(media_kinds[:3]) + (", ..." if len(media_kinds) > 3 else "")
+        raise ConfigError(
+            f"{command}: no media store configured: set CALLWARDEN_MEDIA_DIR (a folder the "
+            f"host's app reads) or CALLWARDEN_MEDIA_S3_BUCKET"
+            f"{f', or pass {flag}' if flag else ''}; calls of {shown} complete with files, "
+            f"and this process would store them")
+    return media_from_env(env, default_dir=Path("."))  # text results only: never written
+
+
+def named_media(env: Mapping[str, str]) -> MediaStore | None:
+    """The store ``env`` names (``None``: none is named; nothing is guessed)."""
+    from callwarden.providers.storage import media_from_env
+
+    if not any(env.get(name, "").strip() for name in MEDIA_SETTINGS):
+        return None
+    return media_from_env(env, default_dir=Path("."))

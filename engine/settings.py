@@ -16,10 +16,12 @@ queue workers, ``callwarden reconcile`` and ``callwarden serve`` given the same 
 environment therefore agree on every setting — the provider endpoints the reconciler
 recovers through are the ones the workers created with.
 
-:func:`configured_media` is the store ``reconcile`` and ``serve`` require: they finalize
-calls whose results are files, and without a store named (``CALLWARDEN_MEDIA_DIR``,
-``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they used to write under the user's data
-folder, on whichever machine they ran; they now refuse to start (exit 2).
+:func:`configured_media` (defined in :mod:`callwarden.config`, where the queue processes
+find it too) is the store every actor that finalizes calls requires: ``worker``,
+``reconcile``, ``serve`` and the Celery and arq processes. Without a store named
+(``CALLWARDEN_MEDIA_DIR``, ``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they used to
+write under the user's data folder, on whichever machine they ran; they now refuse to
+start (exit 2).
 """
 
 from __future__ import annotations
@@ -32,46 +34,21 @@ from typing import Any
 
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import Pricing, pricing_from_env
-from callwarden.config import config_path, provider_settings
+from callwarden.config import (
+    MEDIA_SETTINGS,
+    config_path,
+    configured_media,
+    named_media,
+    provider_settings,
+)
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
-from callwarden.providers.kinds import KINDS
-from callwarden.providers.storage import MediaStore, media_from_env
+from callwarden.providers.storage import MediaStore
 from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
 __all__ = ["MEDIA_SETTINGS", "Settings", "configured_media", "load_settings", "named_media"]
-
-#: The settings that name a media store (one of them, or ``--media-dir``, is required).
-MEDIA_SETTINGS = ("CALLWARDEN_MEDIA_DIR", "CALLWARDEN_MEDIA_S3_BUCKET")
-
-
-def configured_media(env: Mapping[str, str], media_dir: Path | None, command: str
-                     ) -> MediaStore:
-    """The store ``env`` (or ``--media-dir``) names; :class:`ConfigError` naming the
-    settings when none does and a registered kind's results may be files."""
-    if media_dir is not None:
-        env = {**env, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
-    store = named_media(env)
-    if store is not None:
-        return store
-    media_kinds = sorted(k for k, spec in KINDS.items() if spec.media_results)
-    if media_kinds:
-        shown = ", ".join(media_kinds[:3]) + (", ..." if len(media_kinds) > 3 else "")
-        raise ConfigError(
-            f"{command}: no media store configured: set CALLWARDEN_MEDIA_DIR (a folder the "
-            f"host's app reads) or CALLWARDEN_MEDIA_S3_BUCKET, or pass --media-dir; calls "
-            f"of {shown} complete with files, and this process would store them")
-    return media_from_env(env, default_dir=Path("."))  # text results only: never written
-
-
-def named_media(env: Mapping[str, str]) -> MediaStore | None:
-    """The store ``env`` names (``None``: none is named; nothing is guessed)."""
-    if not any(env.get(name, "").strip() for name in MEDIA_SETTINGS):
-        return None
-    return media_from_env(env, default_dir=Path("."))
-
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:

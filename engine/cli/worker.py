@@ -2,9 +2,10 @@
 
 Provider endpoints and keys come from the environment (``ProviderSettings.from_env``:
 ``CALLWARDEN_<PROVIDER>_URL``, ``KIE_API_KEY``, ...); media go to
-``callwarden.providers.storage.media_from_env`` (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set),
-else
-to ``--media-dir`` (default ``<data dir>/media``).
+the store ``CALLWARDEN_MEDIA_S3_BUCKET``, ``CALLWARDEN_MEDIA_DIR`` or ``--media-dir`` names
+(:func:`callwarden.settings.configured_media`): a worker with none exits 2 before it
+connects, as ``reconcile`` and ``serve`` do, since it would store a call's files where no
+other actor looks.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import connect, default_data_dir
+from callwarden.database.db import connect
 from callwarden.database.jobs import create_job
 from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.providers.kinds import KINDS
-from callwarden.providers.storage import media_from_env
 from callwarden.queue.claims import input_data
 from callwarden.queue.worker import run_worker
+from callwarden.settings import configured_media
 
 __all__ = ["call_config", "register"]
 
@@ -57,7 +58,8 @@ def _register_worker(sub: Any) -> None:
     w.add_argument("--max-deliveries", type=positive_int, default=5, metavar="N",
                    help="give up on a job delivered more than N times")
     w.add_argument("--media-dir", type=Path, default=None,
-                   help="local media folder (default: <data dir>/media)")
+                   help="local media folder (or CALLWARDEN_MEDIA_DIR / "
+                        "CALLWARDEN_MEDIA_S3_BUCKET; one is required)")
     w.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="settings file (TOML or JSON; its [calls] table); the environment "
                         "(CALLWARDEN_CALL_*) overrides it, and these flags the environment")
@@ -134,28 +136,21 @@ def call_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
     return load_call_config(args.config, env, flags, origins=_ORIGINS)
 
 
-def _media_env(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    if args.media_dir is not None:
-        env["CALLWARDEN_MEDIA_DIR"] = str(args.media_dir)
-    return env
-
-
 async def _worker(args: argparse.Namespace, url: str) -> int:
     setup_logging()
     if args.concurrency < 1 or args.visibility <= 0 or args.poll_empty <= 0:
         raise ConfigError("--concurrency must be >= 1, --visibility and --poll-empty > 0")
     config = call_config(args)
+    settings = provider_settings(os.environ)
+    media = configured_media(os.environ, args.media_dir, "worker")
     if args.metrics_port is not None:
         _, port = start_metrics_server(args.metrics_port)
         logging.getLogger("callwarden.worker").info("metrics on 127.0.0.1:%d/metrics", port)
-    data_dir = args.data_dir or default_data_dir()
-    media = media_from_env(_media_env(args), default_dir=data_dir / "media")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    return await run_worker(url, provider_settings(os.environ), media,
+    return await run_worker(url, settings, media,
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,
                             grace_s=args.grace, max_deliveries=args.max_deliveries,

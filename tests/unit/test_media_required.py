@@ -1,7 +1,8 @@
-"""``reconcile`` and ``serve`` finalize calls whose results are files: without a media store
-named (``CALLWARDEN_MEDIA_DIR``, ``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they
-stop before connecting, exit 2, and say which settings to set — never a silent folder under
-the user's home (issue 25 item 4)."""
+"""``worker``, ``reconcile``, ``serve`` and the Celery and arq processes finalize calls whose
+results are files: without a media store named (``CALLWARDEN_MEDIA_DIR``,
+``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they stop before connecting, exit 2 (a
+queue process: a ``ConfigError``), and say which settings to set — never a silent folder
+under the user's home (issue 25 item 4, review finding 11)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from callwarden.cli.main import main
 from callwarden.errors import ConfigError
 from callwarden.providers.kinds import KINDS
 from callwarden.providers.storage import LocalFolderStore, S3Store
+from callwarden.queue.process import options_from_env
 from callwarden.settings import configured_media
 from tests.support.acme import registry_restored
 
@@ -29,7 +31,8 @@ def bare_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("argv", [["reconcile", "--once"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize("argv", [["reconcile", "--once"], ["serve", "--port", "0"],
+                                  ["worker", "--concurrency", "1"]])
 def test_without_a_media_store_the_command_exits_2_naming_the_settings(
         argv: list[str], bare_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -41,6 +44,23 @@ def test_without_a_media_store_the_command_exits_2_naming_the_settings(
     assert "database unavailable" not in err.lower()  # refused before connecting
     assert not (bare_env / "home").exists()
     assert not (bare_env / "data").exists()
+
+
+def test_a_queue_process_without_a_media_store_is_refused(bare_env: Path) -> None:
+    """A Celery or arq process reads its options from the environment: no store named is
+    a ``ConfigError`` before its pool opens, naming the settings (it has no flag)."""
+    with pytest.raises(ConfigError) as refused:
+        options_from_env()
+    message = str(refused.value)
+    assert "a queue's worker process: no media store configured" in message
+    assert "CALLWARDEN_MEDIA_DIR" in message
+    assert "CALLWARDEN_MEDIA_S3_BUCKET" in message
+    assert "--media-dir" not in message
+    assert not (bare_env / "home").exists()
+    assert not (bare_env / "data").exists()
+    named = options_from_env({"DATABASE_URL": DEAD, "CALLWARDEN_MEDIA_DIR": str(bare_env)})
+    assert isinstance(named.media, LocalFolderStore)
+    assert named.media.root == bare_env
 
 
 def test_a_named_store_is_the_one_used(tmp_path: Path) -> None:

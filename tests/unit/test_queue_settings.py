@@ -107,7 +107,8 @@ def test_outage_retries_refuse_what_is_not_a_schedule() -> None:
 
 
 def test_a_queue_process_takes_its_outage_schedule_from_the_environment() -> None:
-    env = {"DATABASE_URL": "postgresql://127.0.0.1/x", "CALLWARDEN_DB_OUTAGE_LIMIT_S": "40"}
+    env = {"DATABASE_URL": "postgresql://127.0.0.1/x", "CALLWARDEN_DB_OUTAGE_LIMIT_S": "40",
+           "CALLWARDEN_MEDIA_DIR": "media"}
     options = options_from_env(env)
     assert options.outage == OutageRetries(limit_s=40)
     assert RunnerOptions(database_url="x", settings=options.settings,
