@@ -14,7 +14,8 @@
 
 An arq worker is one process with one event loop: ``on_startup`` opens its pool, aiohttp
 session and runner into ``ctx`` (:data:`CTX_KEY`), ``on_shutdown`` closes them. A function
-of your own runs a call with :func:`run_job_call` (``ctx`` gives it the runner).
+of your own runs a call with :func:`run_job_call` (``ctx`` gives it the runner); the host's
+own provider code for a kind runs as :func:`own_call_function` (:mod:`callwarden.queue.own`).
 
 arq delivers a job again when the worker running it died: the job stays in the queue while
 it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after the start,
@@ -40,7 +41,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings
@@ -52,6 +53,8 @@ from arq.worker import Retry, func
 from callwarden.calls.config import load_call_config
 from callwarden.calls.runner import CallOutcome
 from callwarden.errors import DatabaseError
+from callwarden.providers.kinds import get_kind
+from callwarden.queue.own import OwnBody
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -62,8 +65,8 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call", "run_call",
-           "run_job_call", "worker_settings"]
+__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call",
+           "own_call_function", "run_call", "run_job_call", "run_own_call", "worker_settings"]
 
 log = logging.getLogger("callwarden.queue.arq")
 
@@ -116,6 +119,23 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
     left to the reconciler). A try that meets a database outage, or a database error
     before the job's call started (:meth:`ProcessRunner.keeps`), is deferred (``Retry``)
     for as long as the outage lasts, and is not a delivery."""
+    return await _durably(ctx, job_id, kind, lambda process, job: process.run(
+        job, kind, request, operation=operation))
+
+
+async def run_own_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
+                       body: OwnBody, args: Sequence[Any] = (), *,
+                       operation: str | None = None) -> CallOutcome:
+    """The host's own code for the job's call with this worker's
+    :class:`~callwarden.calls.own.OwnCalls` (:func:`callwarden.queue.own.run_own`),
+    given up, deferred and logged as :func:`run_job_call`."""
+    return await _durably(ctx, job_id, kind, lambda process, job: process.run_own(
+        job, kind, body, args, operation=operation))
+
+
+async def _durably(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
+                   attempt: Callable[[ProcessRunner, uuid.UUID], Awaitable[CallOutcome]]
+                   ) -> CallOutcome:
     process: ProcessRunner = ctx[CTX_KEY]
     job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
     tries = int(ctx.get("job_try") or 1)
@@ -127,7 +147,7 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
             outcome = await process.give_up(job, f"delivered {deliveries} times "
                                                  f"({tries} tries)")
         else:
-            outcome = await process.run(job, kind, request, operation=operation)
+            outcome = await attempt(process, job)
     except DatabaseError as exc:
         if not await process.keeps(job, exc):
             await outages.clear()  # the call started: the reconciler finishes it
@@ -156,6 +176,35 @@ async def enqueue_call(redis: ArqRedis, job_id: uuid.UUID | str, kind: str,
     job is queued, running, or its result kept, enqueueing it again returns ``None``."""
     return await redis.enqueue_job(TASK_NAME, str(job_id), kind, dict(request), operation,
                                    _job_id=f"callwarden:{job_id}", **options)
+
+
+def own_call_function(kind: str, body: OwnBody, *, name: str | None = None,
+                      operation: str | None = None, timeout: float | None = None) -> Any:
+    """An arq function ``name(ctx, job_id, *args)`` (default name: the body's module and
+    name) running ``async def body(call, *args)``, the host's own provider code for
+    ``kind``, durably: pass it in :func:`worker_settings`' ``functions``::
+
+        async def predict(call: OwnCall, prompt: str) -> None: ...   # as for Celery
+
+        WorkerSettings = worker_settings(functions=[own_call_function(
+            "replicate-prediction", predict)], kinds=["replicate-prediction"])
+        await redis.enqueue_job(f"{predict.__module__}.predict", str(job_id), "a fox",
+                                _job_id=f"callwarden:{job_id}")
+
+    The call is opened with the worker's :class:`~callwarden.calls.own.OwnCalls` and
+    dispatched on its action (:mod:`callwarden.queue.own`): the body runs only to create or
+    to resume, beating while it runs; a job arq delivers again (its worker died) is never
+    told to create again. Deliveries are counted and database outages deferred as for
+    :data:`TASK_NAME`, so arq's own ``max_tries`` is set out of reach. ``timeout``: default
+    the worker's ``job_timeout`` (:func:`worker_settings` fits it to ``kinds``)."""
+    get_kind(kind)  # a kind no provider registered is refused here, at import
+
+    async def run(ctx: dict[str, Any], job_id: str, *args: Any) -> dict[str, Any]:
+        return outcome_dict(await run_own_call(ctx, job_id, kind, body, args,
+                                               operation=operation))
+
+    task_name = name or f"{body.__module__}.{getattr(body, '__name__', 'own_call')}"
+    return func(run, name=task_name, timeout=timeout, max_tries=MAX_TRIES)
 
 
 def _log_to_stderr(level: int) -> None:

@@ -16,6 +16,11 @@ or, in a task of your own (``bind=True``; the same acks and retries)::
         kind, request = ...  # from your own tables
         return outcome_dict(self.run_call(job_id, kind, request))
 
+The host's own provider code for a kind, driving the call itself, is a task too
+(:func:`own_call_task`: ``@own_call_task(app, "replicate-prediction")`` on
+``async def body(call, *args)``, dispatched on the call's action by
+:mod:`callwarden.queue.own`), with the same settings and process life cycle.
+
 Each worker *process* owns one event loop (in a daemon thread, for the process's life), one
 psycopg pool and one aiohttp session, opened on ``worker_process_init`` — in each prefork
 child, after the fork — and closed on ``worker_process_shutdown`` (``worker_shutdown`` for
@@ -47,7 +52,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from celery import Celery, Task, signals
@@ -58,6 +63,8 @@ from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.runner import CallOutcome
 from callwarden.errors import DatabaseError
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.kinds import get_kind
+from callwarden.queue.own import OwnBody
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -67,8 +74,8 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "current_runtime", "register",
-           "start_process", "stop_process", "visibility_timeout_for"]
+__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "current_runtime", "own_call_task",
+           "register", "start_process", "stop_process", "visibility_timeout_for"]
 
 log = logging.getLogger("callwarden.queue.celery")
 T = TypeVar("T")
@@ -121,6 +128,13 @@ class Runtime:
             operation: str | None = None) -> CallOutcome:
         outcome = self._loop.call(self.process.run(job_id, kind, request,
                                                    operation=operation))
+        self.process.database_answered()
+        return outcome
+
+    def own(self, job_id: uuid.UUID, kind: str, body: OwnBody, args: Sequence[Any], *,
+            operation: str | None = None) -> CallOutcome:
+        outcome = self._loop.call(self.process.run_own(job_id, kind, body, args,
+                                                       operation=operation))
         self.process.database_answered()
         return outcome
 
@@ -198,12 +212,25 @@ class CallTask(Task):  # type: ignore[type-arg]
         or a database error before the job's call started (:meth:`ProcessRunner.keeps`),
         is retried (``self.retry``, published again with a countdown, then acked; when
         that publish fails, the message is rejected with ``requeue=True``, never acked)."""
+        return self._durably(job_id, kind, lambda runtime, job: runtime.run(
+            job, kind, request, operation=operation))
+
+    def run_own(self, job_id: uuid.UUID | str, kind: str, body: OwnBody,
+                args: Sequence[Any] = (), *, operation: str | None = None) -> CallOutcome:
+        """The host's own code for the job's call on this process's loop
+        (:func:`callwarden.queue.own.run_own`: dispatched on the call's action, beating
+        while the body runs); retried through a database outage as :meth:`run_call`."""
+        return self._durably(job_id, kind, lambda runtime, job: runtime.own(
+            job, kind, body, args, operation=operation))
+
+    def _durably(self, job_id: uuid.UUID | str, kind: str,
+                 attempt: Callable[[Runtime, uuid.UUID], CallOutcome]) -> CallOutcome:
         job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
         info = self.request.delivery_info or {}
         delivery = f"task={self.request.id} redelivered={bool(info.get('redelivered'))}"
         runtime = current_runtime()
         try:
-            outcome = runtime.run(job, kind, request, operation=operation)
+            outcome = attempt(runtime, job)
         except DatabaseError as exc:
             if not runtime.keeps(job, exc):
                 raise  # the call started: what is left of it is the reconciler's
@@ -274,16 +301,10 @@ def _configure(app: Celery, needed_s: float, visibility_timeout: float | None) -
                     chosen, needed_s)
 
 
-def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
-             kinds: Iterable[str] | None = None,
-             visibility_timeout: float | None = None) -> CallTask:
-    """Connect the process hooks, default the app's settings and register the task
-    ``name(job_id, kind, request, operation=None)`` (returns :func:`outcome_dict`).
-
-    ``options``: the processes' :class:`RunnerOptions` (or a function making them, called
-    in each process); default: the environment. ``kinds``: the kinds this app runs (the
-    visibility timeout fits the longest); ``visibility_timeout``: the host's own (a
-    ``broker_transport_options`` value wins over both)."""
+def _prepare(app: Celery, options: Options, kinds: Iterable[str] | None,
+             visibility_timeout: float | None) -> None:
+    """Connect the process hooks (once per process) and default the app's settings for
+    calls of ``kinds``: the visibility timeout fits the longest of them."""
     global _options
     _options = options
     signals.worker_process_init.connect(start_process, dispatch_uid="callwarden-start",
@@ -295,13 +316,30 @@ def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
         env=os.environ)
     settings = options.settings if isinstance(options, RunnerOptions) else None
     needed = visibility_timeout_for(config, settings, kinds=kinds)
+    _needed[id(app)] = needed = max(needed, _needed.get(id(app), 0.0))
 
     @app.on_after_configure.connect(weak=False)
     def _defaults(sender: Celery, **_: Any) -> None:
-        _configure(sender, needed, visibility_timeout)
+        _configure(sender, _needed.get(id(sender), needed), visibility_timeout)
 
     if getattr(app, "configured", False):  # already configured: the signal has fired
         _configure(app, needed, visibility_timeout)
+
+
+_needed: dict[int, float] = {}  # app -> the longest visibility timeout its tasks need
+
+
+def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
+             kinds: Iterable[str] | None = None,
+             visibility_timeout: float | None = None) -> CallTask:
+    """Connect the process hooks, default the app's settings and register the task
+    ``name(job_id, kind, request, operation=None)`` (returns :func:`outcome_dict`).
+
+    ``options``: the processes' :class:`RunnerOptions` (or a function making them, called
+    in each process); default: the environment. ``kinds``: the kinds this app runs (the
+    visibility timeout fits the longest); ``visibility_timeout``: the host's own (a
+    ``broker_transport_options`` value wins over both)."""
+    _prepare(app, options, kinds, visibility_timeout)
 
     def run_call(self: CallTask, job_id: str, kind: str, request: dict[str, Any],
                  operation: str | None = None) -> dict[str, Any]:
@@ -309,3 +347,42 @@ def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
 
     task: CallTask = app.task(base=CallTask, bind=True, name=name)(run_call)
     return task
+
+
+def own_call_task(app: Celery, kind: str, *, name: str | None = None,
+                  operation: str | None = None, options: Options = None,
+                  visibility_timeout: float | None = None) -> Callable[[OwnBody], CallTask]:
+    """Make ``async def body(call, *args)`` (the host's own provider code for ``kind``)
+    a durable task ``name(job_id, *args)`` (default name: the body's module and name)::
+
+        @own_call_task(app, "replicate-prediction")
+        async def predict(call: OwnCall, prompt: str) -> None:
+            if call.action == "create":
+                await call.task_created(await my_replicate.create(prompt))
+            while (await call.report(await my_replicate.poll(call.task_id))).result \
+                    == "still_running":
+                await asyncio.sleep(2)
+
+        predict.delay(str(job_id), "a fox")
+
+    The task is a :class:`CallTask` (acked late, redelivered when its process dies,
+    retried through a database outage); the app gets what :func:`register` sets (the
+    process hooks, prefetch 1, a visibility timeout that fits ``kind``'s longest run,
+    unless the host set one). In each process, after the fork, the call is opened with the
+    process's :class:`~callwarden.calls.own.OwnCalls` and dispatched on its action
+    (:mod:`callwarden.queue.own`): the body runs only to create or to resume, beating
+    while it runs; a redelivery is never told to create again."""
+    get_kind(kind)  # a kind no provider registered is refused here, at import
+
+    def wrap(body: OwnBody) -> CallTask:
+        _prepare(app, options, [kind], visibility_timeout)
+
+        def run(self: CallTask, job_id: str, *args: Any) -> dict[str, Any]:
+            return outcome_dict(self.run_own(job_id, kind, body, args, operation=operation))
+
+        run.__doc__ = body.__doc__
+        task_name = name or f"{body.__module__}.{getattr(body, '__name__', 'own_call')}"
+        task: CallTask = app.task(base=CallTask, bind=True, name=task_name)(run)
+        return task
+
+    return wrap

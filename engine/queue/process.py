@@ -6,9 +6,9 @@ process starts, and close it when it stops; every job the process runs shares it
 By default everything comes from the environment, the way ``callwarden worker`` reads it:
 ``DATABASE_URL`` (required: a worker process never starts an embedded server),
 ``CALLWARDEN_<PROVIDER>_URL`` and the providers' keys (:meth:`ProviderSettings.from_env`),
-the media store (:func:`~callwarden.providers.storage.media_from_env`: S3 when
-``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else ``CALLWARDEN_MEDIA_DIR`` or
-``<data dir>/media``), ``CALLWARDEN_CALL_*`` (:class:`~callwarden.calls.config.CallConfig`),
+the media store (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else
+``CALLWARDEN_MEDIA_DIR``; one is required: :func:`~callwarden.config.configured_media`),
+``CALLWARDEN_CALL_*`` (:class:`~callwarden.calls.config.CallConfig`),
 ``CALLWARDEN_PRICING_FILE``, ``CALLWARDEN_CALLBACK_BASE_URL`` and
 ``CALLWARDEN_DB_OUTAGE_LIMIT_S`` (:class:`~callwarden.queue.outage.OutageRetries`: how a
 job is retried through a database outage, and how long a try waits for a connection).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -36,11 +36,12 @@ import aiohttp
 
 from callwarden.calls.callbacks import CallbackUrls
 from callwarden.calls.config import CallConfig, load_call_config
+from callwarden.calls.own import OwnCalls
 from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.calls.runner import CallOutcome, CallRunner, Result
-from callwarden.config import provider_settings
+from callwarden.config import configured_media, provider_settings
 from callwarden.database.boundary import connection
-from callwarden.database.db import default_data_dir, open_pool
+from callwarden.database.db import open_pool
 from callwarden.database.outage import LIMIT_ENV, Outage
 from callwarden.database.write import cancel_unstarted
 from callwarden.errors import (
@@ -52,8 +53,9 @@ from callwarden.errors import (
 )
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import KINDS, is_sync_call
-from callwarden.providers.storage import MediaStore, media_from_env
+from callwarden.providers.storage import MediaStore
 from callwarden.queue.outage import OutageRetries
+from callwarden.queue.own import OwnBody, run_own
 
 __all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
            "open_runner", "options_from_env", "outcome_dict"]
@@ -92,7 +94,7 @@ def options_from_env(env: Mapping[str, str] | None = None, *,
                           "database its jobs are in")
     return RunnerOptions(
         database_url=url, settings=provider_settings(env),
-        media=media_from_env(env, default_dir=default_data_dir() / "media"),
+        media=configured_media(env, None, "a queue's worker process", flag=None),
         config=load_call_config(env=env), pricing=pricing_from_env(env),
         callback_base_url=env.get("CALLWARDEN_CALLBACK_BASE_URL") or None,
         concurrency=concurrency, outage=OutageRetries.from_env(env))
@@ -112,12 +114,23 @@ class ProcessRunner:
                              limit_s=options.outage.limit_s)
         self._session: aiohttp.ClientSession | None = None
         self._runner: CallRunner | None = None
+        self._own: OwnCalls | None = None
 
     @property
     def runner(self) -> CallRunner:
         if self._runner is None:
             raise RuntimeError("the process runner is not open (open_runner)")
         return self._runner
+
+    @property
+    def own_calls(self) -> OwnCalls:
+        """The process's :class:`OwnCalls` (host code making its own requests), on the
+        runner's database, under the same owner id and settings."""
+        if self._own is None:
+            runner, o = self.runner, self.options
+            self._own = OwnCalls(runner.db, media=o.media, settings=o.settings,
+                                 owner=self.owner, config=o.config, pricing=o.pricing)
+        return self._own
 
     async def open(self) -> None:
         await self.pool.open()  # connects in the background: a database down at start
@@ -132,7 +145,7 @@ class ProcessRunner:
         if self._session is not None:
             await self._session.close()
         await self.pool.close()
-        self._runner = self._session = None
+        self._runner = self._session = self._own = None
         log.info("callwarden: process %d closed (owner %s)", self.pid, self.owner)
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
@@ -147,6 +160,12 @@ class ProcessRunner:
         finally:
             if self.callbacks is not None:
                 self.callbacks.forget(job_id)
+
+    async def run_own(self, job_id: uuid.UUID, kind: str, body: OwnBody,
+                      args: Sequence[Any] = (), *, operation: str | None = None
+                      ) -> CallOutcome:
+        """The host's own code for the job's call (:func:`callwarden.queue.own.run_own`)."""
+        return await run_own(self.own_calls, job_id, kind, body, args, operation=operation)
 
     async def give_up(self, job_id: uuid.UUID, reason: str) -> CallOutcome:
         """A job delivered too often: cancel (refund) it if no call ever started on it;

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 
-from callwarden.queue.arq import worker_settings
+from callwarden.queue.arq import own_call_function, worker_settings
+from tests.acceptance import own_host
 
 WorkerSettings = worker_settings(
     kinds=("kie-standard",), job_timeout=float(os.environ["CALLWARDEN_TEST_JOB_TIMEOUT_S"]),
     max_jobs=int(os.environ.get("CALLWARDEN_TEST_MAX_JOBS", "1")),
     max_deliveries=int(os.environ.get("CALLWARDEN_TEST_MAX_DELIVERIES", "5")), grace_s=5,
-    poll_delay=0.1)
+    poll_delay=0.1,
+    functions=[own_call_function(own_host.KIND, own_host.predict, name="tests.predict")])

@@ -10,7 +10,8 @@ import os
 
 from celery import Celery
 
-from callwarden.queue.celery import register
+from callwarden.queue.celery import own_call_task, register
+from tests.acceptance import own_host
 
 app = Celery("callwarden-tests", broker=os.environ["CALLWARDEN_REDIS_URL"])
 app.conf.update(broker_connection_retry_on_startup=True,
@@ -19,3 +20,7 @@ run_call = register(app, kinds=("kie-standard",),
                     visibility_timeout=float(os.environ["CALLWARDEN_TEST_VISIBILITY_S"]))
 if "CALLWARDEN_TEST_MAX_RETRIES" in os.environ:
     run_call.max_retries = int(os.environ["CALLWARDEN_TEST_MAX_RETRIES"])
+# The host's own Replicate code as a durable task: predict(job_id, request).
+predict = own_call_task(app, own_host.KIND, name="tests.predict",
+                        visibility_timeout=float(os.environ["CALLWARDEN_TEST_VISIBILITY_S"])
+                        )(own_host.predict)

@@ -19,6 +19,7 @@ reservation settled exactly once (one settling event, one audited move, from
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
+from celery import Celery
 
 from callwarden.database.db import Conn
 from callwarden.database.jobs import create_job
@@ -37,6 +39,7 @@ from callwarden.database.write import execute_script
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
 from callwarden.queue.arq import enqueue_call
+from tests.acceptance import own_host
 from tests.acceptance.conftest import Workers
 from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task, until, value
 
@@ -69,6 +72,26 @@ async def queues(workers: Workers, redis_url: str, tmp_path: Path) -> AsyncItera
         yield qs
     finally:
         await qs.kill_leftovers()
+
+
+OWN_REQUEST = {"version": "owner/model", "input": {"prompt": "an owl", "_sim": HOUR}}
+
+
+@pytest.fixture
+async def own_job(conn: Conn) -> uuid.UUID:
+    """A job the host's own Replicate code runs (``tests/acceptance/own_host.py``)."""
+    await execute_script(conn, "demo_audit_trigger")
+    return await create_job(conn, input_data={"prompt": "an owl"}, credits=10)
+
+
+async def _own_completed_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID) -> None:
+    """Completed once, and every request to Replicate made by the host's own code (the
+    resumed delivery polled through it too; callwarden's client never ran)."""
+    await until("the call to complete", lambda: value(
+        conn, "SELECT call_state = 'completed' FROM jobs WHERE id = %s", job))
+    await completed_once(conn, sim, job, provider="replicate")
+    agents = {e.headers.get("user-agent") for e in sim.sim.journal.entries("replicate")}
+    assert agents == {own_host.USER_AGENT}
 
 
 @pytest.fixture
@@ -211,6 +234,33 @@ async def test_celery_duplicate_delivery_while_running_creates_nothing_twice(
         assert f"process {pid} closed" in worker.logs()
 
 
+async def test_celery_own_call_task_child_killed_is_resumed_never_created_twice(
+        conn: Conn, own_job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        redis_url: str) -> None:
+    """``own_call_task``: the host's own code creates the prediction and polls it in a pool
+    child, which is SIGKILLed; the message is requeued (``reject_on_worker_lost``) and
+    another child opens the call, is told ``resume`` (the body never creates again), and
+    polls the same prediction through the host's code to the end."""
+    worker = await queues.celery("own")
+    producer = Celery("callwarden-test-producer", broker=redis_url)
+    try:
+        await asyncio.to_thread(producer.send_task, "tests.predict",
+                                args=[str(own_job), OWN_REQUEST], task_id="t-own")
+    finally:
+        producer.close()
+    dead = await _poller(conn, own_job)
+    child = _owner_pid(worker, dead)
+    assert child != worker.proc.pid
+    os.kill(child, signal.SIGKILL)
+
+    resumed = await _poller(conn, own_job, other_than=dead, what="another child to poll")
+    assert _owner_pid(worker, resumed) not in (child, worker.proc.pid)
+    _finish_upstream(sim)
+    await _own_completed_once(conn, sim, own_job)
+    await worker.line(rf"job {own_job} kind={own_host.KIND} task=t-own redelivered=True "
+                      r"pid=\d+ result=completed", "the requeued own task's outcome")
+
+
 # -- arq ------------------------------------------------------------------------------------
 
 async def test_arq_worker_killed_while_polling_is_taken_by_another_worker(
@@ -262,3 +312,26 @@ async def test_arq_duplicate_delivery_two_live_workers_creates_nothing_twice(
     for w in (one, two):
         assert await w.exited() == 0, w.logs()
         assert f"process {w.proc.pid} closed" in w.logs()
+
+
+async def test_arq_own_call_function_worker_killed_is_resumed_by_another_worker(
+        conn: Conn, own_job: uuid.UUID, queues: Queues, sim: RunningSimulator,
+        arq_redis: ArqRedis) -> None:
+    """``own_call_function``: the host's own code runs in an arq worker that is SIGKILLed
+    while it polls; once arq's in-progress key expires the other worker takes the job
+    (try 2), is told ``resume``, and finishes the same prediction through the host's
+    code: one create, committed once."""
+    first = await queues.arq()
+    assert await arq_redis.enqueue_job("tests.predict", str(own_job), OWN_REQUEST,
+                                       _job_id=f"callwarden:{own_job}") is not None
+    dead = await _poller(conn, own_job)
+    first.kill()
+    assert await first.exited() == -9
+
+    second = await queues.arq()
+    resumed = await _poller(conn, own_job, other_than=dead, what="the second worker to poll")
+    assert resumed.startswith("arq:")
+    _finish_upstream(sim)
+    await _own_completed_once(conn, sim, own_job)
+    await second.line(rf"job {own_job} kind={own_host.KIND} arq_job=callwarden:{own_job} "
+                      r"try=2 pid=\d+ result=completed", "the retried own job's outcome")

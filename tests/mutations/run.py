@@ -104,6 +104,7 @@ PRICING = "tests/unit/test_pricing.py"
 PRICING_HOOK = "tests/integration/test_pricing_hook.py"
 RECONCILE_CONFIG = "tests/unit/test_reconcile_config.py"
 FIRST_BEAT = "tests/acceptance/test_first_heartbeat.py"
+QUEUES = "tests/acceptance/test_queue_integrations.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -466,6 +467,17 @@ MUTANTS: tuple[Mutant, ...] = (
               "events):\n",
               "    if False:\n"),),
         (WRITE,)),
+    Mutant(
+        "own-task-no-resume",
+        "an own-call task redelivered after its process died does not run the host's code "
+        "on a call to resume: nobody polls it until the reconciler's threshold",
+        (Edit("engine/queue/own.py",
+              '    if call.action not in ("create", "resume"):\n',
+              '    if call.action != "create":\n'),
+         Edit("engine/queue/own.py",
+              '    "ambiguous": "ambiguous create',
+              '    "resume": "",\n    "ambiguous": "ambiguous create'),),
+        (QUEUES,)),
 )
 
 SANITY: tuple[Mutant, ...] = (

@@ -139,11 +139,12 @@ async def send_celery_task(redis_url: str, job: uuid.UUID, kind: str,
 SETTLING = ["Completed", "UpstreamFailed", "Swept", "Exhausted", "Cancelled"]
 
 
-async def completed_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID) -> None:
-    """The job's completed call: one upstream create, its reservation committed by one
-    settling event and one audited move from ``reserved`` (the ``demo_audit_trigger``),
-    one asset, and projections equal to the log."""
-    assert sim.sim.journal.count("kie", "create") == 1
+async def completed_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID, *,
+                         provider: str = "kie") -> None:
+    """The job's completed call: one upstream create at ``provider``, its reservation
+    committed by one settling event and one audited move from ``reserved`` (the
+    ``demo_audit_trigger``), one asset, and projections equal to the log."""
+    assert sim.sim.journal.count(provider, "create") == 1
     row = await (await conn.execute(
         "SELECT j.call_state,"
         " (SELECT array_agg(u.status) FROM usage_logs u WHERE u.job_id = j.id) AS credits,"

@@ -1,0 +1,75 @@
+"""A host's own call inside a queue task: the host's code makes the provider requests, and
+callwarden opens the call, decides what the host may do, and keeps the call alive.
+
+The host writes one *body* per kind, ``async def body(call, *args)``: for an async kind
+``call`` is an :class:`~callwarden.calls.own.OwnCall`; it creates the task when
+``call.action == "create"`` (``await call.task_created(id)``), then polls
+``call.task_id`` and reports each answer (``await call.report(outcome)``) until the
+result is no longer ``still_running``. For a sync or streaming kind ``call`` is a
+:class:`~callwarden.calls.own_sync.SyncCall` and the body makes its one request.
+
+:func:`run_own` dispatches on the call's action, so that a redelivered task never runs the
+host's create again:
+
+- ``create`` and ``resume``: the body runs, with a heartbeat every
+  ``CallConfig.heartbeat_every_s`` for as long as it runs (``TaskCreated`` is the first
+  beat), so a process killed inside it is taken over after the heartbeat timeout;
+- ``finalize``: upstream already succeeded: callwarden finalizes it (the body is not run);
+- ``ambiguous`` (a start with no task id: the reconciler sweeps it), ``done`` and
+  ``not_started``: nothing runs; the outcome says why.
+
+When the body returns with the call still open (it stopped polling), the call is the
+reconciler's. An exception from the body propagates: for an async kind, what the call
+recorded so far stands and the reconciler finishes the rest; for a sync kind the call is
+failed and refunded (:mod:`callwarden.calls.own_sync`).
+
+The Celery and arq faces are :func:`callwarden.queue.celery.own_call_task` and
+:func:`callwarden.queue.arq.own_call_function`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from callwarden.calls.own import CallNotStarted, OwnCalls
+from callwarden.calls.runner import CallOutcome, call_outcome
+from callwarden.projections.fold import EMPTY
+from callwarden.providers.kinds import get_kind, is_sync_call
+
+__all__ = ["OwnBody", "run_own"]
+
+#: ``async def body(call, *args)``: the host's own provider code for one kind.
+OwnBody = Callable[..., Awaitable[object]]
+
+_NOT_RUN = {
+    "ambiguous": "ambiguous create (a start with no task id): left for the reconciler",
+    "done": "already terminal",
+    "not_started": "not started: the host ended the job, or other code holds a task on it",
+}
+
+
+async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
+                  args: Sequence[Any] = (), *, operation: str | None = None) -> CallOutcome:
+    """Open the job's call of ``kind``, run ``body(call, *args)`` when the call's action is
+    the host's to do (see the module), and return how the call stands after it."""
+    get_kind(kind)  # an unknown kind is refused before anything is written
+    if is_sync_call(kind, operation):
+        try:
+            async with calls.sync_call(job_id, kind, operation=operation) as sync:
+                await body(sync, *args)
+        except CallNotStarted as exc:
+            return call_outcome(job_id, exc.projection or EMPTY, str(exc))
+        return call_outcome(job_id, await calls.db.load(job_id))
+    call = await calls.start(job_id, kind, operation=operation)
+    if call.action == "finalize":
+        return await call.finalize()
+    if call.action not in ("create", "resume"):
+        return call_outcome(job_id, call.projection, _NOT_RUN[call.action])
+    async with call.beating():
+        await body(call, *args)
+    p = await calls.db.load(job_id)
+    return call_outcome(job_id, p, None if p.terminal else
+                        f"the body returned with the call {p.state.value if p.state else 'open'}"
+                        f" ({call.action}): left for the reconciler")

@@ -1,0 +1,184 @@
+"""``callwarden.queue.own.run_own``, what the Celery and arq own-call tasks run: the host's
+body is run only when the call's action is the host's to do (create, resume), with the
+heartbeat beating; every other action is handled without it, so a queue's redelivery never
+runs the host's create twice. The body makes real requests to the simulator; rows are
+read back by SQL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from callwarden import OwnCall, OwnCalls, SyncCall
+from callwarden.calls.config import CallConfig
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load
+from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
+from callwarden.providers.errors import UnknownProviderKind
+from callwarden.providers.outcomes import Succeeded
+from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue.own import run_own
+from callwarden.replay.verify import verify_job
+
+KIND = "kie-standard"
+KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
+KIE_AUTH = {"Authorization": "Bearer sim-key"}
+
+
+async def kie_create(http: aiohttp.ClientSession, sim: RunningSimulator,
+                     body: dict[str, Any]) -> str:
+    async with http.post(sim.url("kie", "/api/v1/jobs/createTask"), json=body,
+                         headers=KIE_AUTH) as resp:
+        return str((await resp.json())["data"]["taskId"])
+
+
+async def kie_poll(http: aiohttp.ClientSession, sim: RunningSimulator,
+                   task_id: str) -> dict[str, Any] | None:
+    """The host's own poll loop: the simulator's timeline moves per poll, so no sleep."""
+    for _ in range(20):
+        async with http.get(sim.url("kie", "/api/v1/jobs/recordInfo"),
+                            params={"taskId": task_id}, headers=KIE_AUTH) as resp:
+            body = await resp.json()
+        if body["code"] != 200:
+            return None
+        if body["data"]["state"] in ("success", "fail"):
+            return dict(body["data"])
+    raise AssertionError("the task never finished")
+
+
+@pytest.fixture
+def calls(pool: Pool, sim: RunningSimulator, tmp_path: Path) -> OwnCalls:
+    return OwnCalls(pool, media=LocalFolderStore(tmp_path / "media"), settings=sim.settings,
+                    config=CallConfig(heartbeat_every_s=0.05))
+
+
+class Host:
+    """The host's own KIE code, counting what it was asked to do."""
+
+    def __init__(self, http: aiohttp.ClientSession, sim: RunningSimulator) -> None:
+        self.http, self.sim = http, sim
+        self.actions: list[str] = []
+
+    async def create_only(self, call: OwnCall, request: dict[str, Any]) -> None:
+        """Creates when told to, then stops (its process "died" before the poll)."""
+        self.actions.append(call.action)
+        if call.action == "create":
+            await call.task_created(await kie_create(self.http, self.sim, request))
+
+    async def run(self, call: OwnCall, request: dict[str, Any]) -> None:
+        self.actions.append(call.action)
+        if call.action == "create":
+            await call.task_created(await kie_create(self.http, self.sim, request))
+        data = await kie_poll(self.http, self.sim, str(call.task_id))
+        assert data is not None
+        await call.report(Succeeded(media_urls=tuple(
+            json.loads(data["resultJson"])["resultUrls"])))
+
+
+@pytest.fixture
+async def host(sim: RunningSimulator) -> Any:
+    async with aiohttp.ClientSession() as http:
+        yield Host(http, sim)
+
+
+async def _types(conn: Conn, job: uuid.UUID) -> list[str]:
+    row = await (await conn.execute(
+        "SELECT array_agg(type ORDER BY seq) AS t FROM call_events WHERE job_id = %s",
+        (job,))).fetchone()
+    return list(row["t"] or []) if row else []
+
+
+async def test_a_redelivery_resumes_the_task_the_first_delivery_created(
+        conn: Conn, calls: OwnCalls, host: Host, sim: RunningSimulator) -> None:
+    job = await create_job(conn, credits=5)
+    first = await run_own(calls, job, KIND, host.create_only, [KIE_REQ])
+    assert first.result == "left_for_reconciler"
+    assert "left for the reconciler" in (first.detail or "")
+    done = await run_own(calls, job, KIND, host.run, [KIE_REQ])  # the queue's redelivery
+    assert done.result == "completed"
+    assert host.actions == ["create", "resume"]
+    assert sim.sim.journal.count("kie", "create") == 1
+    again = await run_own(calls, job, KIND, host.run, [KIE_REQ])  # and once more
+    assert (again.result, again.detail) == ("completed", "already terminal")
+    assert host.actions == ["create", "resume"]  # the body did not run for a done call
+    assert await verify_job(conn, job) == []
+
+
+async def test_an_ambiguous_start_does_not_run_the_body(
+        conn: Conn, calls: OwnCalls, host: Host, sim: RunningSimulator) -> None:
+    """The first delivery died after CallStarted, before the create answered: its task
+    may exist, so the body (which would create) is not run; the reconciler sweeps."""
+    job = await create_job(conn)
+    await calls.start(job, KIND)  # what the dead delivery recorded
+    out = await run_own(calls, job, KIND, host.run, [KIE_REQ])
+    assert out.result == "left_for_reconciler"
+    assert "ambiguous" in (out.detail or "")
+    assert host.actions == []
+    assert sim.sim.journal.count("kie", "create") == 0
+
+
+async def test_a_job_the_host_ended_is_not_started(conn: Conn, calls: OwnCalls,
+                                                   host: Host) -> None:
+    job = await create_job(conn)
+    await conn.execute("UPDATE jobs SET status = 'failed' WHERE id = %s", (job,))
+    out = await run_own(calls, job, KIND, host.run, [KIE_REQ])
+    assert out.detail is not None
+    assert out.detail.startswith("not started")
+    assert host.actions == []
+    assert await _types(conn, job) == []
+
+
+async def test_a_recorded_success_is_finalized_without_the_body(
+        conn: Conn, calls: OwnCalls, host: Host) -> None:
+    """The delivery died between the success and its finalization (its events appended
+    as the dead process wrote them): the next one finalizes it (commits) and never asks
+    the host's code."""
+    job = await create_job(conn, credits=3)
+    p = (await append(conn, job, await load(conn, job), CallStarted(
+        at=utcnow(), actor="celery:dead", kind=KIND))).projection
+    p = (await append(conn, job, p, TaskCreated(at=utcnow(), actor="celery:dead",
+                                                task_id="t-1"))).projection
+    await append(conn, job, p, UpstreamSucceeded(at=utcnow(), actor="celery:dead",
+                                                 result=UpstreamResult(text="ok")))
+    out = await run_own(calls, job, KIND, host.run, [KIE_REQ])
+    assert out.result == "completed"
+    assert host.actions == []
+    row = await (await conn.execute("SELECT string_agg(status, ',') AS s FROM usage_logs "
+                                    "WHERE job_id = %s", (job,))).fetchone()
+    assert row is not None
+    assert row["s"] == "committed"
+    assert await verify_job(conn, job) == []
+
+
+async def test_a_sync_kind_runs_once_and_a_redelivery_does_not_run_it_again(
+        conn: Conn, calls: OwnCalls) -> None:
+    job = await create_job(conn, credits=2)
+    ran: list[str] = []
+
+    async def answer(call: SyncCall, prompt: str) -> None:
+        ran.append(prompt)
+        call.succeeded(text=f"echo {prompt}")
+
+    out = await run_own(calls, job, "anthropic-sync", answer, ["hi"])
+    assert out.result == "completed"
+    again = await run_own(calls, job, "anthropic-sync", answer, ["hi"])
+    assert again.result == "completed"
+    assert "already has a call" in (again.detail or "")
+    assert ran == ["hi"]
+    assert await _types(conn, job) == ["CallStarted", "UpstreamSucceeded",
+                                       "FinalizeClaimed", "Completed"]
+
+
+async def test_an_unknown_kind_writes_nothing(conn: Conn, calls: OwnCalls, host: Host) -> None:
+    job = await create_job(conn)
+    with pytest.raises(UnknownProviderKind):
+        await run_own(calls, job, "acme-nothing", host.run, [KIE_REQ])
+    assert await _types(conn, job) == []
