@@ -3,6 +3,12 @@
 Forward-only. Applied versions are recorded in ``callwarden_migrations``; two migrators
 on one database serialise on ``pg_advisory_lock`` so they cannot interleave. Every file
 is itself idempotent (``IF NOT EXISTS``), so the baseline is a no-op on a real host.
+
+A file is sent whole, as one query string. On a database with the ``citus`` extension it
+is sent one statement at a time instead (in the same one transaction): Citus propagates
+some DDL on a distributed table (``CREATE INDEX``) to the workers with the text of the
+whole query string, and a worker refuses a string of several commands ("cannot insert
+multiple commands into a prepared statement").
 """
 
 from __future__ import annotations
@@ -17,10 +23,19 @@ from callwarden.database.db import Conn
 from callwarden.database.write import execute
 from callwarden.errors import DatabaseError, DatabaseUnavailable, MigrationError
 
-__all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending"]
+__all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", "pending",
+           "statements"]
 
 LOCK_KEY = 0x63616C6C  # "call"
 _NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
+# What a ';' inside of does not end a statement: comments, strings (E'' with backslash
+# escapes; '' and "" are read as two adjacent strings, which splits the same), quoted
+# identifiers and dollar-quoted bodies. Block comments are taken as not nested.
+_LEXEME = re.compile(
+    r"--[^\n]*|/\*.*?\*/|(?<![\w$])[Ee]'(?:[^'\\]|\\.)*'|'[^']*'|\"[^\"]*\""
+    r"|(?<![\w$])\$(?P<tag>(?:[A-Za-z_]\w*)?)\$.*?\$(?P=tag)\$|;",
+    re.DOTALL)
+_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 
@@ -55,9 +70,25 @@ async def pending(conn: Conn) -> list[Migration]:
     return [m for m in available() if m.version not in done]
 
 
+def statements(sql: str) -> list[str]:
+    """``sql`` split at each ``;`` that ends a statement; pieces that hold only comments
+    and blanks are left out."""
+    pieces, start = [], 0
+    for m in _LEXEME.finditer(sql):
+        if m[0] == ";":
+            pieces.append(sql[start:m.start()])
+            start = m.end()
+    pieces.append(sql[start:])
+    return [p.strip() for p in pieces if _COMMENT.sub("", p).strip()]
+
+
 async def _apply(conn: Conn, mig: Migration) -> None:
     async with conn.transaction():
-        await conn.execute(mig.sql.encode())
+        if (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
+            for statement in statements(mig.sql):
+                await conn.execute(statement.encode())
+        else:
+            await conn.execute(mig.sql.encode())
         await execute(conn, "migrations_record", {"version": mig.version, "name": mig.name})
 
 

@@ -199,6 +199,10 @@ SELECT version FROM callwarden_migrations;
 -- name: migrations_record
 INSERT INTO callwarden_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: migrations_on_citus
+-- A Citus database: migrations are sent one statement at a time (migrate.py).
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS ok;
+
 -- name: migrations_lock
 -- Two migrators on one database serialise here.
 SELECT pg_advisory_lock(%(key)s);
