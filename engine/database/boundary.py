@@ -23,6 +23,7 @@ connection; a pool timeout or a dropped connection comes out as ``DatabaseUnavai
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -60,6 +61,19 @@ def _constraint(exc: psycopg.Error) -> str | None:
     return diag.constraint_name if diag is not None else None
 
 
+def _violates(exc: BaseException, name: str) -> bool:
+    """``exc`` is a unique violation of constraint ``name``. On Citus the error comes from
+    a shard, whose constraint is ``<name>_<shard id>``, and the coordinator passes it on
+    with no constraint name, only in the message: both are read."""
+    if not isinstance(exc, psycopg.errors.UniqueViolation):
+        return False
+    found = _constraint(exc)
+    if not found:
+        quoted = re.search(r'unique constraint "([^"]+)"', str(exc))
+        found = quoted.group(1) if quoted else None
+    return found is not None and re.fullmatch(rf"{re.escape(name)}(?:_\d+)?", found) is not None
+
+
 def _unavailable(exc: psycopg.Error) -> bool:
     state = exc.sqlstate or ""
     return (state in _UNAVAILABLE or state.startswith(_UNAVAILABLE_CLASS)
@@ -73,14 +87,14 @@ def translate(exc: psycopg.Error) -> DatabaseError | TaskAlreadyClaimed:
         return WriteConflict(str(exc))
     if _unavailable(exc):
         return DatabaseUnavailable(f"database unavailable: {exc}")
-    if isinstance(exc, psycopg.errors.UniqueViolation) and _constraint(exc) == _TASK_CLAIMED:
+    if _violates(exc, _TASK_CLAIMED):
         return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
     return DatabaseError(f"database error: {exc}")
 
 
 def is_lost_append_race(exc: BaseException) -> bool:
     """The event's ``seq`` was taken by a concurrent append (not an error: a lost race)."""
-    return isinstance(exc, psycopg.errors.UniqueViolation) and _constraint(exc) == _EVENT_SEQ
+    return _violates(exc, _EVENT_SEQ)
 
 
 def is_read_only(exc: BaseException) -> bool:

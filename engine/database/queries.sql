@@ -86,7 +86,9 @@ WITH upd AS (
                      %(cost)s::numeric, o.credits_reserved + o.before) - o.before))
             ELSE 0 END
     FROM open_rows o
-    WHERE u.id = o.id
+    -- the job id too: on Citus (usage_logs distributed by job_id) the update then goes to
+    -- the job's one shard, not to every shard (issue 27)
+    WHERE u.job_id = %(job_id)s::uuid AND u.id = o.id
       AND u.status = 'reserved'
       AND %(settle_to)s::text IS NOT NULL
       AND EXISTS (SELECT 1 FROM ev)

@@ -115,8 +115,9 @@ MUTANTS: tuple[Mutant, ...] = (
               "    WHERE u.job_id = %(job_id)s::uuid AND u.status = 'reserved'\n), settle AS (",
               "    WHERE u.job_id = %(job_id)s::uuid\n), settle AS ("),
          Edit("engine/database/queries.sql",
-              "    WHERE u.id = o.id\n      AND u.status = 'reserved'\n",
-              "    WHERE u.id = o.id\n")),
+              "    WHERE u.job_id = %(job_id)s::uuid AND u.id = o.id\n"
+              "      AND u.status = 'reserved'\n",
+              "    WHERE u.job_id = %(job_id)s::uuid AND u.id = o.id\n")),
         (WRITE,)),
     Mutant(
         "settle-cas-dropped",
@@ -124,8 +125,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "it locks) is gone: a reservation the host settles while the append waits is moved "
         "again",
         (Edit("engine/database/queries.sql",
-              "    WHERE u.id = o.id\n      AND u.status = 'reserved'\n",
-              "    WHERE u.id = o.id\n"),),
+              "    WHERE u.job_id = %(job_id)s::uuid AND u.id = o.id\n"
+              "      AND u.status = 'reserved'\n",
+              "    WHERE u.job_id = %(job_id)s::uuid AND u.id = o.id\n"),),
         (GUARDS,)),
     Mutant(
         "terminal-not-absorbing",
