@@ -129,7 +129,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that need a pooler in front are deselected (``.ci/run`` runs them with it). The long
     chaos profile (``chaos_long``) is deselected unless ``HYPOTHESIS_PROFILE=deep`` or
     ``CALLWARDEN_CHAOS_LONG=1``; ``slow`` tests (the dashboard's plans at 1,000,000 rows)
-    unless ``HYPOTHESIS_PROFILE=deep`` or ``CALLWARDEN_SLOW=1`` (``.ci/run`` runs them)."""
+    unless ``HYPOTHESIS_PROFILE=deep`` or ``CALLWARDEN_SLOW=1`` (``.ci/run`` runs them);
+    ``citus`` tests unless ``CALLWARDEN_CITUS_URL`` names a Citus coordinator
+    (``.ci/citus``)."""
     pooled = config.getoption("--pgbouncer")
     unfit = {"own_backend" if pooled else "pgbouncer"}
     if not (os.environ.get("HYPOTHESIS_PROFILE") == "deep"
@@ -138,6 +140,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not (os.environ.get("HYPOTHESIS_PROFILE") == "deep"
             or os.environ.get("CALLWARDEN_SLOW") == "1"):
         unfit.add("slow")  # .ci/run runs them in a step of their own
+    if not os.environ.get("CALLWARDEN_CITUS_URL"):
+        unfit.add("citus")  # .ci/run runs them against its cluster (.ci/citus)
     kept = [i for i in items if not any(i.get_closest_marker(m) for m in unfit)]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])

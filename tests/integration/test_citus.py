@@ -1,0 +1,117 @@
+"""callwarden on Citus (issue 27): ``callwarden migrate`` on a coordinator distributes the
+tables, colocated by job id, and a call's transitions, its settlement included, run there;
+on plain Postgres migration 0010 changes nothing.
+
+The cluster tests run when ``CALLWARDEN_CITUS_URL`` names a coordinator that ``.ci/citus
+start`` made (``.ci/run`` builds Citus 12.1.12 and runs them); without it they are
+deselected, not skipped. Each test gets a database of its own on every node
+(``.ci/citus db``: Citus 12.1 does not propagate ``CREATE DATABASE``)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callwarden import OwnCalls
+from callwarden.database.db import Conn, connect
+from callwarden.database.jobs import create_job
+from callwarden.database.migrate import migrate, pending
+from callwarden.providers.outcomes import Succeeded
+from callwarden.replay.verify import verify, verify_job
+
+ROOT = Path(__file__).resolve().parents[2]
+CITUS = pytest.mark.citus
+
+
+async def _rows(conn: Conn, sql: str, *params: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in await (await conn.execute(sql, params)).fetchall()]
+
+
+async def test_on_plain_postgres_the_citus_migration_changes_nothing(conn: Conn) -> None:
+    """0010 is one DO block that returns without the citus extension: the task index
+    stays unique, no task table, no changed keys."""
+    found = await _rows(conn, "SELECT to_regclass('callwarden_tasks') IS NULL AS no_tasks, "
+                              "to_regclass('jobs_provider_task_idx') IS NOT NULL AS idx, "
+                              "(SELECT max(version) FROM callwarden_migrations) AS v")
+    assert found == [{"no_tasks": True, "idx": True, "v": 10}]
+    keys = await _rows(conn, "SELECT conrelid::regclass::text AS t, pg_get_constraintdef(oid) "
+                             "AS d FROM pg_constraint WHERE contype = 'p' AND conrelid IN "
+                             "('usage_logs'::regclass, 'assets'::regclass) ORDER BY 1")
+    assert keys == [{"t": "assets", "d": "PRIMARY KEY (id)"},
+                    {"t": "usage_logs", "d": "PRIMARY KEY (id)"}]
+
+
+@pytest.fixture
+async def citus(tmp_path: Path) -> AsyncIterator[Conn]:
+    """A fresh database on every node of the cluster, migrated, and a connection to it on
+    the coordinator."""
+    name = f"cw_citus_{uuid.uuid4().hex[:10]}"
+    made = await asyncio.to_thread(subprocess.run, ["bash", str(ROOT / ".ci" / "citus"), "db",
+                                                    name], capture_output=True, text=True,
+                                   check=False, timeout=60)
+    assert made.returncode == 0, made.stderr
+    conn = await connect(made.stdout.strip())
+    async with conn:
+        await migrate(conn)
+        yield conn
+
+
+@CITUS
+async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -> None:
+    tables = {r["t"]: r for r in await _rows(
+        citus, "SELECT logicalrelid::text AS t, partmethod AS m, colocationid AS g, "
+               "CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) "
+               "END AS col FROM pg_dist_partition")}
+    by_job = {"jobs": "id", "call_events": "job_id", "usage_logs": "job_id",
+              "assets": "job_id"}
+    for table, column in by_job.items():
+        assert (tables[table]["m"], tables[table]["col"]) == ("h", column), table
+    assert len({tables[t]["g"] for t in by_job}) == 1  # one colocation group
+    for table in ("workflow_executions", "callwarden_migrations"):
+        assert tables[table]["m"] == "n", table  # reference tables
+    assert (tables["callwarden_tasks"]["m"], tables["callwarden_tasks"]["col"]) == (
+        "h", "provider_task_id")
+    nodes = await _rows(citus, "SELECT count(DISTINCT nodeport) AS n FROM pg_dist_shard s "
+                               "JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node d "
+                               "USING (groupid) WHERE s.logicalrelid = 'jobs'::regclass")
+    assert nodes == [{"n": 2}]  # spread over both workers
+    assert await pending(citus) == []
+    await migrate(citus)  # again: nothing to do, nothing fails
+
+
+@CITUS
+async def test_calls_with_their_settlement_run_on_the_cluster(citus: Conn,
+                                                              tmp_path: Path) -> None:
+    """An async call (CallStarted, TaskCreated, the success and its finalization, with the
+    reservation committed and the workflow reopen) and a sync one, through the fenced write
+    path on the distributed tables; the projections equal the fold of the log."""
+    from callwarden.database.db import open_pool
+
+    url = citus.info.dsn
+    pool = open_pool(url, max_size=2)
+    await pool.open()
+    try:
+        calls = OwnCalls(pool)
+        async_job = await create_job(citus, credits=7)
+        call = await calls.start(async_job, "replicate-prediction")
+        await call.task_created("t-citus-1")
+        done = await call.report(Succeeded(text="a haiku"))
+        assert done.result == "completed", done.detail
+        sync_job = await create_job(citus, credits=3)
+        async with calls.sync_call(sync_job, "anthropic-sync") as sync:
+            sync.succeeded(text="hello")
+    finally:
+        await pool.close()
+    settled = await _rows(citus, "SELECT job_id, status FROM usage_logs ORDER BY job_id")
+    assert sorted(r["status"] for r in settled) == ["committed", "committed"]
+    for job in (async_job, sync_job):
+        assert await verify_job(citus, job) == []
+    summary, _ = await verify(citus)
+    assert (summary.jobs, summary.mismatches, summary.errors) == (2, 0, 0)
+
