@@ -83,6 +83,26 @@ class ClientRequest:
     callback_url: str | None = None
     sleep: Sleep = asyncio.sleep
 
+    @property
+    def base_url(self) -> str:
+        """The endpoint's base URL (:class:`AdapterError` naming the setting when the
+        provider has none: no ``CALLWARDEN_<NAME>_URL`` and no ``default_url``)."""
+        return self._endpoint().base_url
+
+    @property
+    def api_key(self) -> str:
+        """The endpoint's key (``<NAME>_API_KEY``; empty when none is set)."""
+        return self._endpoint().api_key
+
+    def _endpoint(self) -> Endpoint:
+        if self.endpoint is None:
+            spec = KINDS.get(self.kind)
+            name = spec.provider if spec is not None else self.kind
+            raise AdapterError(f"kind {self.kind}: its provider has no endpoint (set "
+                               f"CALLWARDEN_{name.upper()}_URL, or give the Provider a "
+                               f"default_url)")
+        return self.endpoint
+
 
 def _same_fetch(fetch: MediaFetch, _: ProviderSettings) -> MediaFetch:
     """The default ``Provider.media``: download as the kind's policy says."""

@@ -23,7 +23,7 @@ from callwarden.config import provider_settings
 from callwarden.database.db import Conn, Pool
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.outcomes import PollOutcome
-from callwarden.providers.registry import poll_task, register
+from callwarden.providers.registry import ClientRequest, poll_task, register
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.loop import Reconciler
 from callwarden.replay.verify import verify_job
@@ -54,7 +54,8 @@ def settings_for(acme: Acme) -> ProviderSettings:
 
 def host_renders(http: aiohttp.ClientSession, settings: ProviderSettings) -> Any:
     """The host's own Acme client (the adapter's class), as the host's code builds it."""
-    return load_example_adapter().AcmeRenders(KIND, http, settings.endpoints["acme"])
+    return load_example_adapter().AcmeRenders(ClientRequest(
+        kind=KIND, session=http, settings=settings, endpoint=settings.endpoints["acme"]))
 
 
 async def own_render(pool: Pool, conn: Conn, http: aiohttp.ClientSession,

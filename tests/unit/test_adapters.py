@@ -283,3 +283,24 @@ def test_the_command_names_a_source_that_does_not_load_as_written(
     err = capsys.readouterr().err
     assert "CALLWARDEN_PROVIDERS nope:X: cannot load it: ModuleNotFoundError" in err
     assert "database unavailable" not in err
+
+
+async def test_a_client_request_hands_its_endpoint_and_names_the_setting_it_lacks() -> None:
+    """A client class can be the Provider's factory: the request gives it ``base_url`` and
+    ``api_key``; without an endpoint, reading them is an AdapterError naming the variable
+    (of the kind's provider, not a guess from the kind's name)."""
+    from callwarden.providers.base import Endpoint, ProviderSettings
+    from callwarden.providers.errors import AdapterError
+    from callwarden.providers.registry import ClientRequest
+
+    async with aiohttp.ClientSession() as session:
+        given = ClientRequest(kind="kie-standard", session=session,
+                              settings=ProviderSettings(),
+                              endpoint=Endpoint(base_url="http://127.0.0.9:1", api_key="k"))
+        assert (given.base_url, given.api_key) == ("http://127.0.0.9:1", "k")
+        bare = ClientRequest(kind="replicate-prediction", session=session,
+                             settings=ProviderSettings())
+        with pytest.raises(AdapterError, match="CALLWARDEN_REPLICATE_URL"):
+            _ = bare.base_url
+        with pytest.raises(AdapterError, match="CALLWARDEN_REPLICATE_URL"):
+            _ = bare.api_key

@@ -22,9 +22,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-
-from callwarden.providers.base import Endpoint
 from callwarden.providers.errors import (
     BadRequest,
     MalformedResponse,
@@ -47,9 +44,9 @@ RENDER = KindSpec(
 class AcmeRenders:
     """Creates and polls one kind of Acme task over the host's own HTTP calls."""
 
-    def __init__(self, kind: str, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
-        self.kind, self.session, self.base = kind, session, endpoint.base_url
-        self.headers = {"Authorization": f"Token {endpoint.api_key}"}
+    def __init__(self, r: ClientRequest) -> None:
+        self.kind, self.session, self.base = r.kind, r.session, r.base_url
+        self.headers = {"Authorization": f"Token {r.api_key}"}
 
     async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
         body = dict(request) | ({"callback_url": callback_url} if callback_url else {})
@@ -113,10 +110,9 @@ class HostReplicate:
     """The host's own Replicate client (predictions; this host runs no trainings). It
     identifies itself as ``acme-host/1.0``."""
 
-    def __init__(self, kind: str, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
-        self.kind, self.session, self.base = kind, session, endpoint.base_url
-        self.headers = {"Authorization": f"Bearer {endpoint.api_key}",
-                        "User-Agent": "acme-host/1.0"}
+    def __init__(self, r: ClientRequest) -> None:
+        self.kind, self.session, self.base = r.kind, r.session, r.base_url
+        self.headers = {"Authorization": f"Bearer {r.api_key}", "User-Agent": "acme-host/1.0"}
 
     async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
         body = dict(request) | ({"webhook": callback_url} if callback_url else {})
@@ -146,19 +142,9 @@ class HostReplicate:
         return Failed(error=str(answer.get("error") or status), code=status)
 
 
-def _client(r: ClientRequest) -> AcmeRenders:
-    assert r.endpoint is not None  # default_url below: there is always one
-    return AcmeRenders(r.kind, r.session, r.endpoint)
-
-
-def _replicate(r: ClientRequest) -> HostReplicate:
-    assert r.endpoint is not None  # the built-in provider's endpoint, kept
-    return HostReplicate(r.kind, r.session, r.endpoint)
-
-
-PROVIDER = Provider(name="acme", kinds=(RENDER,), client=_client,
+PROVIDER = Provider(name="acme", kinds=(RENDER,), client=AcmeRenders,
                     default_url="https://api.acme.example", webhook=AcmeCallbacks())
 # Replicate's kinds, thresholds, endpoint, media handling and webhook route stay
 # callwarden's; its calls go through the host's client.
-REPLICATE = Provider(name="replicate", client=_replicate)
+REPLICATE = Provider(name="replicate", client=HostReplicate)
 PROVIDERS = [PROVIDER, REPLICATE]
