@@ -97,7 +97,7 @@ async def ai_writer(request: web.Request) -> web.Response:
     anthropic = app[PROVIDERS].anthropic
     job_id = await reserve_credits_for_job(app[POOL], body["user_id"], body["prompt"])
     try:  # nothing between the reservation and the call's start (see ai_writer_stream)
-        # CallStarted on enter (the seed's markProviderCallStart); from here callwarden
+        # CallStarted on enter (the call is recorded before the request); from here callwarden
         # settles the reservation exactly once: commit if a result was set, else refund.
         async with app[CALLS].sync_call(job_id, "anthropic-sync") as call:
             async with app[HTTP].post(f"{anthropic.base_url}/v1/messages", json={
