@@ -102,10 +102,10 @@ ORDER BY 1, 2;
 
 -- name: audit_stats_stale
 -- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
--- by kind: callwarden_stale_jobs (migration 0008), the same rows as /metrics.
+-- by kind: the rows of callwarden_stale_jobs (migration 0008; the stale_jobs fragment of
+-- service.sql), the same rows as /metrics.
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
-FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
-                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
+FROM {{stale_jobs}} j
 GROUP BY 1
 ORDER BY 1;
 
@@ -129,8 +129,15 @@ SELECT provider_kind AS kind, count(*) AS calls,
 FROM jobs
 WHERE call_finished_at >= %(since)s
   AND provider_call_started_at IS NOT NULL
-GROUP BY ROLLUP (provider_kind)
-ORDER BY provider_kind NULLS LAST;
+GROUP BY provider_kind
+UNION ALL  -- the overall row: not GROUP BY ROLLUP, which Citus refuses across shards
+SELECT NULL, count(*),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY
+           extract(epoch FROM call_finished_at - provider_call_started_at))
+FROM jobs
+WHERE call_finished_at >= %(since)s
+  AND provider_call_started_at IS NOT NULL
+ORDER BY 1 NULLS LAST;
 
 -- name: audit_stats_jobs_without_call
 -- In-flight jobs with credits reserved and no call, created after the legacy cutoff and

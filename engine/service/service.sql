@@ -41,23 +41,37 @@ WHERE e.recorded_at >= %(since)s::timestamptz
 GROUP BY 1
 ORDER BY 1;
 
+-- fragment: stale_jobs
+-- The rows of callwarden_stale_jobs (migration 0008: the open calls, and the host's seed
+-- rows not yet adopted, that the one rule callwarden_is_stale finds stale), written out as
+-- a subquery: it is what the planner inlined the function into, and Citus refuses a
+-- parameterized call of a SQL function over a distributed table (issue 27).
+-- tests/integration/test_stale_fragment.py keeps the two equal, row for row.
+(SELECT j.*
+ FROM jobs j
+ WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
+        OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
+            AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
+   AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
+                           j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
+                           %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
+                           %(now)s::timestamptz))
+
 -- name: metrics_stale_calls
 -- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
--- by kind: callwarden_stale_jobs (migration 0008: the one rule, callwarden_is_stale, with
--- the configured thresholds; a kind unknown to this version gets the legacy threshold).
--- audit_stats_stale and dashboard_stale_calls read the same function.
+-- by kind: the rows of callwarden_stale_jobs (the stale_jobs fragment above: the one rule,
+-- callwarden_is_stale, with the configured thresholds; a kind unknown to this version gets
+-- the legacy threshold). audit_stats_stale and dashboard_stale_calls read the same rows.
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS stale
-FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
-                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
+FROM {{stale_jobs}} j
 GROUP BY 1
 ORDER BY 1;
 
 -- name: dashboard_stale_calls
--- The oldest stale calls (callwarden_stale_jobs, as metrics_stale_calls).
+-- The oldest stale calls (the stale_jobs fragment, as metrics_stale_calls).
 SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id, j.provider_call_started_at,
        j.reconcile_attempts, j.reconcile_last_error, j.heartbeat_at
-FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
-                           %(stale_heartbeat_s)s::float8, %(now)s::timestamptz) j
+FROM {{stale_jobs}} j
 ORDER BY j.provider_call_started_at
 LIMIT %(limit)s;
 

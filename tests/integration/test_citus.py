@@ -10,18 +10,26 @@ deselected, not skipped. Each test gets a database of its own on every node
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from callwarden import OwnCalls
+from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, connect
 from callwarden.database.jobs import create_job
 from callwarden.database.migrate import migrate, pending
+from callwarden.database.write import append, load
+from callwarden.events.types import CallStarted, TaskCreated
 from callwarden.providers.outcomes import Succeeded
 from callwarden.replay.verify import verify, verify_job
 
@@ -115,3 +123,72 @@ async def test_calls_with_their_settlement_run_on_the_cluster(citus: Conn,
     summary, _ = await verify(citus)
     assert (summary.jobs, summary.mismatches, summary.errors) == (2, 0, 0)
 
+
+
+async def _command(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLWARDEN_", "AWS_"))}
+    env.update({"DATABASE_URL": url, "CALLWARDEN_MEDIA_DIR": str(tmp_path / "media")})
+    return await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "callwarden.cli", *args], env=env, cwd=ROOT,
+        capture_output=True, text=True, check=False, timeout=120)
+
+
+@CITUS
+async def test_every_face_reads_the_cluster(citus: Conn, tmp_path: Path) -> None:
+    """``status``, ``stats``, ``verify``, ``audit``, ``rebuild`` as processes, and the
+    operator listener's ``/metrics``, dashboard and job page, over distributed tables
+    holding an open (stale) call, a completed one and a job with no call. ``stats`` exited
+    2 on GROUP BY ROLLUP, and the stale counts failed on the parameterized SQL function."""
+    pool_url = citus.info.dsn
+    from callwarden.database.db import open_pool
+
+    pool = open_pool(pool_url, max_size=2)
+    await pool.open()
+    try:
+        calls = OwnCalls(pool)
+        done = await create_job(citus, credits=2)
+        call = await calls.start(done, "replicate-prediction")
+        await call.task_created(f"t-{done}")
+        await call.report(Succeeded(text="ok"))
+        stuck = await create_job(citus, credits=2)  # its worker died two days ago
+        ago = utcnow() - timedelta(days=2)
+        p = (await append(citus, stuck, await load(citus, stuck), CallStarted(
+            at=ago, actor="worker:dead", kind="replicate-prediction"))).projection
+        await append(citus, stuck, p, TaskCreated(at=ago, actor="worker:dead",
+                                                  task_id=f"t-{stuck}"))
+        await create_job(citus, credits=1)
+    finally:
+        await pool.close()
+    for args in (["status"], ["stats"], ["verify"], ["audit", str(done)],
+                 ["rebuild", "--all"]):
+        ran = await _command(pool_url, tmp_path, *args)
+        assert ran.returncode == 0, (args, ran.stdout, ran.stderr)
+    stats = await _command(pool_url, tmp_path, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert re.search(r'"stale"', stats.stdout), stats.stdout
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLWARDEN_", "AWS_"))}
+    env.update({"DATABASE_URL": pool_url, "CALLWARDEN_MEDIA_DIR": str(tmp_path / "media"),
+                "CALLWARDEN_ADMIN_TOKEN": "citus-admin"})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0", env=env, cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+        found = re.search(r"operator on (http://\S+)", line)
+        assert found, line
+        operator = found.group(1)
+        admin = {"Authorization": "Bearer citus-admin"}
+        async with aiohttp.ClientSession(headers=admin) as http:
+            async with http.get(f"{operator}/metrics") as resp:
+                text = await resp.text()
+                assert resp.status == 200, text
+            assert 'callwarden_calls_stale{kind="replicate-prediction"} 1.0' in text, text
+            for page in ("/", "/jobs", f"/jobs/{done}"):
+                async with http.get(f"{operator}{page}") as resp:
+                    assert resp.status == 200, (page, await resp.text())
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
