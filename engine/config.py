@@ -290,10 +290,11 @@ MEDIA_SETTINGS = ("CALLWARDEN_MEDIA_DIR", "CALLWARDEN_MEDIA_S3_BUCKET")
 
 def configured_media(env: Mapping[str, str], media_dir: Path | None, command: str, *,
                      flag: str | None = "--media-dir") -> MediaStore:
-    from callwarden.providers.storage import media_from_env  # boto3: only when asked
     """The store ``env`` (or ``--media-dir``) names; :class:`ConfigError` naming the
     settings (and ``flag``, the command's own option, if it has one) when none does and a
     registered kind's results may be files."""
+    from callwarden.providers.storage import media_from_env  # boto3: only when asked
+
     if media_dir is not None:
         env = {**env, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
     store = named_media(env)

@@ -95,11 +95,11 @@ class ClientRequest:
         return self._endpoint().api_key
 
     def _endpoint(self) -> Endpoint:
-        if self.endpoint is None:
+        if self.endpoint is None or not self.endpoint.base_url:
             spec = KINDS.get(self.kind)
-            name = spec.provider if spec is not None else self.kind
+            name = (spec.provider if spec is not None else self.kind).upper().replace("-", "_")
             raise AdapterError(f"kind {self.kind}: its provider has no endpoint (set "
-                               f"CALLWARDEN_{name.upper()}_URL, or give the Provider a "
+                               f"CALLWARDEN_{name}_URL, or give the Provider a "
                                f"default_url)")
         return self.endpoint
 

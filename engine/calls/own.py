@@ -211,9 +211,16 @@ class OwnCalls:
                                            settings=self.settings, config=self.config)
         event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         if event is None or isinstance(outcome, Running):  # a heartbeat, no event
-            await self.heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
-                                 else None)
-            return _reported(False, job_id, current or EMPTY, "still running", "still_running")
+            if await self.heartbeat(job_id, outcome.progress if isinstance(outcome, Running)
+                                    else None):
+                return _reported(False, job_id, current or EMPTY, "still running",
+                                 "still_running")
+            # no longer polled: ended under the host's poll (a cancel, the reconciler, the
+            # host's status), or its result recorded: say how it stands, so that the
+            # host's loop stops rather than poll a settled call
+            p = await self.db.load(job_id)
+            return _reported(False, job_id, p, f"the call is {p.state or 'not started'}: "
+                                               "no longer polled")
         r = await self.transition(job_id, lambda q: event if q.state in ACTIVE else None,
                                   current)
         if r.projection.state in _OPEN_RESULT:
@@ -225,13 +232,16 @@ class OwnCalls:
         if self.media is None and (media_urls or blobs):
             raise ConfigError("a media result needs a media store: OwnCalls(media=...)")
 
-    async def heartbeat(self, job_id: uuid.UUID, progress: float | None = None) -> None:
-        """Projection-only: the call is alive (never an event; a failure is logged)."""
+    async def heartbeat(self, job_id: uuid.UUID, progress: float | None = None) -> bool:
+        """Projection-only: the call is alive (never an event; a failure is logged).
+        ``False``: the call is no longer one to poll (it ended, or its result is
+        recorded); a heartbeat that failed is taken as alive."""
         try:
-            await self.db.heartbeat(job_id, self.owner,
-                                    int(progress) if progress is not None else None)
+            return await self.db.heartbeat(job_id, self.owner,
+                                           int(progress) if progress is not None else None)
         except DatabaseError as exc:
             log.warning("job %s: heartbeat not written (%s)", job_id, exc)
+            return True
 
     async def transition(self, job_id: uuid.UUID, decide: Decide,
                          current: CallProjection | None = None) -> AppendResult:

@@ -7,7 +7,8 @@
 UPDATE jobs
 SET heartbeat_at = %(now)s::timestamptz, heartbeat_owner = %(owner)s,
     progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
-WHERE id = %(job_id)s AND call_state IN ('created', 'polling');
+WHERE id = %(job_id)s AND call_state IN ('created', 'polling')
+RETURNING id;
 
 -- name: host_add_reservation
 -- The host reserves credits for a job once more (a second usage_logs row).

@@ -74,13 +74,12 @@ class PostgresDatabase:
             return await write.transition(conn, job_id, decide, current=current,
                                           max_conflicts=max_conflicts)
 
-    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> None:
+    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> bool:
         params = {"job_id": job_id, "owner": owner, "progress": progress}
         async with connection(self.pool) as conn:
             if self.clock is None:
-                await _execute(conn, "heartbeat", params)
-            else:
-                await _execute(conn, "heartbeat_at", {**params, "now": self.clock()})
+                return bool(await _execute(conn, "heartbeat", params))
+            return bool(await _execute(conn, "heartbeat_at", {**params, "now": self.clock()}))
 
     async def sync_clock(self, clock: Clock) -> None:
         await _sync_clock(clock, self.pool)

@@ -171,7 +171,8 @@ RETURNING id;
 UPDATE jobs
 SET heartbeat_at = now(), heartbeat_owner = %(owner)s,
     progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
-WHERE id = %(job_id)s AND call_state IN ('created', 'polling');
+WHERE id = %(job_id)s AND call_state IN ('created', 'polling')
+RETURNING id;  -- none: the call is no longer polled (ended, or its result is recorded)
 
 -- name: job_meta
 SELECT id, user_id, job_type, status, is_public, workflow_execution_id, node_id,

@@ -52,9 +52,10 @@ from arq.worker import Retry, func
 
 from callwarden.calls.config import load_call_config
 from callwarden.calls.runner import CallOutcome
-from callwarden.errors import DatabaseError
+from callwarden.config import load_providers
+from callwarden.errors import ConfigError, DatabaseError
 from callwarden.providers.kinds import get_kind
-from callwarden.queue.own import OwnBody
+from callwarden.queue.own import OwnBody, own_task_name
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -124,13 +125,14 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
 
 
 async def run_own_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
-                       body: OwnBody, args: Sequence[Any] = (), *,
+                       body: OwnBody, args: Sequence[Any] = (),
+                       kwargs: Mapping[str, Any] | None = None, *,
                        operation: str | None = None) -> CallOutcome:
     """The host's own code for the job's call with this worker's
     :class:`~callwarden.calls.own.OwnCalls` (:func:`callwarden.queue.own.run_own`),
     given up, deferred and logged as :func:`run_job_call`."""
     return await _durably(ctx, job_id, kind, lambda process, job: process.run_own(
-        job, kind, body, args, operation=operation))
+        job, kind, body, args, kwargs, operation=operation))
 
 
 async def _durably(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
@@ -180,31 +182,37 @@ async def enqueue_call(redis: ArqRedis, job_id: uuid.UUID | str, kind: str,
 
 def own_call_function(kind: str, body: OwnBody, *, name: str | None = None,
                       operation: str | None = None, timeout: float | None = None) -> Any:
-    """An arq function ``name(ctx, job_id, *args)`` (default name: the body's module and
-    name) running ``async def body(call, *args)``, the host's own provider code for
-    ``kind``, durably: pass it in :func:`worker_settings`' ``functions``::
+    """An arq function ``name(ctx, job_id, *args, **kwargs)`` (default name:
+    ``<module>.<body>:<kind>``, :func:`~callwarden.queue.own.own_task_name`) running
+    ``async def body(call, *args, **kwargs)``, the host's own provider code for ``kind``,
+    durably: pass it in :func:`worker_settings`' ``functions``::
 
         async def predict(call: OwnCall, prompt: str) -> None: ...   # as for Celery
 
         WorkerSettings = worker_settings(functions=[own_call_function(
             "replicate-prediction", predict)], kinds=["replicate-prediction"])
-        await redis.enqueue_job(f"{predict.__module__}.predict", str(job_id), "a fox",
-                                _job_id=f"callwarden:{job_id}")
+        await redis.enqueue_job(own_task_name(predict, "replicate-prediction"),
+                                str(job_id), "a fox", _job_id=f"callwarden:{job_id}")
 
     The call is opened with the worker's :class:`~callwarden.calls.own.OwnCalls` and
     dispatched on its action (:mod:`callwarden.queue.own`): the body runs only to create or
     to resume, beating while it runs; a job arq delivers again (its worker died) is never
     told to create again. Deliveries are counted and database outages deferred as for
     :data:`TASK_NAME`, so arq's own ``max_tries`` is set out of reach. ``timeout``: default
-    the worker's ``job_timeout`` (:func:`worker_settings` fits it to ``kinds``)."""
+    :func:`~callwarden.queue.process.longest_run_s` for ``kind`` (arq takes a dead
+    worker's job again that long + 10 s after its start)."""
+    load_providers(os.environ)  # the host's own kinds (entry points, CALLWARDEN_PROVIDERS)
     get_kind(kind)  # a kind no provider registered is refused here, at import
+    if timeout is None:
+        timeout = longest_run_s(load_call_config(env=os.environ), kinds=[kind])
 
-    async def run(ctx: dict[str, Any], job_id: str, *args: Any) -> dict[str, Any]:
-        return outcome_dict(await run_own_call(ctx, job_id, kind, body, args,
+    async def run(ctx: dict[str, Any], job_id: str, *args: Any, **kwargs: Any
+                  ) -> dict[str, Any]:
+        return outcome_dict(await run_own_call(ctx, job_id, kind, body, args, kwargs,
                                                operation=operation))
 
-    task_name = name or f"{body.__module__}.{getattr(body, '__name__', 'own_call')}"
-    return func(run, name=task_name, timeout=timeout, max_tries=MAX_TRIES)
+    return func(run, name=name or own_task_name(body, kind), timeout=timeout,
+                max_tries=MAX_TRIES)
 
 
 def _log_to_stderr(level: int) -> None:
@@ -271,6 +279,11 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
     startup, shutdown = _hooks(options, max_jobs, max_deliveries, log_level, on_startup,
                                on_shutdown)
     url = redis_url or os.environ.get(REDIS_ENV) or "redis://localhost:6379"
+    names = [TASK_NAME, *(getattr(f, "name", getattr(f, "__name__", "")) for f in functions)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"callwarden: arq functions named twice: {', '.join(twice)} (a "
+                          f"body run for several kinds needs one name per kind)")
     return {
         "functions": [func(run_call, name=TASK_NAME, timeout=timeout, max_tries=MAX_TRIES),
                       *functions],

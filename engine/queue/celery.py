@@ -61,21 +61,24 @@ from celery.exceptions import Reject
 
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.runner import CallOutcome
-from callwarden.errors import DatabaseError
+from callwarden.config import load_providers
+from callwarden.errors import ConfigError, DatabaseError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import get_kind
-from callwarden.queue.own import OwnBody
+from callwarden.queue.own import OwnBody, own_task_name
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
     log_outcome,
     longest_run_s,
     open_runner,
+    options_from_env,
     outcome_dict,
 )
 
-__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "current_runtime", "own_call_task",
-           "register", "start_process", "stop_process", "visibility_timeout_for"]
+__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "check_options", "current_runtime",
+           "own_call_task", "register", "start_process", "stop_process",
+           "visibility_timeout_for"]
 
 log = logging.getLogger("callwarden.queue.celery")
 T = TypeVar("T")
@@ -131,9 +134,9 @@ class Runtime:
         self.process.database_answered()
         return outcome
 
-    def own(self, job_id: uuid.UUID, kind: str, body: OwnBody, args: Sequence[Any], *,
-            operation: str | None = None) -> CallOutcome:
-        outcome = self._loop.call(self.process.run_own(job_id, kind, body, args,
+    def own(self, job_id: uuid.UUID, kind: str, body: OwnBody, args: Sequence[Any],
+            kwargs: Mapping[str, Any], *, operation: str | None = None) -> CallOutcome:
+        outcome = self._loop.call(self.process.run_own(job_id, kind, body, args, kwargs,
                                                        operation=operation))
         self.process.database_answered()
         return outcome
@@ -172,6 +175,24 @@ def current_runtime() -> Runtime:
         if _runtime is None or _runtime.pid != os.getpid():
             _runtime = Runtime(_options)
         return _runtime
+
+
+def check_options(**_: Any) -> None:
+    """``worker_init`` (the worker's main process, before it consumes): the processes'
+    options must be readable (``DATABASE_URL``, a media store, the providers...), or the
+    worker stops with exit 2 naming what is wrong, rather than take every message, fail it
+    in a process with no runtime, and ack it (the job left reserved, with no call)."""
+    try:
+        _resolve(_options)
+    except ConfigError as exc:
+        log.critical("callwarden: the worker cannot run calls: %s", exc)
+        raise SystemExit(2) from exc  # a BaseException: Celery's signal dispatch keeps it
+
+
+def _resolve(options: Options) -> RunnerOptions:
+    if options is None:
+        return options_from_env()
+    return options() if callable(options) else options
 
 
 def start_process(**_: Any) -> None:
@@ -216,19 +237,25 @@ class CallTask(Task):  # type: ignore[type-arg]
             job, kind, request, operation=operation))
 
     def run_own(self, job_id: uuid.UUID | str, kind: str, body: OwnBody,
-                args: Sequence[Any] = (), *, operation: str | None = None) -> CallOutcome:
+                args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                operation: str | None = None) -> CallOutcome:
         """The host's own code for the job's call on this process's loop
         (:func:`callwarden.queue.own.run_own`: dispatched on the call's action, beating
         while the body runs); retried through a database outage as :meth:`run_call`."""
         return self._durably(job_id, kind, lambda runtime, job: runtime.own(
-            job, kind, body, args, operation=operation))
+            job, kind, body, args, kwargs or {}, operation=operation))
 
     def _durably(self, job_id: uuid.UUID | str, kind: str,
                  attempt: Callable[[Runtime, uuid.UUID], CallOutcome]) -> CallOutcome:
         job = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
         info = self.request.delivery_info or {}
         delivery = f"task={self.request.id} redelivered={bool(info.get('redelivered'))}"
-        runtime = current_runtime()
+        try:
+            runtime = current_runtime()
+        except Exception as exc:  # no runtime in this process: never fail (and ack) it
+            log.error("job %s %s: this process has no runtime (%r): the message is "
+                      "rejected with requeue=True, not acked", job, delivery, exc)
+            raise Reject(exc, requeue=True) from exc
         try:
             outcome = attempt(runtime, job)
         except DatabaseError as exc:
@@ -306,7 +333,13 @@ def _prepare(app: Celery, options: Options, kinds: Iterable[str] | None,
     """Connect the process hooks (once per process) and default the app's settings for
     calls of ``kinds``: the visibility timeout fits the longest of them."""
     global _options
-    _options = options
+    if options is not None:
+        if _options is not None and _options is not options:
+            raise ConfigError("callwarden: two different RunnerOptions for one process's "
+                              "runtime (register / own_call_task): pass them once, or to "
+                              "each the same object")
+        _options = options
+    signals.worker_init.connect(check_options, dispatch_uid="callwarden-check", weak=False)
     signals.worker_process_init.connect(start_process, dispatch_uid="callwarden-start",
                                         weak=False)
     for uid, signal in (("process", signals.worker_process_shutdown),
@@ -327,6 +360,7 @@ def _prepare(app: Celery, options: Options, kinds: Iterable[str] | None,
 
 
 _needed: dict[int, float] = {}  # app -> the longest visibility timeout its tasks need
+_own_names: dict[tuple[int, str], tuple[str, OwnBody]] = {}  # (app, task) -> kind, body
 
 
 def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
@@ -352,8 +386,10 @@ def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
 def own_call_task(app: Celery, kind: str, *, name: str | None = None,
                   operation: str | None = None, options: Options = None,
                   visibility_timeout: float | None = None) -> Callable[[OwnBody], CallTask]:
-    """Make ``async def body(call, *args)`` (the host's own provider code for ``kind``)
-    a durable task ``name(job_id, *args)`` (default name: the body's module and name)::
+    """Make ``async def body(call, *args, **kwargs)`` (the host's own provider code for
+    ``kind``) a durable task ``name(job_id, *args, **kwargs)`` (default name:
+    ``<module>.<body>:<kind>``, :func:`~callwarden.queue.own.own_task_name`; a name already
+    given to another kind or body is a ``ConfigError``)::
 
         @own_call_task(app, "replicate-prediction")
         async def predict(call: OwnCall, prompt: str) -> None:
@@ -372,16 +408,23 @@ def own_call_task(app: Celery, kind: str, *, name: str | None = None,
     process's :class:`~callwarden.calls.own.OwnCalls` and dispatched on its action
     (:mod:`callwarden.queue.own`): the body runs only to create or to resume, beating
     while it runs; a redelivery is never told to create again."""
+    load_providers(os.environ)  # the host's own kinds (entry points, CALLWARDEN_PROVIDERS)
     get_kind(kind)  # a kind no provider registered is refused here, at import
 
     def wrap(body: OwnBody) -> CallTask:
+        task_name = name or own_task_name(body, kind)
+        held = _own_names.setdefault((id(app), task_name), (kind, body))
+        if held != (kind, body):
+            raise ConfigError(f"callwarden: task {task_name!r} is already the own call of "
+                              f"{held[0]} ({getattr(held[1], '__qualname__', held[1])}): give "
+                              f"each kind and body its own name")
         _prepare(app, options, [kind], visibility_timeout)
 
-        def run(self: CallTask, job_id: str, *args: Any) -> dict[str, Any]:
-            return outcome_dict(self.run_own(job_id, kind, body, args, operation=operation))
+        def run(self: CallTask, job_id: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return outcome_dict(self.run_own(job_id, kind, body, args, kwargs,
+                                             operation=operation))
 
         run.__doc__ = body.__doc__
-        task_name = name or f"{body.__module__}.{getattr(body, '__name__', 'own_call')}"
         task: CallTask = app.task(base=CallTask, bind=True, name=task_name)(run)
         return task
 

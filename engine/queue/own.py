@@ -29,8 +29,9 @@ The Celery and arq faces are :func:`callwarden.queue.celery.own_call_task` and
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from callwarden.calls.own import CallNotStarted, OwnCalls
@@ -38,7 +39,7 @@ from callwarden.calls.runner import CallOutcome, call_outcome
 from callwarden.projections.fold import EMPTY
 from callwarden.providers.kinds import get_kind, is_sync_call
 
-__all__ = ["OwnBody", "run_own"]
+__all__ = ["OwnBody", "body_bound_s", "own_task_name", "run_own"]
 
 #: ``async def body(call, *args)``: the host's own provider code for one kind.
 OwnBody = Callable[..., Awaitable[object]]
@@ -50,15 +51,32 @@ _NOT_RUN = {
 }
 
 
+def own_task_name(body: OwnBody, kind: str) -> str:
+    """The default queue name of ``body`` run for ``kind``: ``<module>.<name>:<kind>`` (one
+    body serving several kinds is one task per kind, each recording its own kind)."""
+    return f"{body.__module__}.{getattr(body, '__name__', 'own_call')}:{kind}"
+
+
+def body_bound_s(calls: OwnCalls, kind: str) -> float:
+    """How long a body may run: the kind's poll budget plus a create and a last poll with
+    their retries (what the queue's visibility timeout is sized for)."""
+    request_s = calls.settings.retry.max_total_s + calls.settings.retry.timeout_s
+    return calls.config.budget_for(kind) + 2 * request_s
+
+
 async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
-                  args: Sequence[Any] = (), *, operation: str | None = None) -> CallOutcome:
-    """Open the job's call of ``kind``, run ``body(call, *args)`` when the call's action is
-    the host's to do (see the module), and return how the call stands after it."""
+                  args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                  operation: str | None = None) -> CallOutcome:
+    """Open the job's call of ``kind``, run ``body(call, *args, **kwargs)`` when the call's
+    action is the host's to do (see the module), and return how the call stands after it.
+    A body still running after :func:`body_bound_s` is cancelled and the call left to the
+    reconciler (the queue would deliver the job again soon after)."""
     get_kind(kind)  # an unknown kind is refused before anything is written
+    kwargs = kwargs or {}
     if is_sync_call(kind, operation):
         try:
             async with calls.sync_call(job_id, kind, operation=operation) as sync:
-                await body(sync, *args)
+                await body(sync, *args, **kwargs)
         except CallNotStarted as exc:
             return call_outcome(job_id, exc.projection or EMPTY, str(exc))
         return call_outcome(job_id, await calls.db.load(job_id))
@@ -67,9 +85,15 @@ async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
         return await call.finalize()
     if call.action not in ("create", "resume"):
         return call_outcome(job_id, call.projection, _NOT_RUN[call.action])
+    bound = body_bound_s(calls, kind)
+    ran = "returned"
     async with call.beating():
-        await body(call, *args)
+        try:
+            async with asyncio.timeout(bound):
+                await body(call, *args, **kwargs)
+        except TimeoutError:
+            ran = f"ran past {bound:g} s (the kind's poll budget and its requests)"
     p = await calls.db.load(job_id)
     return call_outcome(job_id, p, None if p.terminal else
-                        f"the body returned with the call {p.state.value if p.state else 'open'}"
+                        f"the body {ran} with the call {p.state.value if p.state else 'open'}"
                         f" ({call.action}): left for the reconciler")

@@ -162,10 +162,11 @@ class ProcessRunner:
                 self.callbacks.forget(job_id)
 
     async def run_own(self, job_id: uuid.UUID, kind: str, body: OwnBody,
-                      args: Sequence[Any] = (), *, operation: str | None = None
-                      ) -> CallOutcome:
+                      args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                      operation: str | None = None) -> CallOutcome:
         """The host's own code for the job's call (:func:`callwarden.queue.own.run_own`)."""
-        return await run_own(self.own_calls, job_id, kind, body, args, operation=operation)
+        return await run_own(self.own_calls, job_id, kind, body, args, kwargs,
+                             operation=operation)
 
     async def give_up(self, job_id: uuid.UUID, reason: str) -> CallOutcome:
         """A job delivered too often: cancel (refund) it if no call ever started on it;

@@ -261,6 +261,23 @@ async def test_celery_own_call_task_child_killed_is_resumed_never_created_twice(
                       r"pid=\d+ result=completed", "the requeued own task's outcome")
 
 
+async def test_a_celery_worker_that_cannot_run_calls_stops_and_takes_no_message(
+        conn: Conn, job: uuid.UUID, queues: Queues, redis_url: str) -> None:
+    """No media store named: the worker's main process stops with exit 2 before it
+    consumes (``worker_init``). Before, each pool child failed every task for want of a
+    runtime and the worker acked it: the job was left reserved, with no call."""
+    del queues.env["CALLWARDEN_MEDIA_DIR"]
+    await _send(redis_url, job, task_id="t-nomedia")
+    worker = await queues.celery("nomedia")
+    assert await worker.exited() == 2, worker.logs()
+    assert "no media store configured" in worker.logs()
+    broker = aioredis.Redis.from_url(redis_url)
+    assert await broker.llen("celery") == 1  # the message is still queued
+    await broker.aclose()
+    row = await value(conn, "SELECT call_state FROM jobs WHERE id = %s", job)
+    assert row is None
+
+
 # -- arq ------------------------------------------------------------------------------------
 
 async def test_arq_worker_killed_while_polling_is_taken_by_another_worker(

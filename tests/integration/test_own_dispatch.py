@@ -6,6 +6,7 @@ read back by SQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -19,10 +20,11 @@ from callwarden.calls.config import CallConfig
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, Pool
 from callwarden.database.jobs import create_job
-from callwarden.database.write import append, load
+from callwarden.database.write import append, cancel, load
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
+from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import UnknownProviderKind
-from callwarden.providers.outcomes import Succeeded
+from callwarden.providers.outcomes import Running, Succeeded
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue.own import run_own
@@ -182,3 +184,54 @@ async def test_an_unknown_kind_writes_nothing(conn: Conn, calls: OwnCalls, host:
     with pytest.raises(UnknownProviderKind):
         await run_own(calls, job, "acme-nothing", host.run, [KIE_REQ])
     assert await _types(conn, job) == []
+
+
+async def test_a_poll_reported_on_a_call_that_ended_meanwhile_stops_the_host(
+        conn: Conn, calls: OwnCalls, host: Host) -> None:
+    """The call was cancelled (refunded) while the host's loop polled: its next
+    ``report(Running)`` says so (nothing written), so the loop ends instead of polling a
+    settled call until the provider answers."""
+    job = await create_job(conn, credits=4)
+    call = await calls.start(job, KIND)
+    await call.task_created(await kie_create(host.http, host.sim, KIE_REQ))
+    assert (await call.report(Running(raw_state="rendering"))).result == "still_running"
+    await cancel(conn, job, by="host:admin", now=utcnow())
+    after = await call.report(Running(raw_state="rendering"))
+    assert (after.ok, after.result) == (False, "cancelled")
+    assert "no longer polled" in (after.detail or "")
+    assert await _types(conn, job) == ["CallStarted", "TaskCreated", "Cancelled"]
+
+
+async def test_a_body_past_its_bound_is_cancelled_and_left_to_the_reconciler(
+        conn: Conn, pool: Pool, sim: RunningSimulator, host: Host) -> None:
+    """A body that never returns (a poll loop with no budget of its own) is cancelled after
+    the kind's poll budget and its requests, the bound the queue's visibility timeout is
+    sized for; the call stays for the reconciler."""
+    from callwarden.providers.base import RetryPolicy
+
+    tight = OwnCalls(pool, settings=ProviderSettings(retry=RetryPolicy(
+        max_total_s=0.05, timeout_s=0.05)), config=CallConfig(poll_budget_s={KIND: 0.1}))
+    job = await create_job(conn)
+    forever = asyncio.Event()
+
+    async def never_returns(call: OwnCall, request: dict[str, Any]) -> None:
+        await call.task_created(await kie_create(host.http, host.sim, request))
+        await forever.wait()
+
+    out = await run_own(tight, job, KIND, never_returns, [KIE_REQ])
+    assert out.result == "left_for_reconciler"
+    assert "ran past 0.3 s" in (out.detail or "")
+    assert await _types(conn, job) == ["CallStarted", "TaskCreated"]
+
+
+async def test_keyword_arguments_reach_the_body(conn: Conn, calls: OwnCalls) -> None:
+    job = await create_job(conn, credits=1)
+    seen: dict[str, Any] = {}
+
+    async def answer(call: SyncCall, *, prompt: str) -> None:
+        seen["prompt"] = prompt
+        call.succeeded(text=prompt)
+
+    out = await run_own(calls, job, "anthropic-sync", answer, (), {"prompt": "hi"})
+    assert out.result == "completed"
+    assert seen == {"prompt": "hi"}

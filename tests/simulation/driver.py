@@ -219,9 +219,9 @@ class Gated:
         return await transition_via(self, job_id, decide, current=current,
                                     max_conflicts=max_conflicts)
 
-    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> None:
+    async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> bool:
         await self.sched.gate("heartbeat")
-        await self.inner.heartbeat(job_id, owner, progress)
+        return await self.inner.heartbeat(job_id, owner, progress)
 
     async def sync_clock(self, clock: Callable[[], datetime]) -> None:
         return None
