@@ -80,6 +80,7 @@ MAX_TRIES = sys.maxsize
 #: The Redis key counting an arq job's tries that met a database outage.
 OUTAGE_KEY = "callwarden:arq:outage-retries:"
 _KEEP_S = 88_400  # as long as arq keeps its own try counter (arq:retry:<id>)
+_own_kinds: dict[str, str] = {}  # own_call_function's name -> its kind
 
 
 class _OutageRetries:
@@ -199,20 +200,21 @@ def own_call_function(kind: str, body: OwnBody, *, name: str | None = None,
     to resume, beating while it runs; a job arq delivers again (its worker died) is never
     told to create again. Deliveries are counted and database outages deferred as for
     :data:`TASK_NAME`, so arq's own ``max_tries`` is set out of reach. ``timeout``: default
-    :func:`~callwarden.queue.process.longest_run_s` for ``kind`` (arq takes a dead
-    worker's job again that long + 10 s after its start)."""
+    the worker's ``job_timeout``, which :func:`worker_settings` fits to the longest run of
+    its ``kinds`` and of every own function's kind (one worker has one redelivery delay:
+    arq takes a dead worker's job again the longest function timeout + 10 s after its
+    start)."""
     load_providers(os.environ)  # the host's own kinds (entry points, CALLWARDEN_PROVIDERS)
     get_kind(kind)  # a kind no provider registered is refused here, at import
-    if timeout is None:
-        timeout = longest_run_s(load_call_config(env=os.environ), kinds=[kind])
+    task_name = name or own_task_name(body, kind)
+    _own_kinds[task_name] = kind
 
     async def run(ctx: dict[str, Any], job_id: str, *args: Any, **kwargs: Any
                   ) -> dict[str, Any]:
         return outcome_dict(await run_own_call(ctx, job_id, kind, body, args, kwargs,
                                                operation=operation))
 
-    return func(run, name=name or own_task_name(body, kind), timeout=timeout,
-                max_tries=MAX_TRIES)
+    return func(run, name=task_name, timeout=timeout, max_tries=MAX_TRIES)
 
 
 def _log_to_stderr(level: int) -> None:
@@ -270,7 +272,10 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
     SIGTERM, how long calls in flight may take to finish before they are cancelled (and
     run again by another worker). ``extra``: any other arq setting (yours win)."""
     config = options.config if options is not None else load_call_config(env=os.environ)
-    needed = longest_run_s(config, options.settings if options else None, kinds=kinds)
+    names = [TASK_NAME, *(getattr(f, "name", getattr(f, "__name__", "")) for f in functions)]
+    own = [_own_kinds[n] for n in names if n in _own_kinds]
+    needed = longest_run_s(config, options.settings if options else None,
+                           kinds=None if kinds is None else [*kinds, *own])
     timeout = needed if job_timeout is None else job_timeout
     if timeout < needed:
         log.warning("callwarden: arq job_timeout %gs is shorter than the longest call (%gs):"
@@ -279,7 +284,6 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
     startup, shutdown = _hooks(options, max_jobs, max_deliveries, log_level, on_startup,
                                on_shutdown)
     url = redis_url or os.environ.get(REDIS_ENV) or "redis://localhost:6379"
-    names = [TASK_NAME, *(getattr(f, "name", getattr(f, "__name__", "")) for f in functions)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"callwarden: arq functions named twice: {', '.join(twice)} (a "

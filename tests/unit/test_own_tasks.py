@@ -90,10 +90,15 @@ def test_a_host_kind_is_found_at_import_without_register(
     assert function.name.endswith(":acme-render")
 
 
-def test_an_arq_own_function_is_timed_for_its_kind_and_names_are_unique(clean: None) -> None:
+def test_an_arq_worker_is_timed_for_its_own_functions_kinds_and_names_are_unique(
+        clean: None) -> None:
+    """One arq worker has one redelivery delay (its longest function timeout + 10 s): the
+    own function takes the worker's ``job_timeout``, which fits its kind too."""
     training = own_call_function("replicate-training", body)
-    assert training.timeout_s == longest_run_s(kinds=["replicate-training"])
-    assert training.timeout_s > longest_run_s(kinds=["kie-standard"])
+    assert training.timeout_s is None
+    timed = worker_settings(kinds=["kie-standard"], functions=[training])
+    assert timed["job_timeout"] == longest_run_s(kinds=["replicate-training"])
+    assert timed["job_timeout"] > longest_run_s(kinds=["kie-standard"])
     with pytest.raises(ConfigError, match="named twice"):
         worker_settings(functions=[own_call_function("kie-standard", body, name="x"),
                                    own_call_function("kie-kling3", body, name="x")])
