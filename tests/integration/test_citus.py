@@ -25,7 +25,7 @@ import pytest
 
 from callwarden import OwnCalls
 from callwarden.database.clock import utcnow
-from callwarden.database.db import Conn, connect
+from callwarden.database.db import Conn, connect, open_pool
 from callwarden.database.jobs import create_job
 from callwarden.database.migrate import migrate, pending
 from callwarden.database.write import append, load
@@ -70,6 +70,17 @@ async def citus(tmp_path: Path) -> AsyncIterator[Conn]:
         yield conn
 
 
+@pytest.fixture
+async def calls(citus: Conn) -> AsyncIterator[OwnCalls]:
+    """Own calls recorded on the cluster's database, through a pool of its own."""
+    pool = open_pool(citus.info.dsn, max_size=2)
+    await pool.open()
+    try:
+        yield OwnCalls(pool)
+    finally:
+        await pool.close()
+
+
 @CITUS
 async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -> None:
     tables = {r["t"]: r for r in await _rows(
@@ -95,27 +106,18 @@ async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -
 
 @CITUS
 async def test_calls_with_their_settlement_run_on_the_cluster(citus: Conn,
-                                                              tmp_path: Path) -> None:
+                                                              calls: OwnCalls) -> None:
     """An async call (CallStarted, TaskCreated, the success and its finalization, with the
     reservation committed and the workflow reopen) and a sync one, through the fenced write
     path on the distributed tables; the projections equal the fold of the log."""
-    from callwarden.database.db import open_pool
-
-    url = citus.info.dsn
-    pool = open_pool(url, max_size=2)
-    await pool.open()
-    try:
-        calls = OwnCalls(pool)
-        async_job = await create_job(citus, credits=7)
-        call = await calls.start(async_job, "replicate-prediction")
-        await call.task_created("t-citus-1")
-        done = await call.report(Succeeded(text="a haiku"))
-        assert done.result == "completed", done.detail
-        sync_job = await create_job(citus, credits=3)
-        async with calls.sync_call(sync_job, "anthropic-sync") as sync:
-            sync.succeeded(text="hello")
-    finally:
-        await pool.close()
+    async_job = await create_job(citus, credits=7)
+    call = await calls.start(async_job, "replicate-prediction")
+    await call.task_created("t-citus-1")
+    done = await call.report(Succeeded(text="a haiku"))
+    assert done.result == "completed", done.detail
+    sync_job = await create_job(citus, credits=3)
+    async with calls.sync_call(sync_job, "anthropic-sync") as sync:
+        sync.succeeded(text="hello")
     settled = await _rows(citus, "SELECT job_id, status FROM usage_logs ORDER BY job_id")
     assert sorted(r["status"] for r in settled) == ["committed", "committed"]
     for job in (async_job, sync_job):
@@ -134,31 +136,24 @@ async def _command(url: str, tmp_path: Path, *args: str) -> subprocess.Completed
 
 
 @CITUS
-async def test_every_face_reads_the_cluster(citus: Conn, tmp_path: Path) -> None:
+async def test_every_face_reads_the_cluster(citus: Conn, calls: OwnCalls,
+                                            tmp_path: Path) -> None:
     """``status``, ``stats``, ``verify``, ``audit``, ``rebuild`` as processes, and the
     operator listener's ``/metrics``, dashboard and job page, over distributed tables
     holding an open (stale) call, a completed one and a job with no call. ``stats`` exited
     2 on GROUP BY ROLLUP, and the stale counts failed on the parameterized SQL function."""
     pool_url = citus.info.dsn
-    from callwarden.database.db import open_pool
-
-    pool = open_pool(pool_url, max_size=2)
-    await pool.open()
-    try:
-        calls = OwnCalls(pool)
-        done = await create_job(citus, credits=2)
-        call = await calls.start(done, "replicate-prediction")
-        await call.task_created(f"t-{done}")
-        await call.report(Succeeded(text="ok"))
-        stuck = await create_job(citus, credits=2)  # its worker died two days ago
-        ago = utcnow() - timedelta(days=2)
-        p = (await append(citus, stuck, await load(citus, stuck), CallStarted(
-            at=ago, actor="worker:dead", kind="replicate-prediction"))).projection
-        await append(citus, stuck, p, TaskCreated(at=ago, actor="worker:dead",
-                                                  task_id=f"t-{stuck}"))
-        await create_job(citus, credits=1)
-    finally:
-        await pool.close()
+    done = await create_job(citus, credits=2)
+    call = await calls.start(done, "replicate-prediction")
+    await call.task_created(f"t-{done}")
+    await call.report(Succeeded(text="ok"))
+    stuck = await create_job(citus, credits=2)  # its worker died two days ago
+    ago = utcnow() - timedelta(days=2)
+    p = (await append(citus, stuck, await load(citus, stuck), CallStarted(
+        at=ago, actor="worker:dead", kind="replicate-prediction"))).projection
+    await append(citus, stuck, p, TaskCreated(at=ago, actor="worker:dead",
+                                              task_id=f"t-{stuck}"))
+    await create_job(citus, credits=1)
     for args in (["status"], ["stats"], ["verify"], ["audit", str(done)],
                  ["rebuild", "--all"]):
         ran = await _command(pool_url, tmp_path, *args)

@@ -49,9 +49,8 @@ from callwarden.providers.storage import LocalFolderStore
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.replay.verify import verify_job
 from tests.integration.conftest import MakeReconciler, MakeRunner
+from tests.support.own_kie import KIE_AUTH, KIE_REQ, kie_create, kie_poll
 
-KIE_REQ: dict[str, Any] = {"model": "nano-banana-pro", "input": {"prompt": "a cat"}}
-KIE_AUTH = {"Authorization": "Bearer sim-key"}
 CLAUDE = "claude-sonnet-4-6"
 PRICES = RateTable(rates=(
     Rate(kind="anthropic-sync", unit="input_tokens", credits=0.01),
@@ -88,26 +87,8 @@ async def facts(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
 
 # -- the host's own provider code ---------------------------------------------------------
 
-async def kie_create(http: aiohttp.ClientSession, sim: RunningSimulator,
-                     body: dict[str, Any]) -> str:
-    async with http.post(sim.url("kie", "/api/v1/jobs/createTask"), json=body,
-                         headers=KIE_AUTH) as resp:
-        return str((await resp.json())["data"]["taskId"])
 
 
-async def kie_poll(http: aiohttp.ClientSession, sim: RunningSimulator,
-                   task_id: str) -> dict[str, Any] | None:
-    """The host's own poll loop: the simulator's timeline moves per poll, so no sleep.
-    ``None``: KIE does not know the task (``recordInfo is null``)."""
-    for _ in range(20):
-        async with http.get(sim.url("kie", "/api/v1/jobs/recordInfo"),
-                            params={"taskId": task_id}, headers=KIE_AUTH) as resp:
-            body = await resp.json()
-        if body["code"] != 200:
-            return None
-        if body["data"]["state"] in ("success", "fail"):
-            return dict(body["data"])
-    raise AssertionError("the task never finished")
 
 
 async def kie_report(call: OwnCall, data: dict[str, Any] | None) -> Reported:
