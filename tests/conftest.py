@@ -97,9 +97,39 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
     drop_database(pg_admin_url, name)
 
 
+def _citus_database() -> str:
+    """A fresh database on every node of the ``.ci/citus`` cluster, migrated (Citus 12.1
+    neither propagates ``CREATE DATABASE`` nor copies a template across nodes)."""
+    import subprocess
+
+    name = f"cw_citus_{uuid.uuid4().hex[:12]}"
+    made = subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / ".ci" / "citus"),
+                           "db", name], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    url = made.stdout.strip()
+
+    async def _migrate() -> None:
+        conn = await connect(url)
+        async with conn:
+            await migrate(conn)
+
+    import asyncio
+
+    asyncio.run(_migrate())
+    return url
+
+
 @pytest.fixture
-def db_url(pg_admin_url: str, template_db: str, pooler_url: str | None) -> Iterator[str]:
-    """A fresh, migrated database for one test (through PgBouncer with ``--pgbouncer``)."""
+def db_url(request: pytest.FixtureRequest, pooler_url: str | None) -> Iterator[str]:
+    """A fresh, migrated database for one test (through PgBouncer with ``--pgbouncer``; on
+    the ``.ci/citus`` cluster with ``CALLWARDEN_ON_CITUS=1``, which ``.ci/run`` sets to run
+    the write-path, worker, reconciler and webhook suites there)."""
+    if os.environ.get("CALLWARDEN_ON_CITUS") == "1":
+        yield _citus_database()
+        return
+    pg_admin_url: str = request.getfixturevalue("pg_admin_url")
+    template_db: str = request.getfixturevalue("template_db")
     name = f"cw_test_{uuid.uuid4().hex[:12]}"
     url = create_database(pg_admin_url, name, template=template_db)
     yield url if pooler_url is None else make_conninfo(pooler_url, dbname=name)
@@ -142,6 +172,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         unfit.add("slow")  # .ci/run runs them in a step of their own
     if not os.environ.get("CALLWARDEN_CITUS_URL"):
         unfit.add("citus")  # .ci/run runs them against its cluster (.ci/citus)
+    if os.environ.get("CALLWARDEN_ON_CITUS") == "1":
+        unfit.add("plain_postgres")  # the suites run again on the cluster
     kept = [i for i in items if not any(i.get_closest_marker(m) for m in unfit)]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])

@@ -20,9 +20,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from callwarden.database import write
 from callwarden.database.boundary import connection
+from callwarden.database.citus import on_citus
 from callwarden.database.clock import Clock
 from callwarden.database.clock import sync_clock as _sync_clock
-from callwarden.database.db import Pool
+from callwarden.database.db import Conn, Pool
 from callwarden.database.port import Before, ClaimRequest, Row
 from callwarden.database.snapshot import snapshot
 from callwarden.database.write import AppendResult, Decide
@@ -88,7 +89,9 @@ class PostgresDatabase:
 
     async def claim(self, request: ClaimRequest) -> list[Row]:
         async with connection(self.pool) as conn:
-            return list(await _execute(conn, "reconcile_claim", request.sql_params()))
+            if not await on_citus(conn):
+                return list(await _execute(conn, "reconcile_claim", request.sql_params()))
+            return await _claim_on_citus(conn, request)
 
     async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
         async with connection(self.pool) as conn, snapshot(conn):
@@ -164,3 +167,24 @@ def as_database(db: Pool | D) -> PostgresDatabase | D:
     if isinstance(db, AsyncConnectionPool):
         return PostgresDatabase(db)
     return db
+
+
+async def _claim_on_citus(conn: Conn, request: ClaimRequest) -> list[Row]:
+    """The reconciler's claim on Citus: candidates read without a lock, then claimed one
+    by one (a single-shard ``UPDATE`` each, re-checked on the locked row) until the batch
+    is full (engine/database/reconcile.sql)."""
+    params = request.sql_params()
+    batch = int(params["batch_size"])
+    found = await _execute(conn, "reconcile_candidates_citus",
+                           {**params, "candidates": CANDIDATES_PER_CLAIM * batch})
+    claimed: list[Row] = []
+    for candidate in found:
+        if len(claimed) >= batch:
+            break
+        claimed.extend(await _execute(conn, "reconcile_claim_one_citus",
+                                      {**params, "job_id": candidate["id"]}))
+    return claimed
+
+
+#: Candidates read per claimed call on Citus: others' claims race for the same rows.
+CANDIDATES_PER_CLAIM = 4

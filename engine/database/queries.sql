@@ -202,6 +202,20 @@ SELECT version FROM callwarden_migrations;
 -- name: migrations_record
 INSERT INTO callwarden_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: task_claim_citus
+-- On Citus, where no unique index spans shards: the upstream task's one job, kept in
+-- callwarden_tasks (distributed by the task id, migration 0010) in the transaction that
+-- appends the TaskCreated or Adopted naming it (write.py); a task another job holds is
+-- left as it is (task_holder_citus then names that job: TaskAlreadyClaimed).
+INSERT INTO callwarden_tasks (provider_kind, provider_task_id, job_id)
+VALUES (%(kind)s, %(task_id)s, %(job_id)s::uuid)
+ON CONFLICT (provider_task_id, provider_kind) DO NOTHING
+RETURNING job_id;
+
+-- name: task_holder_citus
+SELECT job_id FROM callwarden_tasks
+WHERE provider_task_id = %(task_id)s AND provider_kind = %(kind)s;
+
 -- name: migrations_on_citus
 -- A Citus database: migrations are sent one statement at a time (migrate.py).
 SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS ok;

@@ -27,14 +27,72 @@
 -- arguments come from StaleRule.sql_params). %(cutoff)s = now - min(smallest kind
 -- threshold, heartbeat timeout): the index range every stale open call falls in;
 -- %(horizon_extra_s)s = attempt cap x re-poll interval.
-WITH cut AS (
+WITH cut AS ({{claim_cut}}), open_calls AS (
+    SELECT j.id
+    FROM jobs j
+    WHERE {{claim_open_calls}}
+    LIMIT %(batch_size)s
+    FOR UPDATE OF j SKIP LOCKED
+), seed_rows AS (
+    SELECT j.id
+    FROM jobs j, cut
+    WHERE {{claim_seed_rows}}
+    LIMIT (SELECT greatest(%(batch_size)s - count(*), 0) FROM open_calls)
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs j
+SET reconcile_owner = %(owner)s::text,
+    reconcile_lease_until = %(lease_until)s::timestamptz
+FROM cut
+WHERE j.id = ANY(ARRAY(SELECT id FROM open_calls UNION ALL SELECT id FROM seed_rows))
+{{claim_returning}}
+
+-- name: reconcile_candidates_citus
+-- reconcile_claim on Citus (issue 27), which runs no FOR UPDATE across shards and no
+-- subquery in a LIMIT, step 1: the candidates of both branches, read without a lock (each
+-- shard through its own partial indexes), open calls first; %(candidates)s of them (a few
+-- times the batch: another reconciler may take some first).
+WITH cut AS ({{claim_cut}}
+), open_calls AS (
+    SELECT j.id, 0 AS branch
+    FROM jobs j
+    WHERE {{claim_open_calls}}
+    LIMIT %(candidates)s
+), seed_rows AS (
+    SELECT j.id, 1 AS branch
+    FROM jobs j, cut
+    WHERE {{claim_seed_rows}}
+    LIMIT %(candidates)s
+)
+SELECT id FROM (SELECT * FROM open_calls UNION ALL SELECT * FROM seed_rows) c
+ORDER BY branch
+LIMIT %(candidates)s;
+
+-- name: reconcile_claim_one_citus
+-- Step 2, per candidate until the batch is full: a single-shard UPDATE (no two-phase
+-- commit) that re-checks both branches' predicates on the row it locks (READ COMMITTED
+-- re-evaluates its WHERE on the newest version after a concurrent commit): a call another
+-- reconciler leased, a worker heartbeated or the host ended meanwhile answers no row, so
+-- two reconcilers never hold one call. The same rows as reconcile_claim.
+WITH cut AS ({{claim_cut}}
+)
+UPDATE jobs j
+SET reconcile_owner = %(owner)s::text,
+    reconcile_lease_until = %(lease_until)s::timestamptz
+FROM cut
+WHERE j.id = %(job_id)s::uuid
+  AND (({{claim_open_calls}})
+       OR ({{claim_seed_rows}}))
+{{claim_returning}};
+
+-- fragment: claim_cut
     SELECT COALESCE(%(legacy_cutoff)s::timestamptz,
                     (SELECT applied_at FROM callwarden_migrations WHERE version = 2))
            AS legacy_cutoff
-), open_calls AS (
-    SELECT j.id
-    FROM jobs j
-    WHERE j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
+
+-- fragment: claim_open_calls
+-- (the open_calls branch's predicate: see reconcile_claim)
+j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
       AND (j.reconcile_lease_until IS NULL OR j.reconcile_lease_until <= %(now)s::timestamptz)
       AND (
           COALESCE(j.status, 'pending') NOT IN ('pending', 'processing')
@@ -50,12 +108,10 @@ WITH cut AS (
                                       j.heartbeat_at, j.provider_kind,
                                       %(stale_thresholds)s::jsonb, %(stale_legacy_s)s::float8,
                                       %(stale_heartbeat_s)s::float8, %(now)s::timestamptz)))
-    LIMIT %(batch_size)s
-    FOR UPDATE OF j SKIP LOCKED
-), seed_rows AS (
-    SELECT j.id
-    FROM jobs j, cut
-    WHERE j.status IN ('pending', 'processing')
+
+-- fragment: claim_seed_rows
+-- (the seed_rows branch's predicate: see reconcile_claim)
+j.status IN ('pending', 'processing')
       AND j.call_state IS NULL
       AND (j.provider_call_started_at < %(cutoff)s::timestamptz
            OR (j.provider_call_started_at IS NULL
@@ -70,14 +126,8 @@ WITH cut AS (
                               j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
                               %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
                               %(now)s::timestamptz)
-    LIMIT (SELECT greatest(%(batch_size)s - count(*), 0) FROM open_calls)
-    FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE jobs j
-SET reconcile_owner = %(owner)s::text,
-    reconcile_lease_until = %(lease_until)s::timestamptz
-FROM cut
-WHERE j.id = ANY(ARRAY(SELECT id FROM open_calls UNION ALL SELECT id FROM seed_rows))
+
+-- fragment: claim_returning
 RETURNING j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provider_task_id,
           j.provider_call_started_at, j.call_sync, j.reconcile_attempts,
           j.reconcile_last_error, j.reconcile_next_at, j.error_message, j.finalize_owner,
@@ -91,7 +141,7 @@ RETURNING j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provi
                THEN greatest(cut.legacy_cutoff, %(reserved_before)s::timestamptz)
                ELSE cut.legacy_cutoff END AS legacy_cutoff,
           (SELECT count(*) FROM usage_logs u
-            WHERE u.job_id = j.id AND u.status <> 'reserved') AS settled_reservations;
+            WHERE u.job_id = j.id AND u.status <> 'reserved') AS settled_reservations
 
 -- name: reconcile_renew
 -- Before acting on a claimed call: extend the claim from the time of renewal, only if it

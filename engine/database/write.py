@@ -43,12 +43,14 @@ from callwarden.database.appending import (
     without_nul,
 )
 from callwarden.database.boundary import is_lost_append_race, translate, translated
+from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn
 from callwarden.database.port import transition_via
 from callwarden.database.queries import QUERIES
 from callwarden.errors import (
     DatabaseError,
     JobNotFound,
+    TaskAlreadyClaimed,
     WriteConflict,
 )
 from callwarden.events.codec import EventDecodeError, decode
@@ -207,8 +209,11 @@ async def _append(
         params.update(asset_keys=[m.key for m in assets], asset_urls=[m.url for m in assets],
                       asset_types=[m.content_type for m in assets],
                       asset_sizes=[m.size for m in assets])
+    claims = (new.provider_task_id is not None
+              and new.provider_task_id != current.provider_task_id and await on_citus(conn))
     try:
-        rows = await _run(conn, statement, params)
+        rows = await (_claiming(conn, job_id, new, statement, params) if claims
+                      else _run(conn, statement, params))
     except WriteConflict as exc:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
@@ -224,6 +229,33 @@ async def _append(
     for fn in _observers:
         fn(result)
     return result
+
+
+class _NotAppended(Exception):
+    """The append lost (rolls back the task claim made in its transaction)."""
+
+
+async def _claiming(conn: Conn, job_id: uuid.UUID, new: CallProjection, statement: str,
+                    params: dict[str, Any]) -> list[DictRow]:
+    """On Citus: claim the upstream task for the job in ``callwarden_tasks`` and append,
+    in one transaction; another job holding the task is ``TaskAlreadyClaimed``, as the
+    unique index raises on plain Postgres. A lost append leaves no claim."""
+    task = {"kind": new.provider_kind, "task_id": new.provider_task_id, "job_id": job_id}
+    try:
+        async with conn.transaction():
+            await _run(conn, "task_claim_citus", task)
+            holder = await _run(conn, "task_holder_citus", task)
+            if not holder or holder[0]["job_id"] != job_id:
+                raise TaskAlreadyClaimed(f"upstream task already claimed by another job: "
+                                         f"{new.provider_kind} {new.provider_task_id}")
+            rows = await _run(conn, statement, params)
+            if not rows or not rows[0]["appended"]:
+                raise _NotAppended
+            return rows
+    except _NotAppended:
+        return []
+    except psycopg.Error as exc:  # the transaction's own end (its commit)
+        raise translate(exc) from exc
 
 
 async def transition(

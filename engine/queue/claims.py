@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from callwarden.database.boundary import transaction
+from callwarden.database.citus import statement_for
 from callwarden.database.db import Conn
 from callwarden.database.write import AppendResult, cancel_unstarted, execute
 from callwarden.providers.kinds import KINDS
@@ -87,7 +88,7 @@ async def claim(conn: Conn, *, owner: str, batch: int, visibility_s: float) -> l
     """Lease up to ``batch`` claimable jobs to ``owner`` (one statement)."""
     if batch <= 0:
         return []
-    rows = await execute(conn, "queue_claim", {
+    rows = await execute(conn, await statement_for(conn, "queue_claim"), {
         "owner": owner, "batch": batch, "visibility_s": visibility_s})
     return [Claimed(job_id=r["id"], input_data=r["input_data"], deliveries=r["deliveries"])
             for r in rows]

@@ -24,6 +24,28 @@ FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.input_data::text AS input_data, j.queue_deliveries AS deliveries;
 
+-- name: queue_claim_citus
+-- queue_claim on Citus (issue 27), which runs no FOR UPDATE across shards: the candidates
+-- are read without a lock, and the UPDATE re-checks each one's lease on the row it locks
+-- (READ COMMITTED re-evaluates its WHERE on the newest version after a concurrent
+-- commit), so two claimers never lease one job: the second skips what the first took.
+UPDATE jobs j SET
+    queue_owner = %(owner)s,
+    queue_lease_until = now() + make_interval(secs => %(visibility_s)s::float8),
+    queue_deliveries = j.queue_deliveries + 1,
+    started_at = now()
+WHERE j.id IN (SELECT id
+               FROM jobs
+               WHERE queue_acked_at IS NULL
+                 AND status IN ('pending', 'processing')
+                 AND (queue_lease_until IS NULL OR queue_lease_until < now())
+               ORDER BY created_at
+               LIMIT %(batch)s)
+  AND j.queue_acked_at IS NULL
+  AND j.status IN ('pending', 'processing')
+  AND (j.queue_lease_until IS NULL OR j.queue_lease_until < now())
+RETURNING j.id, j.input_data::text AS input_data, j.queue_deliveries AS deliveries;
+
 -- name: queue_extend
 UPDATE jobs
 SET queue_lease_until = now() + make_interval(secs => %(visibility_s)s::float8)

@@ -54,6 +54,7 @@ async def _eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 1
 # ------------------------------------------------------------------ claim / ack
 
 
+@pytest.mark.plain_postgres  # on Citus the claim waits for the lock (no SKIP LOCKED there)
 async def test_claim_skips_rows_locked_by_another_transaction(conn: Conn, db_url: str) -> None:
     locked = await create_job(conn, input_data=KIE)
     free = await create_job(conn, input_data=KIE)

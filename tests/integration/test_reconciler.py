@@ -297,6 +297,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.plain_postgres  # the plan of the FOR UPDATE SKIP LOCKED form
 async def test_claim_is_served_by_partial_indexes_not_by_the_size_of_jobs(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
     await conn.execute(

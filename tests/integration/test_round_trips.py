@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from callwarden.calls.runner import CallRunner
+from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn, Pool
 from callwarden.database.jobs import create_job
 from callwarden.providers.simulator.core import RunningSimulator
@@ -51,6 +52,8 @@ async def counted_pool(db_url: str) -> AsyncIterator[Pool]:
         connection_class=CountingConnection, configure=configure_counted)
     async with pool:
         await pool.wait(timeout=30)
+        async with pool.connection() as conn:  # asked once per process and database, so
+            await on_citus(conn)               # not a per-call cost: before the counting
         yield pool
 
 

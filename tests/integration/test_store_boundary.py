@@ -33,7 +33,7 @@ async def test_a_connection_dropped_inside_the_block_is_unavailable(db_url: str)
         async with connection(pool) as conn:
             pid = await (await conn.execute("SELECT pg_backend_pid() AS p")).fetchone()
             assert pid is not None
-            await admin.execute("SELECT pg_terminate_backend(%s)", (pid["p"],))
+            await admin.execute("SELECT pg_terminate_backend(%s::int)", (pid["p"],))
             await conn.execute("SELECT 1")
 
     async with open_pool(db_url, min_size=1, max_size=2) as pool, await connect(db_url) as admin:

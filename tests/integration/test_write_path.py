@@ -235,7 +235,7 @@ async def test_dead_database_is_a_typed_error_and_loses_nothing(db_url: str) -> 
         job = await create_job(admin)
         pid = (await (await victim.execute("SELECT pg_backend_pid() AS pid")).fetchone())
         assert pid is not None
-        await admin.execute("SELECT pg_terminate_backend(%s)", (pid["pid"],))
+        await admin.execute("SELECT pg_terminate_backend(%s::int)", (pid["pid"],))
         p = await load(admin, job)
         with pytest.raises(DatabaseUnavailable):
             await append(victim, job, p, CallStarted(at=T0, actor="w", kind="kie-standard"))

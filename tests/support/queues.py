@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn
 from callwarden.providers.simulator.core import RunningSimulator
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
@@ -169,10 +170,12 @@ async def blocked_on_a_lock(conn: Conn, task: asyncio.Task[Any], *,
     lock (the task's statement queued behind a transaction the test holds open): the
     condition polled on ``pg_stat_activity``, bounded."""
     deadline = time.monotonic() + timeout_s
+    citus = await on_citus(conn)  # the wait is on a worker node: Citus' own view sees it
+    sql = ("SELECT count(*) AS n FROM citus_lock_waits" if citus else
+           "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+           "AND wait_event_type = 'Lock'")
     while not task.done():
-        row = await (await conn.execute(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'")).fetchone()
+        row = await (await conn.execute(sql)).fetchone()
         if row is not None and row["n"] > 0:
             return
         assert time.monotonic() < deadline, "the task neither ended nor waited for a lock"
