@@ -117,9 +117,15 @@ class PostgresDatabase:
     # -- WebhookDatabase -------------------------------------------------------------------
 
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
+        params = {"kinds": list(kinds), "task_id": task_id}
         async with connection(self.pool) as conn:
-            rows = await _execute(conn, "webhook_find_job",
-                                  {"kinds": list(kinds), "task_id": task_id})
+            if await on_citus(conn):  # the task's holder first: two single-shard reads
+                held = await _execute(conn, "webhook_task_holder_citus", params)
+                if held:
+                    rows = await _execute(conn, "webhook_held_job_citus",
+                                          {**params, "job_id": held[0]["job_id"]})
+                    return rows[0] if rows else None
+            rows = await _execute(conn, "webhook_find_job", params)  # (a row not adopted yet)
         return rows[0] if rows else None
 
     async def job_by_id(self, job_id: uuid.UUID) -> Row | None:

@@ -96,13 +96,16 @@ def _with_start(loaded: tuple[dict[str, LiteralString], dict[str, str]]
                 ) -> dict[str, LiteralString]:
     """``append_start``: ``append_move`` with an empty ``settled_fence`` (a start is
     fenced on version 0 and on the host's status, never on settled reservations, and
-    settles nothing)."""
+    settles nothing); on Citus ``append_upd_start_citus`` from ``append_upd_citus``."""
     queries, fragments = loaded
     fence = fragments["settled_fence"]
-    append = queries["append_move"]
-    if append.count(fence) != 1:
-        raise RuntimeError("append_move must splice settled_fence once")
-    return {**queries, "append_start": append.replace(fence, "")}
+    starts: dict[str, LiteralString] = {}
+    for start, append in (("append_start", "append_move"),
+                          ("append_upd_start_citus", "append_upd_citus")):
+        if queries[append].count(fence) != 1:
+            raise RuntimeError(f"{append} must splice settled_fence once")
+        starts[start] = queries[append].replace(fence, "")
+    return {**queries, **starts}
 
 
 QUERIES: dict[str, LiteralString] = _with_start(_load_all())

@@ -36,6 +36,18 @@ WHERE id = %(job_id)s;
 -- those still reserved in id order (never above any one of them, never below zero); a
 -- row the host committed itself counts with what it charged (never charged again).
 WITH upd AS (
+{{append_upd}}
+), ev AS (
+    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+    SELECT upd.id, %(expected_version)s::int + e.n::int, e.type, e.version, e.payload::jsonb,
+           e.actor
+    FROM upd, {{event_rows}}
+    RETURNING seq
+)
+
+-- fragment: append_upd
+-- The projection's update with its fences (append_ctes above; on Citus its own
+-- statement, append_upd_citus).
     UPDATE jobs SET
         call_state = %(call_state)s::text,
         call_version = %(new_version)s::int,
@@ -53,14 +65,11 @@ WITH upd AS (
       {{settled_fence}}
       AND (NOT %(is_start)s::boolean OR provider_task_id IS NULL)
     RETURNING id, user_id, is_public, workflow_execution_id, node_id
-), ev AS (
-    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
-    SELECT upd.id, %(expected_version)s::int + e.n::int, e.type, e.version, e.payload::jsonb,
-           e.actor
-    FROM upd, unnest(%(types)s::text[], %(event_versions)s::smallint[], %(payloads)s::text[],
-                     %(actors)s::text[]) WITH ORDINALITY AS e(type, version, payload, actor, n)
-    RETURNING seq
-)
+
+-- fragment: event_rows
+-- The run's events as rows, numbered from 1.
+unnest(%(types)s::text[], %(event_versions)s::smallint[], %(payloads)s::text[],
+       %(actors)s::text[]) WITH ORDINALITY AS e(type, version, payload, actor, n)
 -- fragment: settle_ctes
 -- The settlement of a terminal transition, after append_ctes (a transition that settles
 -- nothing runs append_move, without these: see there).
@@ -147,6 +156,52 @@ assets_in AS (
 SELECT (SELECT count(*) FROM ev) AS appended,
        (SELECT count(*) FROM settle) AS settled,
        (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
+
+-- name: append_upd_citus
+-- On Citus (issue 27) a transition is these statements in one transaction, each with the
+-- job id, so each goes to the job's one shard group and the transaction commits on one
+-- worker without two-phase commit (the one statement of append_ctes is planned there as
+-- sub-plans whose results are sent to every worker). engine/database/write.py runs them:
+-- the update (its fences), then only if it won the events, the settlement, the assets
+-- and, for a workflow's node, the reopen of the workflow (a reference table: every node).
+{{append_upd}};
+
+-- name: append_event_citus
+-- One event of the run (write.py sends the run's events at once, in a pipeline): an
+-- INSERT ... VALUES goes to the job's shard as it is; an INSERT ... SELECT is planned on
+-- the coordinator, whose results then commit in two phases.
+INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+VALUES (%(job_id)s::uuid, %(seq)s::int, %(type)s::text, %(version)s::smallint,
+        %(payload)s::jsonb, %(actor)s::text);
+
+-- name: append_settle_citus
+-- settle_ctes after the events were appended (append_events_citus, in this transaction).
+WITH ev AS (SELECT 1 AS seq)
+{{settle_ctes}}
+SELECT (SELECT count(*) FROM settle) AS settled,
+       (SELECT count(*) FROM usage_logs WHERE job_id = %(job_id)s::uuid) AS reservations;
+
+-- name: append_asset_citus
+-- One asset row (a VALUES, as append_event_citus).
+INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
+VALUES (%(job_id)s::uuid, %(user_id)s::text, %(key)s::text, %(url)s::text,
+        %(content_type)s::text, %(size)s::bigint, COALESCE(%(is_public)s::boolean, true))
+ON CONFLICT (job_id, storage_key) DO NOTHING;
+
+-- name: append_reopen_due_citus
+-- Whether the job's completion reopens its workflow (append_reopen_citus): read first, as
+-- a write to a reference table goes to every node and commits in two phases. (Only this
+-- node's own earlier failure makes it the sole failure: no race with this completion.)
+SELECT EXISTS (SELECT 1 FROM workflow_executions w
+               WHERE w.id = %(workflow_execution_id)s::uuid AND w.status = 'failed'
+                 AND w.failed_nodes = ARRAY[%(node_id)s::text]::text[]) AS due;
+
+-- name: append_reopen_citus
+-- append_completion's reopen, for a job that names a workflow (see there).
+UPDATE workflow_executions w
+SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
+WHERE w.id = %(workflow_execution_id)s::uuid AND w.status = 'failed'
+  AND w.failed_nodes = ARRAY[%(node_id)s::text]::text[];
 
 -- name: load_events
 SELECT seq, type, version, payload::text AS payload, actor, recorded_at

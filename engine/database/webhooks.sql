@@ -11,6 +11,20 @@ FROM jobs
 WHERE provider_kind = ANY(%(kinds)s::text[])
   AND provider_task_id = %(task_id)s::text;
 
+-- name: webhook_task_holder_citus
+-- On Citus the task's one job is kept in callwarden_tasks (distributed by the task id):
+-- one shard answers, where webhook_find_job would ask every shard of jobs.
+SELECT job_id FROM callwarden_tasks
+WHERE provider_kind = ANY(%(kinds)s::text[])
+  AND provider_task_id = %(task_id)s::text;
+
+-- name: webhook_held_job_citus
+SELECT id, provider_kind, provider_task_id, call_state
+FROM jobs
+WHERE id = %(job_id)s::uuid
+  AND provider_kind = ANY(%(kinds)s::text[])
+  AND provider_task_id = %(task_id)s::text;
+
 -- name: webhook_job_by_id
 SELECT id, provider_kind, provider_task_id, provider_call_started_at, call_state,
        callback_token

@@ -54,7 +54,7 @@ from callwarden.errors import (
     WriteConflict,
 )
 from callwarden.events.codec import EventDecodeError, decode
-from callwarden.events.types import Cancelled, Event, StoredMedia
+from callwarden.events.types import Adopted, Cancelled, Event, StoredMedia, TaskCreated
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
 
@@ -86,6 +86,13 @@ async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
         if is_lost_append_race(exc):
             return []  # someone appended this seq first: a lost race
         raise translate(exc) from exc
+
+
+async def _run_many(conn: Conn, name: str, rows: Sequence[dict[str, Any]]) -> None:
+    """``name`` once per row, sent at once (psycopg pipelines ``executemany``)."""
+    if rows:
+        async with conn.cursor() as cur:
+            await cur.executemany(QUERIES[name], rows)
 
 
 async def execute(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
@@ -209,11 +216,12 @@ async def _append(
         params.update(asset_keys=[m.key for m in assets], asset_urls=[m.url for m in assets],
                       asset_types=[m.content_type for m in assets],
                       asset_sizes=[m.size for m in assets])
-    claims = (new.provider_task_id is not None
-              and new.provider_task_id != current.provider_task_id and await on_citus(conn))
     try:
-        rows = await (_claiming(conn, job_id, new, statement, params) if claims
-                      else _run(conn, statement, params))
+        if await on_citus(conn):
+            claims = _names_a_task(events, new) and new.provider_task_id is not None
+            rows = await _append_citus(conn, job_id, new, params, claims)
+        else:
+            rows = await _run(conn, statement, params)
     except WriteConflict as exc:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
@@ -231,31 +239,68 @@ async def _append(
     return result
 
 
+def _names_a_task(events: Sequence[Event], new: CallProjection) -> bool:
+    """The run makes this job the upstream task's: a ``TaskCreated``, or an ``Adopted``
+    of a row whose task id the host wrote (its projection already shows that id, so the
+    claim cannot be decided by a change of the column) unless the same run ends the call
+    (an adopted row swept or exhausted polls nothing)."""
+    return any(isinstance(e, TaskCreated) for e in events) or (
+        not new.terminal and any(isinstance(e, Adopted) and e.task_id for e in events))
+
+
 class _NotAppended(Exception):
     """The append lost (rolls back the task claim made in its transaction)."""
 
 
-async def _claiming(conn: Conn, job_id: uuid.UUID, new: CallProjection, statement: str,
-                    params: dict[str, Any]) -> list[DictRow]:
-    """On Citus: claim the upstream task for the job in ``callwarden_tasks`` and append,
-    in one transaction; another job holding the task is ``TaskAlreadyClaimed``, as the
-    unique index raises on plain Postgres. A lost append leaves no claim."""
-    task = {"kind": new.provider_kind, "task_id": new.provider_task_id, "job_id": job_id}
+async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
+                        params: dict[str, Any], claims: bool) -> list[DictRow]:
+    """On Citus: the append as statements on the job's one shard group, in one transaction
+    (``append_upd_citus`` and the statements after it in queries.sql), and, when the run
+    makes the job an upstream task's, the task claimed for the job in ``callwarden_tasks``
+    (another job holding it is ``TaskAlreadyClaimed``, as the unique index raises on plain
+    Postgres). A lost append leaves nothing, its claim included. Answers the row the one
+    statement of plain Postgres answers."""
     try:
         async with conn.transaction():
-            await _run(conn, "task_claim_citus", task)
-            holder = await _run(conn, "task_holder_citus", task)
-            if not holder or holder[0]["job_id"] != job_id:
-                raise TaskAlreadyClaimed(f"upstream task already claimed by another job: "
-                                         f"{new.provider_kind} {new.provider_task_id}")
-            rows = await _run(conn, statement, params)
-            if not rows or not rows[0]["appended"]:
+            if claims:
+                await _claim_task(conn, job_id, new)
+            won = await _run(conn, "append_upd_start_citus" if params["is_start"]
+                             else "append_upd_citus", params)
+            if not won:
                 raise _NotAppended
-            return rows
+            await _run_many(conn, "append_event_citus", [
+                {"job_id": job_id, "seq": params["expected_version"] + n, "type": t,
+                 "version": v, "payload": p, "actor": a}
+                for n, (t, v, p, a) in enumerate(zip(
+                    params["types"], params["event_versions"], params["payloads"],
+                    params["actors"], strict=True), start=1)])
+            settled = ([{"settled": 0, "reservations": 0}] if params["settle_to"] is None
+                       else await _run(conn, "append_settle_citus", params))
+            if "asset_keys" in params:
+                job = won[0]
+                await _run_many(conn, "append_asset_citus", [
+                    {"job_id": job_id, "user_id": job["user_id"], "is_public": job["is_public"],
+                     "key": k, "url": u, "content_type": c, "size": z}
+                    for k, u, c, z in zip(params["asset_keys"], params["asset_urls"],
+                                          params["asset_types"], params["asset_sizes"],
+                                          strict=True)])
+                if job["workflow_execution_id"] is not None and (
+                        await _run(conn, "append_reopen_due_citus", dict(job)))[0]["due"]:
+                    await _run(conn, "append_reopen_citus", dict(job))
+            return [{**settled[0], "appended": len(params["types"])}]
     except _NotAppended:
         return []
     except psycopg.Error as exc:  # the transaction's own end (its commit)
         raise translate(exc) from exc
+
+
+async def _claim_task(conn: Conn, job_id: uuid.UUID, new: CallProjection) -> None:
+    task = {"kind": new.provider_kind, "task_id": new.provider_task_id, "job_id": job_id}
+    await _run(conn, "task_claim_citus", task)
+    holder = await _run(conn, "task_holder_citus", task)
+    if not holder or holder[0]["job_id"] != job_id:
+        raise TaskAlreadyClaimed(f"upstream task already claimed by another job: "
+                                 f"{new.provider_kind} {new.provider_task_id}")
 
 
 async def transition(

@@ -48,7 +48,13 @@ from callwarden.database.outage import Outage
 from callwarden.database.port import ClaimRequest, ReconcilerDatabase, Row
 from callwarden.database.postgres import as_database
 from callwarden.database.write import AppendResult
-from callwarden.errors import CallwardenError, DatabaseError, DatabaseUnavailable, JobNotFound
+from callwarden.errors import (
+    CallwardenError,
+    DatabaseError,
+    DatabaseUnavailable,
+    JobNotFound,
+    TaskAlreadyClaimed,
+)
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.types import Event, Exhausted, HostEnded, ReconcileAttempted, Swept
 from callwarden.observe.metrics import record_reconcile
@@ -338,7 +344,14 @@ class Reconciler:
                 counts.bump(count)
                 record_reconcile(action.kind, count)
             return
-        r = await self._write(job, p, event, counts, "adopted", adopted)
+        try:
+            r = await self._write(job, p, event, counts, "adopted", adopted)
+        except TaskAlreadyClaimed:
+            # (Citus, where no unique index on jobs stops a host writing a second row with
+            # another job's task: that job polls it; this one is ended and refunded)
+            await self._adopt(job, p, msgspec.structs.replace(
+                action, then=Sweep(why="its upstream task is another job's")), now, counts)
+            return
         if r is not None:
             await self._act(job, r.projection, action.then, now, counts)
 

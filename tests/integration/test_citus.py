@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from callwarden import OwnCalls
 from callwarden.database.clock import utcnow
@@ -29,12 +31,22 @@ from callwarden.database.db import Conn, connect, open_pool
 from callwarden.database.jobs import create_job
 from callwarden.database.migrate import migrate, pending
 from callwarden.database.write import append, load
-from callwarden.events.types import CallStarted, TaskCreated
+from callwarden.events.types import (
+    CallStarted,
+    Completed,
+    Event,
+    FinalizeClaimed,
+    StoredMedia,
+    TaskCreated,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
 from callwarden.providers.outcomes import Succeeded
 from callwarden.replay.verify import verify, verify_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CITUS = pytest.mark.citus
+MEDIA = StoredMedia(key="jobs/a.png", url="file:///a.png", content_type="image/png", size=3)
 
 
 async def _rows(conn: Conn, sql: str, *params: Any) -> list[dict[str, Any]]:
@@ -127,6 +139,96 @@ async def test_calls_with_their_settlement_run_on_the_cluster(citus: Conn,
 
 
 
+class _Remote:
+    """What the coordinator sent to the workers (``citus.log_remote_commands``): the
+    commands of each transition, the workers they went to, whether it committed in two
+    phases."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def __call__(self, diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if message.startswith("issuing "):
+            self.sent.append((message.removeprefix("issuing "), diag.message_detail or ""))
+
+    def take(self) -> dict[str, Any]:
+        sent, self.sent = self.sent, []
+        return {"commands": len(sent),
+                "workers": len({re.sub(r" connectionId: \d+", "", d) for _, d in sent}),
+                "two_phase": any(c.startswith("PREPARE TRANSACTION") for c, _ in sent)}
+
+
+async def _transitions(conn: psycopg.AsyncConnection[Any], job: uuid.UUID,
+                       remote: _Remote) -> dict[str, dict[str, Any]]:
+    """A call's transitions on ``job`` as a worker appends them (the start, the task, and
+    the success finalized at once with its asset), with what each sent to the workers."""
+    now, who = utcnow(), "worker:citus"
+    seen: dict[str, dict[str, Any]] = {}
+    p = await load(conn, job)
+    remote.take()
+    runs: tuple[tuple[str, list[Event]], ...] = (
+        ("start", [CallStarted(at=now, actor=who, kind="kie-standard")]),
+        ("task_created", [TaskCreated(at=now, actor=who, task_id=f"t-{job}")]),
+        ("completion", [
+            UpstreamSucceeded(at=now, actor=who,
+                              result=UpstreamResult(media_urls=("https://x/a.png",))),
+            FinalizeClaimed(at=now, actor=who, owner=who,
+                            lease_until=now + timedelta(minutes=1)),
+            Completed(at=now, actor=who, media=(MEDIA,), cost=3.0)]),
+    )
+    for name, run in runs:
+        r = await append(conn, job, p, run, assets=(MEDIA,) if name == "completion" else None)
+        assert r.ok, name
+        p = r.projection
+        seen[name] = remote.take()
+    return seen
+
+
+@CITUS
+async def test_each_transition_goes_to_the_jobs_one_worker_without_two_phase_commit(
+        citus: Conn) -> None:
+    """Item 3, from Citus's own view (``citus.log_remote_commands``): every transition of
+    a call (its start, a move, the success with its claim, finalization, asset row and
+    settlement) goes to the one worker holding the job's shard group and commits there in
+    one phase, in the recorded number of remote commands (docs/scaling.md). The
+    ``TaskCreated`` also claims the task in ``callwarden_tasks``, whose shard is the
+    task's: a second worker, in two phases, when it falls on the other one. The reopen of
+    a workflow whose sole failure was this node writes a reference table: every worker, in
+    two phases, and the workflow is reopened; a running workflow is only read. (Before the
+    Citus form of the append, each transition was planned as sub-plans whose results went
+    to both workers: 15 commands and two phases for a move, 47 for the three of an own
+    call's success.)"""
+    remote = _Remote()
+    running, failed = uuid.uuid4(), uuid.uuid4()
+    await citus.execute("INSERT INTO workflow_executions (id, status, failed_nodes) VALUES "
+                        "(%s, 'running', '{}'), (%s, 'failed', ARRAY['n1'])", (running, failed))
+    plain = await create_job(citus, credits=5, workflow_execution_id=running, node_id="n1")
+    reopens = await create_job(citus, credits=5, workflow_execution_id=failed, node_id="n1")
+    async with await psycopg.AsyncConnection.connect(
+            citus.info.dsn, autocommit=True, row_factory=dict_row) as conn:
+        await conn.execute("SET citus.log_remote_commands = on")
+        await conn.execute("SET client_min_messages = log")
+        conn.add_notice_handler(remote)
+        seen = await _transitions(conn, plain, remote)
+        reopening = await _transitions(conn, reopens, remote)
+    one_phase = {"workers": 1, "two_phase": False}
+    assert seen["start"] == {"commands": 4, **one_phase}, seen
+    for task in (seen["task_created"], reopening["task_created"]):
+        assert task in ({"commands": 6, **one_phase},
+                        {"commands": 10, "workers": 2, "two_phase": True}), task
+    assert seen["completion"] == {"commands": 8, **one_phase}, seen
+    assert reopening["completion"] == {"commands": 15, "workers": 2, "two_phase": True}
+    assert (await _rows(citus, "SELECT id, status FROM workflow_executions ORDER BY status")
+            ) == [{"id": failed, "status": "completed"}, {"id": running, "status": "running"}]
+    for job in (plain, reopens):
+        assert (await _rows(citus, "SELECT status, credits_charged FROM usage_logs "
+                                   "WHERE job_id = %s", job)) == [
+            {"status": "committed", "credits_charged": 3}]
+        assert len(await _rows(citus, "SELECT 1 FROM assets WHERE job_id = %s", job)) == 1
+        assert await verify_job(citus, job) == []
+
+
 async def _command(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLWARDEN_", "AWS_"))}
     env.update({"DATABASE_URL": url, "CALLWARDEN_MEDIA_DIR": str(tmp_path / "media")})
@@ -187,3 +289,4 @@ async def test_every_face_reads_the_cluster(citus: Conn, calls: OwnCalls,
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=30)
+

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import psycopg
 import pytest
 
+from callwarden.database.citus import on_citus
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn
 from callwarden.database.jobs import create_job
@@ -34,6 +36,7 @@ from tests.support.calls import (
     counted,
     dead_worker_call,
     row,
+    seed_row,
     upstream_task,
 )
 
@@ -197,6 +200,35 @@ async def test_row_written_by_a_foreign_worker_is_adopted_and_recovered(
         "Adopted", "UpstreamSucceeded", "FinalizeClaimed", "Completed"]
     assert (await row(conn, job))["credits"] == "committed"
     assert await verify_job(conn, job) == []
+
+
+async def test_two_host_rows_naming_one_task_never_both_poll_it(
+        conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
+        make_reconciler: MakeReconciler) -> None:
+    """One upstream task, one job, for rows the host wrote by SQL: on plain Postgres the
+    unique index refuses the second row; on Citus (no unique index spans the shards of
+    jobs) both rows are written, the reconciler adopts one and polls its task, and the
+    other's ``Adopted`` finds the task claimed (``callwarden_tasks``): it is swept and
+    refunded in the same write, so the task's result is committed once."""
+    task = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
+    first = await seed_row(conn, task)
+    if not await on_citus(conn):
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await seed_row(conn, task)
+        return
+    second = await seed_row(conn, task)
+    counts = await make_reconciler().reconcile_once()
+    assert counted(counts) == {"claimed": 2, "adopted": 2, "recovered": 1, "completed": 1,
+                               "swept": 1}
+    ends = sorted([[(await row(conn, job))["credits"],
+                    [type(e).__name__ for e in await load_events(conn, job)]]
+                   for job in (first, second)])
+    assert ends == [["committed", ["Adopted", "UpstreamSucceeded", "FinalizeClaimed",
+                                   "Completed"]],
+                    ["refunded", ["Adopted", "Swept"]]]
+    assert sim.sim.journal.count("kie", "poll") == 1
+    for job in (first, second):
+        assert await verify_job(conn, job) == []
 
 
 async def test_legacy_and_sync_seed_rows_are_adopted_then_swept(
