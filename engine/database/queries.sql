@@ -275,6 +275,23 @@ WHERE provider_task_id = %(task_id)s AND provider_kind = %(kind)s;
 -- A Citus database: migrations are sent one statement at a time (migrate.py).
 SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS ok;
 
+-- name: citus_workers
+-- The coordinator's active primary workers (engine/database/databases.py).
+SELECT nodename, nodeport FROM pg_dist_node
+WHERE groupid <> 0 AND isactive AND noderole = 'primary'
+ORDER BY nodename, nodeport;
+
+-- name: citus_extension
+CREATE EXTENSION IF NOT EXISTS citus;
+
+-- name: citus_set_coordinator
+SELECT citus_set_coordinator_host(%(host)s::text, %(port)s::int);
+
+-- name: citus_add_worker
+SELECT citus_add_node(%(host)s::text, %(port)s::int)
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_node
+                  WHERE nodename = %(host)s::text AND nodeport = %(port)s::int);
+
 -- name: migrations_lock
 -- Two migrators on one database serialise here.
 SELECT pg_advisory_lock(%(key)s);

@@ -17,6 +17,28 @@ DROP TRIGGER IF EXISTS demo_usage_audit_trg ON usage_logs;
 CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
     FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
 
+-- name: demo_audit_trigger_citus
+-- The same on Citus, sent statement by statement (demo/summary.py): the audit table is
+-- distributed with usage_logs (job_id), so the trigger, which Citus creates on every
+-- shard of usage_logs only when told it is safe, writes the shard beside its row.
+SET citus.enable_unsafe_triggers = on;
+CREATE TABLE IF NOT EXISTS demo_usage_audit (
+    job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now());
+SELECT create_distributed_table('demo_usage_audit', 'job_id', colocate_with => 'usage_logs')
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                  WHERE logicalrelid = 'demo_usage_audit'::regclass);
+CREATE OR REPLACE FUNCTION demo_usage_audit_fn() RETURNS trigger AS $fn$
+BEGIN
+    INSERT INTO demo_usage_audit (job_id, old_status, new_status)
+    VALUES (NEW.job_id, OLD.status, NEW.status);
+    RETURN NEW;
+END $fn$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS demo_usage_audit_trg ON usage_logs;
+CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
+    FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
+RESET citus.enable_unsafe_triggers;
+
 -- name: demo_states
 SELECT coalesce(call_state, 'none') AS state, count(*) AS n FROM jobs GROUP BY 1;
 
