@@ -27,14 +27,16 @@ def cluster_workers(admin_url: str) -> list[tuple[str, int]]:
         return [(str(h), int(p)) for h, p in conn.execute(QUERIES["citus_workers"])]
 
 
-def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
+def create_database(admin_url: str, name: str, *, template: str | None = None,
+                    cluster: bool = True) -> str:
     """Create database ``name`` (from ``template`` when given) on ``admin_url``'s server,
     and on a Citus coordinator on every worker too, with the extension and the workers
-    registered; its URL."""
+    registered (``cluster=False``: a plain database on the coordinator's server only);
+    its URL."""
     statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
-    workers = cluster_workers(admin_url)
+    workers = cluster_workers(admin_url) if cluster else []
     with translated():
         for url in [admin_url, *(_on(admin_url, host, port) for host, port in workers)]:
             with psycopg.connect(url, autocommit=True) as conn:

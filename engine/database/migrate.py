@@ -9,6 +9,9 @@ is sent one statement at a time instead (in the same one transaction): Citus pro
 some DDL on a distributed table (``CREATE INDEX``) to the workers with the text of the
 whole query string, and a worker refuses a string of several commands ("cannot insert
 multiple commands into a prepared statement").
+
+A database moved to Citus after it was migrated is distributed by the next ``migrate``
+(0010 again, see :func:`_distribute_late`; docs/scaling.md, "Moving to Citus").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import msgspec
 
 from callwarden.database.boundary import translated
 from callwarden.database.db import Conn
+from callwarden.database.scripts import statements
 from callwarden.database.write import execute
 from callwarden.errors import DatabaseError, DatabaseUnavailable, MigrationError
 
@@ -28,17 +32,6 @@ __all__ = ["LOCK_KEY", "Migration", "applied_versions", "available", "migrate", 
 
 LOCK_KEY = 0x63616C6C  # "call"
 _NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
-# What a ';' inside of does not end a statement: comments, strings (E'' with backslash
-# escapes; '' and "" are read as two adjacent strings, which splits the same), quoted
-# identifiers and dollar-quoted bodies. Block comments are taken as not nested.
-_LEXEME = re.compile(
-    r"--[^\n]*|/\*.*?\*/|(?<![\w$])[Ee]'(?:[^'\\]|\\.)*'|'[^']*'|\"[^\"]*\""
-    r"|(?<![\w$])\$(?P<tag>(?:[A-Za-z_]\w*)?)\$.*?\$(?P=tag)\$|;",
-    re.DOTALL)
-_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
-
-
-
 class Migration(msgspec.Struct, frozen=True):
     version: int
     name: str
@@ -70,18 +63,6 @@ async def pending(conn: Conn) -> list[Migration]:
     return [m for m in available() if m.version not in done]
 
 
-def statements(sql: str) -> list[str]:
-    """``sql`` split at each ``;`` that ends a statement; pieces that hold only comments
-    and blanks are left out."""
-    pieces, start = [], 0
-    for m in _LEXEME.finditer(sql):
-        if m[0] == ";":
-            pieces.append(sql[start:m.start()])
-            start = m.end()
-    pieces.append(sql[start:])
-    return [p.strip() for p in pieces if _COMMENT.sub("", p).strip()]
-
-
 async def _apply(conn: Conn, mig: Migration) -> None:
     async with conn.transaction():
         if (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
@@ -90,6 +71,20 @@ async def _apply(conn: Conn, mig: Migration) -> None:
         else:
             await conn.execute(mig.sql.encode())
         await execute(conn, "migrations_record", {"version": mig.version, "name": mig.name})
+
+
+async def _distribute_late(conn: Conn) -> None:
+    """A database migrated before it had the ``citus`` extension (0010 was then a no-op)
+    and moved to Citus since: 0010 runs again (it leaves distributed tables as they are),
+    in one transaction, and nothing new is recorded: the migration keeps its identity."""
+    if not (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
+        return
+    if (await execute(conn, "migrations_jobs_distributed", {}))[0]["ok"]:
+        return
+    (citus,) = [m for m in available() if m.name == "citus"]
+    async with conn.transaction():
+        for statement in statements(citus.sql):
+            await conn.execute(statement.encode())
 
 
 async def migrate(conn: Conn) -> list[Migration]:
@@ -102,6 +97,7 @@ async def migrate(conn: Conn) -> list[Migration]:
                 todo = await pending(conn)
                 for mig in todo:
                     await _apply(conn, mig)
+                await _distribute_late(conn)
                 return todo
             finally:
                 await execute(conn, "migrations_unlock", {"key": LOCK_KEY})

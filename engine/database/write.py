@@ -47,6 +47,7 @@ from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn
 from callwarden.database.port import transition_via
 from callwarden.database.queries import QUERIES
+from callwarden.database.scripts import statements
 from callwarden.errors import (
     DatabaseError,
     JobNotFound,
@@ -123,9 +124,16 @@ async def execute_batch(conn: Conn, name: str, rows: Sequence[dict[str, Any]]
 
 
 async def execute_script(conn: Conn, name: str) -> None:
-    """Run a named query of several statements (no parameters: sent as one script)."""
+    """Run a named query of several statements (no parameters): sent as one script, or
+    on Citus one statement at a time (in one transaction: Citus refuses a string of
+    several commands for some DDL on a distributed table)."""
     with translated():
-        await conn.execute(QUERIES[name])
+        if not await on_citus(conn):
+            await conn.execute(QUERIES[name])
+            return
+        async with conn.transaction():
+            for statement in statements(QUERIES[name]):
+                await conn.execute(statement.encode())
 
 
 async def load_events(conn: Conn, job_id: uuid.UUID) -> list[Event]:
@@ -290,7 +298,9 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
             return [{**settled[0], "appended": len(params["types"])}]
     except _NotAppended:
         return []
-    except psycopg.Error as exc:  # the transaction's own end (its commit)
+    except psycopg.Error as exc:  # an event's insert (in the pipeline), or the commit
+        if is_lost_append_race(exc):
+            return []
         raise translate(exc) from exc
 
 

@@ -18,10 +18,12 @@ CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
     FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
 
 -- name: demo_audit_trigger_citus
--- The same on Citus, sent statement by statement (demo/summary.py): the audit table is
+-- The same on Citus, in one transaction statement by statement (write.execute_script,
+-- over one connection per node as Citus needs for a function's DDL): the audit table is
 -- distributed with usage_logs (job_id), so the trigger, which Citus creates on every
 -- shard of usage_logs only when told it is safe, writes the shard beside its row.
-SET citus.enable_unsafe_triggers = on;
+SET LOCAL citus.enable_unsafe_triggers = on;
+SET LOCAL citus.multi_shard_modify_mode = 'sequential';
 CREATE TABLE IF NOT EXISTS demo_usage_audit (
     job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
     at timestamptz NOT NULL DEFAULT now());
@@ -37,7 +39,6 @@ END $fn$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS demo_usage_audit_trg ON usage_logs;
 CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
     FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
-RESET citus.enable_unsafe_triggers;
 
 -- name: demo_states
 SELECT coalesce(call_state, 'none') AS state, count(*) AS n FROM jobs GROUP BY 1;

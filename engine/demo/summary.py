@@ -8,11 +8,8 @@ from decimal import Decimal
 
 import msgspec
 
-from callwarden.database.boundary import translated
 from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn
-from callwarden.database.migrate import statements
-from callwarden.database.queries import QUERIES
 from callwarden.database.write import execute, execute_script
 from callwarden.events.states import TERMINAL
 from callwarden.projections.columns import as_float
@@ -67,12 +64,8 @@ class DemoSummary(msgspec.Struct, kw_only=True):
 
 async def install_audit(conn: Conn) -> None:
     """Audit every settlement move in the demo database (a trigger on usage_logs)."""
-    if await on_citus(conn):  # (a trigger on a distributed table: one statement at a time)
-        for statement in statements(QUERIES["demo_audit_trigger_citus"]):
-            with translated():
-                await conn.execute(statement.encode())
-        return
-    await execute_script(conn, "demo_audit_trigger")  # several statements: no parameters
+    await execute_script(conn, "demo_audit_trigger_citus" if await on_citus(conn)
+                         else "demo_audit_trigger")  # several statements: no parameters
 
 
 def _f(value: Decimal | float | None) -> float:

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 
 from callwarden import OwnCalls
 from callwarden.database.clock import utcnow
+from callwarden.database.databases import create_database
 from callwarden.database.db import Conn, connect, open_pool
 from callwarden.database.jobs import create_job
 from callwarden.database.migrate import migrate, pending
@@ -323,3 +324,46 @@ async def test_the_demo_runs_on_the_cluster_with_its_invariants(tmp_path: Path) 
     for table in ("jobs", "call_events", "usage_logs", "demo_usage_audit"):
         assert nodes[table] == 2, nodes
     assert audited[0]["n"] >= 30  # every reservation's move, seen on its shard
+
+
+@CITUS
+async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_finish() -> None:
+    """Moving to Citus: a database migrated on one node (0010 then a no-op) gets the
+    extension and its workers (``.ci/citus db``, the steps of docs/scaling.md); the next
+    ``migrate`` distributes its tables with their rows, records nothing new, and a call
+    that was in flight before the move finishes on the cluster, settled once."""
+    admin = os.environ["CALLWARDEN_CITUS_URL"]
+    name = f"cw_moved_{uuid.uuid4().hex[:10]}"
+    url = await asyncio.to_thread(create_database, admin, name, cluster=False)
+    async with await connect(url) as conn:
+        await migrate(conn)
+        flying = await create_job(conn, credits=4)
+        now, who = utcnow(), "worker:before-the-move"
+        p = (await append(conn, flying, await load(conn, flying),
+                          CallStarted(at=now, actor=who, kind="replicate-prediction"))).projection
+        await append(conn, flying, p, TaskCreated(at=now, actor=who, task_id=f"t-{flying}"))
+        versions = await _rows(conn, "SELECT version FROM callwarden_migrations ORDER BY 1")
+    made = await asyncio.to_thread(subprocess.run, ["bash", str(ROOT / ".ci" / "citus"), "db",
+                                                    name], capture_output=True, text=True,
+                                   check=False, timeout=60)
+    assert made.returncode == 0, made.stderr
+    async with await connect(url) as conn:
+        assert await migrate(conn) == []
+        assert await _rows(conn, "SELECT version FROM callwarden_migrations ORDER BY 1"
+                           ) == versions
+        spread = await _rows(conn, "SELECT logicalrelid::text AS t FROM pg_dist_partition "
+                                   "WHERE partmethod = 'h' ORDER BY 1")
+        assert [r["t"] for r in spread] == ["assets", "call_events", "callwarden_tasks",
+                                           "jobs", "usage_logs"]
+        pool = open_pool(url, max_size=2)
+        await pool.open()
+        try:
+            call = await OwnCalls(pool).start(flying, "replicate-prediction")
+            assert call.resume_task_id == f"t-{flying}"
+            done = await call.report(Succeeded(text="after the move"))
+        finally:
+            await pool.close()
+        assert done.result == "completed", done.detail
+        assert await _rows(conn, "SELECT status FROM usage_logs WHERE job_id = %s",
+                           flying) == [{"status": "committed"}]
+        assert await verify_job(conn, flying) == []
