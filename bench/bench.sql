@@ -138,3 +138,13 @@ SELECT CASE WHEN statement LIKE '%%host_charged%%' THEN 'settling (append_event/
 FROM pg_prepared_statements
 WHERE statement LIKE '%%INSERT INTO call_events%%'
 ORDER BY prepare_time;
+
+-- name: stats_own_transactions
+-- bench/citus.py: the transactions a worker ran in this database.
+SELECT xact_commit + xact_rollback AS n FROM pg_stat_database
+WHERE datname = current_database();
+
+-- name: citus_prepared
+-- bench/citus.py: prepared transactions the coordinator recorded (one per worker of a
+-- two-phase commit; this cluster's maintenance daemon does not clean them up).
+SELECT count(*) AS n FROM pg_dist_transaction;
