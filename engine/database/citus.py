@@ -10,8 +10,10 @@ event naming the task (:func:`callwarden.database.write.append`).
 
 Whether a database is on Citus is asked once per server and database in a process
 (``migrations_on_citus``), then remembered: a database moved to Citus is seen by processes
-started after the move, as every other schema change is (run ``callwarden migrate``, then
-restart the workers and the reconciler)."""
+started after the move, and by the process that ran ``migrate``, as every other schema
+change is (stop the workers and the reconciler, run ``callwarden migrate``, start them: a
+process that asked before the move would go on with the plain forms, and 0010 drops the
+unique index they rely on for one task, one job)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from callwarden.database.boundary import translated
 from callwarden.database.db import Conn
 from callwarden.database.queries import QUERIES
 
-__all__ = ["on_citus", "statement_for"]
+__all__ = ["forget", "on_citus", "statement_for"]
 
 _SEEN: dict[tuple[str, int, str], bool] = {}
 
@@ -34,6 +36,12 @@ async def on_citus(conn: Conn) -> bool:
         found = bool(row is not None and row["ok"])
         _SEEN[key] = found
     return found
+
+
+def forget(conn: Conn) -> None:
+    """Ask again next time (``migrate`` calls it: it may have moved the database to
+    Citus; processes that asked before must still be restarted)."""
+    _SEEN.pop((conn.info.host, conn.info.port, conn.info.dbname), None)
 
 
 async def statement_for(conn: Conn, name: str) -> str:

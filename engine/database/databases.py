@@ -30,9 +30,10 @@ def cluster_workers(admin_url: str) -> list[tuple[str, int]]:
 def create_database(admin_url: str, name: str, *, template: str | None = None,
                     cluster: bool = True) -> str:
     """Create database ``name`` (from ``template`` when given) on ``admin_url``'s server,
-    and on a Citus coordinator on every worker too, with the extension and the workers
-    registered (``cluster=False``: a plain database on the coordinator's server only);
-    its URL."""
+    and on a Citus coordinator with workers on every worker too, with the extension and
+    the workers registered (``cluster=False``, or a coordinator with no workers: a plain
+    database on that server only); its URL. A node that fails leaves the others' copies:
+    ``drop_database`` removes them."""
     statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
@@ -62,7 +63,9 @@ def _register(url: str, workers: list[tuple[str, int]]) -> None:
 
 
 def _on(admin_url: str, host: str, port: int) -> str:
-    return make_conninfo(admin_url, host=host, port=port)
+    """A worker's URL: the admin URL's user and password, the worker's host and port (and
+    no ``hostaddr`` of the coordinator's)."""
+    return make_conninfo(admin_url, host=host, port=port, hostaddr="")
 
 
 def drop_database(admin_url: str, name: str) -> None:

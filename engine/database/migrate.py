@@ -22,6 +22,7 @@ from importlib import resources
 import msgspec
 
 from callwarden.database.boundary import translated
+from callwarden.database.citus import forget
 from callwarden.database.db import Conn
 from callwarden.database.scripts import statements
 from callwarden.database.write import execute
@@ -79,7 +80,7 @@ async def _distribute_late(conn: Conn) -> None:
     in one transaction, and nothing new is recorded: the migration keeps its identity."""
     if not (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
         return
-    if (await execute(conn, "migrations_jobs_distributed", {}))[0]["ok"]:
+    if (await execute(conn, "migrations_citus_done", {}))[0]["ok"]:
         return
     (citus,) = [m for m in available() if m.name == "citus"]
     async with conn.transaction():
@@ -98,6 +99,7 @@ async def migrate(conn: Conn) -> list[Migration]:
                 for mig in todo:
                     await _apply(conn, mig)
                 await _distribute_late(conn)
+                forget(conn)  # (this process asks again whether it is on Citus)
                 return todo
             finally:
                 await execute(conn, "migrations_unlock", {"key": LOCK_KEY})

@@ -292,10 +292,11 @@ SELECT citus_add_node(%(host)s::text, %(port)s::int)
 WHERE NOT EXISTS (SELECT 1 FROM pg_dist_node
                   WHERE nodename = %(host)s::text AND nodeport = %(port)s::int);
 
--- name: migrations_jobs_distributed
--- On Citus: whether 0010 distributed jobs (a database moved to Citus after it was
--- migrated has it as a plain table: migrate.py runs 0010 again).
-SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass) AS ok;
+-- name: migrations_citus_done
+-- On Citus: whether 0010 ran there (jobs distributed and the task table made); a database
+-- moved to Citus after it was migrated has neither: migrate.py runs 0010 again.
+SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass)
+       AND to_regclass('callwarden_tasks') IS NOT NULL AS ok;
 
 -- name: migrations_lock
 -- Two migrators on one database serialise here.

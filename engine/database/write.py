@@ -231,9 +231,10 @@ async def _append(
         else:
             rows = await _run(conn, statement, params)
     except WriteConflict as exc:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is "
-                                "rolled back; decide again in a new one)") from exc
+        if conn.info.transaction_status != _IDLE:
+            raise WriteConflict(f"job {job_id}: {exc} (the caller's transaction is rolled "
+                                "back, on Citus to before the append; decide again in a new "
+                                "one)") from exc
         rows = []  # rolled back: as if someone else wrote first
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))
@@ -256,6 +257,9 @@ def _names_a_task(events: Sequence[Event], new: CallProjection) -> bool:
         not new.terminal and any(isinstance(e, Adopted) and e.task_id for e in events))
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
 class _NotAppended(Exception):
     """The append lost (rolls back the task claim made in its transaction)."""
 
@@ -267,15 +271,19 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
     makes the job an upstream task's, the task claimed for the job in ``callwarden_tasks``
     (another job holding it is ``TaskAlreadyClaimed``, as the unique index raises on plain
     Postgres). A lost append leaves nothing, its claim included. Answers the row the one
-    statement of plain Postgres answers."""
+    statement of plain Postgres answers. Inside the caller's transaction it is a
+    savepoint: an append that fails is rolled back to it and the caller's transaction
+    stays open (on plain Postgres the failed statement aborts it)."""
+    if not conn.autocommit and conn.info.transaction_status == _IDLE:
+        await _run(conn, "clock_now", {})  # the caller's transaction, left open as on plain
     try:
-        async with conn.transaction():
-            if claims:
-                await _claim_task(conn, job_id, new)
+        async with conn.transaction():  # (a savepoint inside the caller's transaction)
             won = await _run(conn, "append_upd_start_citus" if params["is_start"]
                              else "append_upd_citus", params)
             if not won:
                 raise _NotAppended
+            if claims:  # after the fences, as the unique index on plain Postgres
+                await _claim_task(conn, job_id, new)
             await _run_many(conn, "append_event_citus", [
                 {"job_id": job_id, "seq": params["expected_version"] + n, "type": t,
                  "version": v, "payload": p, "actor": a}

@@ -28,12 +28,14 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from callwarden import OwnCalls
+from callwarden.database.citus import on_citus
 from callwarden.database.clock import utcnow
 from callwarden.database.databases import create_database
 from callwarden.database.db import Conn, connect, open_pool
 from callwarden.database.jobs import create_job
 from callwarden.database.migrate import migrate, pending
 from callwarden.database.write import append, load
+from callwarden.errors import TaskAlreadyClaimed
 from callwarden.events.types import (
     CallStarted,
     Completed,
@@ -349,6 +351,7 @@ async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_fin
     assert made.returncode == 0, made.stderr
     async with await connect(url) as conn:
         assert await migrate(conn) == []
+        assert await on_citus(conn)  # (migrate made this process ask again)
         assert await _rows(conn, "SELECT version FROM callwarden_migrations ORDER BY 1"
                            ) == versions
         spread = await _rows(conn, "SELECT logicalrelid::text AS t FROM pg_dist_partition "
@@ -367,3 +370,9 @@ async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_fin
         assert await _rows(conn, "SELECT status FROM usage_logs WHERE job_id = %s",
                            flying) == [{"status": "committed"}]
         assert await verify_job(conn, flying) == []
+        # the task written before the move is still its job's alone (callwarden_tasks)
+        other = await create_job(conn, credits=1)
+        p = (await append(conn, other, await load(conn, other), CallStarted(
+            at=now, actor=who, kind="replicate-prediction"))).projection
+        with pytest.raises(TaskAlreadyClaimed):
+            await append(conn, other, p, TaskCreated(at=now, actor=who, task_id=f"t-{flying}"))

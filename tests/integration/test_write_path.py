@@ -200,6 +200,23 @@ async def test_two_jobs_cannot_claim_one_upstream_task(conn: Conn) -> None:
     assert await _events(conn, b) == ["CallStarted"]
 
 
+async def test_a_fenced_out_task_created_naming_a_held_task_is_a_lost_race(
+        conn: Conn) -> None:
+    """The fences come before the task's claim, on plain Postgres (the unique index is
+    checked only on the row the update wins) and on Citus (the claim in callwarden_tasks
+    is made only once the update has won): a stale writer whose job the host cancelled
+    loses the race (ok=False, the host's end shown), never TaskAlreadyClaimed."""
+    a, b = await create_job(conn), await create_job(conn)
+    for job in (a, b):
+        await _drive(conn, job, [CallStarted(at=T0, actor="w", kind="kie-standard")])
+    await _drive(conn, a, [TaskCreated(at=T0, actor="w", task_id="held")])
+    stale = await load(conn, b)
+    await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (b,))
+    r = await append(conn, b, stale, TaskCreated(at=T0, actor="w", task_id="held"))
+    assert (r.ok, r.projection.status) == (False, "cancelled")
+    assert await _events(conn, b) == ["CallStarted"]
+
+
 async def test_unknown_job_is_a_typed_error(conn: Conn) -> None:
     with pytest.raises(JobNotFound):
         await load(conn, uuid.uuid4())
