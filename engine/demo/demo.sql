@@ -4,18 +4,8 @@
 -- name: demo_audit_trigger
 -- Demo databases only: every UPDATE of a usage_logs row is audited, so a second
 -- settlement (or a settlement that did not start from 'reserved') is visible.
-CREATE TABLE IF NOT EXISTS demo_usage_audit (
-    job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
-    at timestamptz NOT NULL DEFAULT now());
-CREATE OR REPLACE FUNCTION demo_usage_audit_fn() RETURNS trigger AS $fn$
-BEGIN
-    INSERT INTO demo_usage_audit (job_id, old_status, new_status)
-    VALUES (NEW.job_id, OLD.status, NEW.status);
-    RETURN NEW;
-END $fn$ LANGUAGE plpgsql;
-DROP TRIGGER IF EXISTS demo_usage_audit_trg ON usage_logs;
-CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
-    FOR EACH ROW EXECUTE FUNCTION demo_usage_audit_fn();
+{{demo_audit_table}}
+{{demo_audit_trigger_on_usage_logs}}
 
 -- name: demo_audit_trigger_citus
 -- The same on Citus, in one transaction statement by statement (write.execute_script,
@@ -24,12 +14,18 @@ CREATE TRIGGER demo_usage_audit_trg AFTER UPDATE ON usage_logs
 -- shard of usage_logs only when told it is safe, writes the shard beside its row.
 SET LOCAL citus.enable_unsafe_triggers = on;
 SET LOCAL citus.multi_shard_modify_mode = 'sequential';
-CREATE TABLE IF NOT EXISTS demo_usage_audit (
-    job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
-    at timestamptz NOT NULL DEFAULT now());
+{{demo_audit_table}}
 SELECT create_distributed_table('demo_usage_audit', 'job_id', colocate_with => 'usage_logs')
 WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition
                   WHERE logicalrelid = 'demo_usage_audit'::regclass);
+{{demo_audit_trigger_on_usage_logs}}
+
+-- fragment: demo_audit_table
+CREATE TABLE IF NOT EXISTS demo_usage_audit (
+    job_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now());
+
+-- fragment: demo_audit_trigger_on_usage_logs
 CREATE OR REPLACE FUNCTION demo_usage_audit_fn() RETURNS trigger AS $fn$
 BEGIN
     INSERT INTO demo_usage_audit (job_id, old_status, new_status)
