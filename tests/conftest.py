@@ -83,16 +83,7 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_db(pg_admin_url: str) -> Iterator[str]:
     name = f"cw_template_{uuid.uuid4().hex[:12]}"
-    url = create_database(pg_admin_url, name)
-
-    async def _migrate() -> None:
-        conn = await connect(url)
-        async with conn:
-            await migrate(conn)
-
-    import asyncio
-
-    asyncio.run(_migrate())
+    _migrated(create_database(pg_admin_url, name))
     yield name
     drop_database(pg_admin_url, name)
 
@@ -107,14 +98,17 @@ def _citus_database() -> str:
                            "db", name], capture_output=True, text=True, check=False,
                           timeout=120)
     assert made.returncode == 0, made.stderr
-    url = made.stdout.strip()
+    return _migrated(made.stdout.strip())
+
+
+def _migrated(url: str) -> str:
+    """``url``, once its database is migrated."""
+    import asyncio
 
     async def _migrate() -> None:
         conn = await connect(url)
         async with conn:
             await migrate(conn)
-
-    import asyncio
 
     asyncio.run(_migrate())
     return url

@@ -22,7 +22,7 @@ from importlib import resources
 import msgspec
 
 from callwarden.database.boundary import translated
-from callwarden.database.citus import forget
+from callwarden.database.citus import forget, on_citus
 from callwarden.database.db import Conn
 from callwarden.database.scripts import statements
 from callwarden.database.write import execute
@@ -66,7 +66,7 @@ async def pending(conn: Conn) -> list[Migration]:
 
 async def _apply(conn: Conn, mig: Migration) -> None:
     async with conn.transaction():
-        if (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
+        if await on_citus(conn):
             for statement in statements(mig.sql):
                 await conn.execute(statement.encode())
         else:
@@ -78,7 +78,7 @@ async def _distribute_late(conn: Conn) -> None:
     """A database migrated before it had the ``citus`` extension (0010 was then a no-op)
     and moved to Citus since: 0010 runs again (it leaves distributed tables as they are),
     in one transaction, and nothing new is recorded: the migration keeps its identity."""
-    if not (await execute(conn, "migrations_on_citus", {}))[0]["ok"]:
+    if not await on_citus(conn):
         return
     if (await execute(conn, "migrations_citus_done", {}))[0]["ok"]:
         return
@@ -93,13 +93,13 @@ async def migrate(conn: Conn) -> list[Migration]:
     try:
         with translated():
             await execute(conn, "migrations_lock", {"key": LOCK_KEY})
+            forget(conn)  # (asked again, and remembered from here: a move to Citus is seen)
             try:
                 await execute(conn, "migrations_create_table", {})
                 todo = await pending(conn)
                 for mig in todo:
                     await _apply(conn, mig)
                 await _distribute_late(conn)
-                forget(conn)  # (this process asks again whether it is on Citus)
                 return todo
             finally:
                 await execute(conn, "migrations_unlock", {"key": LOCK_KEY})
