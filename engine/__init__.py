@@ -5,9 +5,9 @@ The embedding API, in one import::
     from callwarden import CallConfig, CallRunner, ProviderSettings, open_pool, media_from_env
 
     async with open_pool(url) as pool, aiohttp.ClientSession() as session:
-        runner = CallRunner(pool, session, ProviderSettings.from_env(),
-                            media_from_env(os.environ, default_dir=Path("media")))
-        outcome = await runner.run(job_id, "kie-standard", request)
+        async with CallRunner(pool, session, ProviderSettings.from_env(),
+                              media_from_env(os.environ, default_dir=Path("media"))) as runner:
+            outcome = await runner.run(job_id, "kie-standard", request)
 
 Host code that makes the provider request itself records it with ``OwnCalls`` (async
 kinds: ``start`` / ``task_created`` / ``succeeded``; sync kinds and streams: ``async with

@@ -22,6 +22,7 @@ fails the call and refunds.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 import urllib.parse
@@ -35,8 +36,8 @@ from aiohttp.resolver import DefaultResolver
 
 from callwarden.providers.errors import MediaRefused
 
-__all__ = ["GuardedResolver", "MediaPolicy", "Origin", "check_url", "is_public_address",
-           "media_session", "origin_of", "shown_url"]
+__all__ = ["GuardedResolver", "MediaPolicy", "MediaSessions", "Origin", "check_url",
+           "is_public_address", "media_session", "origin_of", "shown_url"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -205,3 +206,38 @@ def media_session(policy: MediaPolicy, **kwargs: Any) -> aiohttp.ClientSession:
     through a proxy from the environment)."""
     connector = aiohttp.TCPConnector(resolver=GuardedResolver(policy), use_dns_cache=False)
     return aiohttp.ClientSession(connector=connector, trust_env=False, **kwargs)
+
+
+class MediaSessions:
+    """One :func:`media_session` per policy, kept open so that a download reuses the
+    connection an earlier one made to the same media host (issue 26: a new session per
+    finalization paid a resolution, a TCP and TLS handshake and a close per call).
+
+    Nothing of the guard is given up: a new connection is still resolved and checked by
+    :class:`GuardedResolver`, and a kept one leads to an address that was checked when it
+    was made (a DNS answer that changes later cannot redirect it). No cookie is kept
+    between downloads (a media host's cookie never reaches another call's request). A
+    session belongs to the event loop it was made on; on another loop a new one is made.
+    Close with :meth:`aclose` (the runner, the reconciler and the webhook service do)."""
+
+    def __init__(self) -> None:
+        self._open: dict[MediaPolicy, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]] = {}
+
+    def session(self, policy: MediaPolicy) -> aiohttp.ClientSession:
+        """The open session for ``policy`` on the running loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        held = self._open.get(policy)
+        if held is not None and held[0] is loop and not held[1].closed:
+            return held[1]
+        session = media_session(policy, cookie_jar=aiohttp.DummyCookieJar())
+        self._open[policy] = (loop, session)
+        return session
+
+    async def aclose(self) -> None:
+        """Close every session made on the running loop (those of a loop that has ended
+        went with it)."""
+        loop = asyncio.get_running_loop()
+        held, self._open = self._open, {}
+        for owner, session in held.values():
+            if owner is loop:
+                await session.close()

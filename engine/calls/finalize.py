@@ -68,7 +68,7 @@ from callwarden.providers.errors import (
     is_transient,
 )
 from callwarden.providers.media import download
-from callwarden.providers.media_guard import media_session
+from callwarden.providers.media_guard import MediaSessions
 from callwarden.providers.registry import media_fetch_for
 from callwarden.providers.storage import MediaStore, ObjectNotFound, media_key
 from callwarden.rules.host import host_ended
@@ -122,6 +122,18 @@ class Finalizer:
         self.clock = clock if clock is not None else DatabaseClock()
         self.config = config or CallConfig()
         self.pricing: Pricing = pricing if pricing is not None else ChargeReservation()
+        self.media_sessions = MediaSessions()
+
+    async def aclose(self) -> None:
+        """Close the media connections kept between finalizations (``async with`` does
+        it too); a finalizer used again afterwards opens new ones."""
+        await self.media_sessions.aclose()
+
+    async def __aenter__(self) -> Finalizer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def finalize(self, job_id: uuid.UUID,
                        current: CallProjection | None = None) -> FinalizeResult:
@@ -246,17 +258,17 @@ class Finalizer:
         if not result.media_urls:
             return tuple(out)
         fetch = media_fetch_for(p.provider_kind, self.settings, self.config.media_allow_hosts)
-        async with media_session(fetch.policy) as session:
-            for index, url in enumerate(result.media_urls, start=len(out)):
-                got = await download(session, url, policy=fetch.policy,
-                                     max_bytes=self.config.media_max_bytes,
-                                     timeout_s=self.config.media_timeout_s,
-                                     credentials=fetch.credentials,
-                                     allowed_types=fetch.allowed_types)
-                key = media_key(str(job_id), index, got.content_type)
-                obj = await self.media.put(key, got.data, got.content_type)
-                out.append(StoredMedia(key=obj.key, url=obj.uri,
-                                       content_type=obj.content_type, size=obj.size))
+        session = self.media_sessions.session(fetch.policy)
+        for index, url in enumerate(result.media_urls, start=len(out)):
+            got = await download(session, url, policy=fetch.policy,
+                                 max_bytes=self.config.media_max_bytes,
+                                 timeout_s=self.config.media_timeout_s,
+                                 credentials=fetch.credentials,
+                                 allowed_types=fetch.allowed_types)
+            key = media_key(str(job_id), index, got.content_type)
+            obj = await self.media.put(key, got.data, got.content_type)
+            out.append(StoredMedia(key=obj.key, url=obj.uri,
+                                   content_type=obj.content_type, size=obj.size))
         return tuple(out)
 
     async def _head(self, job_id: uuid.UUID, key: str) -> StoredMedia:

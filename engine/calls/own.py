@@ -172,6 +172,10 @@ class OwnCalls:
                                    pricing=pricing)
         self._settling: set[asyncio.Task[Reported]] = set()
 
+    async def aclose(self) -> None:
+        """Close the media connections its finalizer keeps between finalizations."""
+        await self.finalizer.aclose()
+
     async def start(self, job_id: uuid.UUID, kind: str, *,
                     operation: str | None = None) -> OwnCall:
         """Register an async call before its create request (see the module docstring)."""

@@ -1,7 +1,10 @@
 """The worker API: run one job's external call durably, in a few lines of any handler.
 
-    runner = CallRunner(pool, session, settings, media)
-    outcome = await runner.run(job_id, "kie-standard", {"model": ..., "input": {...}})
+    async with CallRunner(pool, session, settings, media) as runner:
+        outcome = await runner.run(job_id, "kie-standard", {"model": ..., "input": {...}})
+
+(``async with``, or ``await runner.aclose()``, closes the media connections the runner
+keeps between finalizations.)
 
 Async kinds: record ``CallStarted`` *before* the create request, create, record
 ``TaskCreated``, poll (heartbeat and progress go to projection columns, not events),
@@ -113,6 +116,17 @@ class CallRunner:
         self.finalizer = Finalizer(self.db, media, settings, owner=self.owner,
                                    clock=self.clock, config=self.config, pricing=pricing)
         self._last_beat: dict[uuid.UUID, float] = {}
+
+    async def aclose(self) -> None:
+        """Close the media connections kept between finalizations (``async with`` does it
+        too; the host's own ``session`` is the host's to close)."""
+        await self.finalizer.aclose()
+
+    async def __aenter__(self) -> CallRunner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
                   operation: str | None = None) -> CallOutcome:

@@ -88,7 +88,10 @@ async def handler(args: argparse.Namespace, url: str) -> int:
                                 call_config=call_config,
                                 pricing=pricing)
         if args.once:
-            counts = await reconciler.reconcile_once_through_outage()
+            try:
+                counts = await reconciler.reconcile_once_through_outage()
+            finally:
+                await reconciler.aclose()
             _print(counts, args.json)
             return 1 if counts.pass_failed or counts.interrupted else 0
         stop = asyncio.Event()

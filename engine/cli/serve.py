@@ -156,6 +156,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         finally:
             await operator.cleanup()
             await public.cleanup()
+            await finalizer.aclose()
     return 0
 
 

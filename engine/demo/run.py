@@ -211,6 +211,7 @@ async def _service(pool: Pool, http: aiohttp.ClientSession, rs: RunningSimulator
         yield f"http://127.0.0.1:{served.addresses[0][1]}"
     finally:
         await served.cleanup()
+        await finalizer.aclose()
 
 
 async def _states(pool: Pool) -> tuple[dict[str, int], int]:

@@ -142,6 +142,10 @@ class ProcessRunner:
         log.info("callwarden: process %d ready (owner %s)", self.pid, self.owner)
 
     async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.aclose()
+        if self._own is not None:
+            await self._own.aclose()
         if self._session is not None:
             await self._session.close()
         await self.pool.close()

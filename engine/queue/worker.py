@@ -61,9 +61,9 @@ async def run_worker(url: str, settings: ProviderSettings, media: MediaStore, *,
     ``pricing``: what a completed call is charged (:mod:`callwarden.calls.pricing`)."""
     callbacks = CallbackUrls(callback_base_url) if callback_base_url else None
     async with open_pool(url, max_size=concurrency + 2, check=True) as pool, \
-            aiohttp.ClientSession() as session:
-        runner = CallRunner(pool, session, settings, media, config=config,
-                            callback_url=callbacks, pricing=pricing)
+            aiohttp.ClientSession() as session, \
+            CallRunner(pool, session, settings, media, config=config,
+                       callback_url=callbacks, pricing=pricing) as runner:
         worker = Worker(pool, runner, concurrency=concurrency, visibility_s=visibility_s,
                         poll_empty_s=poll_empty_s, grace_s=grace_s,
                         max_deliveries=max_deliveries, callbacks=callbacks)

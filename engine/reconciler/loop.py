@@ -464,10 +464,20 @@ class Reconciler:
 
     # -- the loop ------------------------------------------------------------------------
 
+    async def aclose(self) -> None:
+        """Close the media connections its finalizer keeps between finalizations
+        (:meth:`run` does, when it ends)."""
+        await self.finalizer.aclose()
+
     async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:
         """``reconcile_once`` every jittered scan interval until ``stop`` is set; a pass
         in hand is always finished."""
-        rng = rng or random.Random()
+        try:
+            await self._run(stop, rng or random.Random())
+        finally:
+            await self.aclose()
+
+    async def _run(self, stop: asyncio.Event, rng: random.Random) -> None:
         while not stop.is_set():
             delay = next_scan_delay(self.config, rng.random())
             try:

@@ -50,6 +50,9 @@ class MediaHost:
         self._items: dict[str, StoredMedia] = {}
         self.base_url = ""
         self.requests: list[str] = []  # every GET/HEAD, by URL path, in order
+        # the client's end of the connection each one came on (address, port): a kept
+        # connection shows as the same port again
+        self.peers: list[tuple[str, int]] = []
 
     def put(self, data: bytes, content_type: str, ttl_s: float | None, *,
             script: Script | None = None) -> str:
@@ -93,10 +96,13 @@ class MediaHost:
     def clear(self) -> None:
         self._items.clear()
         self.requests.clear()
+        self.peers.clear()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``GET``/``HEAD /media/{token}``: the bytes, or 404 once expired."""
         self.requests.append(request.path)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.peers.append((str(peer[0]), int(peer[1])) if peer else ("", 0))
         item = self.get(request.match_info["token"])
         if item is None:
             return web.Response(status=404, text="Not Found")

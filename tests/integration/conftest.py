@@ -51,27 +51,38 @@ async def pool(db_url: str) -> AsyncIterator[Pool]:
 
 
 @pytest.fixture
-def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
-                    tmp_path: Path) -> MakeReconciler:
-    """``make(signal=None, call_config=None, **ReconcileConfig fields)``."""
+async def make_reconciler(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                          tmp_path: Path) -> AsyncIterator[MakeReconciler]:
+    """``make(signal=None, call_config=None, **ReconcileConfig fields)``; each one made is
+    closed when the test ends (its kept media connections)."""
+    made: list[Reconciler] = []
+
     def make(signal: Signal | None = None, call_config: CallConfig | None = None,
              **config: Any) -> Reconciler:
-        return Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
-                          config=ReconcileConfig(**config), sleep=no_sleep, signal=signal,
-                          call_config=call_config)
-    return make
+        made.append(Reconciler(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                               config=ReconcileConfig(**config), sleep=no_sleep,
+                               signal=signal, call_config=call_config))
+        return made[-1]
+    yield make
+    for reconciler in made:
+        await reconciler.aclose()
 
 
 @pytest.fixture
-def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
-                tmp_path: Path) -> MakeRunner:
+async def make_runner(pool: Pool, sim: RunningSimulator, http: aiohttp.ClientSession,
+                      tmp_path: Path) -> AsyncIterator[MakeRunner]:
     """``make(pricing=None, **CallConfig fields)``: a worker's runner that never sleeps
-    between polls."""
+    between polls; each one made is closed when the test ends."""
+    made: list[CallRunner] = []
+
     def make(pricing: Pricing | None = None, **config: Any) -> CallRunner:
-        return CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
-                          config=CallConfig(**config), sleep=no_sleep, pricing=pricing,
-                          callback_url=lambda job, kind: "http://127.0.0.1:9/cb")
-    return make
+        made.append(CallRunner(pool, http, sim.settings, LocalFolderStore(tmp_path / "media"),
+                               config=CallConfig(**config), sleep=no_sleep, pricing=pricing,
+                               callback_url=lambda job, kind: "http://127.0.0.1:9/cb"))
+        return made[-1]
+    yield make
+    for runner in made:
+        await runner.aclose()
 
 
 @pytest.fixture

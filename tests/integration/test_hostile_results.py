@@ -183,6 +183,31 @@ async def test_allow_listed_address_that_is_not_public_is_refused_unfetched(
     assert canary.hits == []
 
 
+async def test_one_runner_keeps_its_media_connection_and_the_guard_still_holds(
+        conn: Conn, make_runner: MakeRunner, sim: RunningSimulator, canary: Canary) -> None:
+    """Issue 26: a runner's second download reuses the connection its first one made to
+    the media host (no new resolution, handshake and close per call), a later result
+    pointing at an internal address through the same runner is still refused unfetched,
+    and once the runner is closed its next download opens a new connection."""
+    runner = make_runner()
+
+    async def completes() -> None:
+        job = await create_job(conn, credits=10)
+        assert (await runner.run(job, "kie-standard", kie({}))).result == "completed"
+
+    await completes()
+    await completes()
+    first, second = sim.sim.media.peers
+    assert first == second
+    job = await create_job(conn, credits=10)
+    script = {"media_redirect": f"{canary.url}/computeMetadata/v1/"}
+    assert (await runner.run(job, "kie-standard", kie(script))).result == "failed"
+    assert canary.hits == []
+    await runner.aclose()
+    await completes()
+    assert sim.sim.media.peers[-1] != first
+
+
 async def test_media_from_the_configured_endpoint_is_fetched(
         conn: Conn, make_runner: MakeRunner) -> None:
     job = await create_job(conn, credits=10)
