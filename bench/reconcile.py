@@ -129,8 +129,9 @@ async def reconciler_role(url: str, sim_url: str, media: str) -> None:
     """One reconciler process: passes until a pass claims nothing; JSON totals out."""
     settings = ProviderSettings.for_simulator(sim_url)
     total, start, end = Counts(), time.time(), time.time()
-    async with open_pool(url, max_size=10, check=True) as pool, aiohttp.ClientSession() as http:
-        r = Reconciler(pool, http, settings, LocalFolderStore(Path(media)))
+    async with open_pool(url, max_size=10, check=True) as pool, \
+            aiohttp.ClientSession() as http, \
+            Reconciler(pool, http, settings, LocalFolderStore(Path(media))) as r:
         while True:
             c = await r.reconcile_once()
             if not c.claimed:

@@ -233,6 +233,12 @@ class MediaSessions:
         self._open[policy] = (loop, session)
         return session
 
+    async def __aenter__(self) -> MediaSessions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Close every session made on the running loop (those of a loop that has ended
         went with it)."""

@@ -469,6 +469,12 @@ class Reconciler:
         (:meth:`run` does, when it ends)."""
         await self.finalizer.aclose()
 
+    async def __aenter__(self) -> Reconciler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:
         """``reconcile_once`` every jittered scan interval until ``stop`` is set; a pass
         in hand is always finished."""
