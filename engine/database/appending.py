@@ -127,10 +127,15 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
     settling = new.terminal and not current.terminal
     is_start = isinstance(first, CallStarted)
     params = to_columns(new)
+    actors = [e.actor for e in events]
     params.update(
         job_id=job_id, expected_version=current.version,
+        events=_rows_json.encode([
+            _EventRow(type=t, version=v, payload=msgspec.Raw(p), actor=a)
+            for (t, v, p), a in zip(encoded, actors, strict=True)]).decode(),
+        # the same, one list per column (Citus inserts them one VALUES row each)
         types=[t for t, _, _ in encoded], event_versions=[v for _, v, _ in encoded],
-        payloads=[p.decode() for _, _, p in encoded], actors=[e.actor for e in events],
+        payloads=[p.decode() for _, _, p in encoded], actors=actors,
         is_start=is_start, is_completion=any(isinstance(e, Completed) for e in events),
         owns_seed=new.provider_kind is not None,
         host_status=first.status if isinstance(first, HostEnded) else None,
@@ -141,6 +146,18 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
         beat_owner=beat.actor if beat is not None else None,
     )
     return params
+
+
+class _EventRow(msgspec.Struct, frozen=True):
+    """One element of the ``events`` parameter (queries.sql, fragment ``event_rows``)."""
+
+    type: str
+    version: int
+    payload: msgspec.Raw  # the event as encoded once, embedded as it is
+    actor: str
+
+
+_rows_json = msgspec.json.Encoder()
 
 
 def as_run(event: Event | Sequence[Event]) -> tuple[Event, ...]:

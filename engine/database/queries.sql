@@ -39,8 +39,8 @@ WITH upd AS (
 {{append_upd}}
 ), ev AS (
     INSERT INTO call_events (job_id, seq, type, version, payload, actor)
-    SELECT upd.id, %(expected_version)s::int + e.n::int, e.type, e.version, e.payload::jsonb,
-           e.actor
+    SELECT upd.id, %(expected_version)s::int + e.n::int, e.ev->>'type',
+           (e.ev->>'version')::smallint, e.ev->'payload', e.ev->>'actor'
     FROM upd, {{event_rows}}
     RETURNING seq
 )
@@ -67,9 +67,10 @@ WITH upd AS (
     RETURNING id, user_id, is_public, workflow_execution_id, node_id
 
 -- fragment: event_rows
--- The run's events as rows, numbered from 1.
-unnest(%(types)s::text[], %(event_versions)s::smallint[], %(payloads)s::text[],
-       %(actors)s::text[]) WITH ORDINALITY AS e(type, version, payload, actor, n)
+-- The run's events as rows, numbered from 1: one jsonb array of {type, version, payload,
+-- actor} objects, one parameter sent as it is (the elements of a text[] parameter are
+-- escaped character by character in Python, and a payload is mostly quotes).
+jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(ev, n)
 -- fragment: settle_ctes
 -- The settlement of a terminal transition, after append_ctes (a transition that settles
 -- nothing runs append_move, without these: see there).
@@ -142,9 +143,8 @@ SELECT (SELECT count(*) FROM ev) AS appended, 0::bigint AS settled,
 assets_in AS (
     INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
     SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
-    FROM upd j, unnest(%(asset_keys)s::text[], %(asset_urls)s::text[],
-                       %(asset_types)s::text[], %(asset_sizes)s::bigint[])
-                AS a(key, url, content_type, size)
+    FROM upd j, jsonb_to_recordset(%(assets)s::jsonb)
+                AS a(key text, url text, content_type text, size bigint)
     ON CONFLICT (job_id, storage_key) DO NOTHING
 ), reopen AS (
     UPDATE workflow_executions w

@@ -221,13 +221,11 @@ async def _append(
                  else "append_event" if params["settle_to"] is not None else "append_move")
     if assets is not None:
         statement = "append_completion"
-        params.update(asset_keys=[m.key for m in assets], asset_urls=[m.url for m in assets],
-                      asset_types=[m.content_type for m in assets],
-                      asset_sizes=[m.size for m in assets])
+        params.update(assets=_assets_json(assets))
     try:
         if await on_citus(conn):
             claims = _names_a_task(events, new) and new.provider_task_id is not None
-            rows = await _append_citus(conn, job_id, new, params, claims)
+            rows = await _append_citus(conn, job_id, new, params, claims, assets)
         else:
             rows = await _run(conn, statement, params)
     except WriteConflict as exc:
@@ -248,6 +246,11 @@ async def _append(
     return result
 
 
+def _assets_json(assets: Sequence[StoredMedia]) -> str:
+    """append_completion's ``assets`` parameter: one jsonb array of the asset rows."""
+    return msgspec.json.encode(list(assets)).decode()  # {key, url, content_type, size}
+
+
 def _names_a_task(events: Sequence[Event], new: CallProjection) -> bool:
     """The run makes this job the upstream task's: a ``TaskCreated``, or an ``Adopted``
     of a row whose task id the host wrote (its projection already shows that id, so the
@@ -265,7 +268,8 @@ class _NotAppended(Exception):
 
 
 async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
-                        params: dict[str, Any], claims: bool) -> list[DictRow]:
+                        params: dict[str, Any], claims: bool,
+                        assets: Sequence[StoredMedia] | None) -> list[DictRow]:
     """On Citus: the append as statements on the job's one shard group, in one transaction
     (``append_upd_citus`` and the statements after it in queries.sql), and, when the run
     makes the job an upstream task's, the task claimed for the job in ``callwarden_tasks``
@@ -292,14 +296,12 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
                     params["actors"], strict=True), start=1)])
             settled = ([{"settled": 0, "reservations": 0}] if params["settle_to"] is None
                        else await _run(conn, "append_settle_citus", params))
-            if "asset_keys" in params:
+            if assets is not None:
                 job = won[0]
                 await _run_many(conn, "append_asset_citus", [
                     {"job_id": job_id, "user_id": job["user_id"], "is_public": job["is_public"],
-                     "key": k, "url": u, "content_type": c, "size": z}
-                    for k, u, c, z in zip(params["asset_keys"], params["asset_urls"],
-                                          params["asset_types"], params["asset_sizes"],
-                                          strict=True)])
+                     "key": m.key, "url": m.url, "content_type": m.content_type,
+                     "size": m.size} for m in assets])
                 if job["workflow_execution_id"] is not None and (
                         await _run(conn, "append_reopen_due_citus", dict(job)))[0]["due"]:
                     await _run(conn, "append_reopen_citus", dict(job))

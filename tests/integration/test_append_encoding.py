@@ -1,0 +1,88 @@
+"""What an append sends is what the log and the asset rows hold, whatever the text: the
+run's events go to Postgres as one jsonb array and the asset rows as another (issue 26),
+so no character may be lost, doubled or escaped twice on the way.
+
+Real Postgres; the events and assets are Hypothesis' own draws.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn
+from callwarden.database.jobs import create_job
+from callwarden.database.write import append, load_events, load_stored
+from callwarden.events.types import (
+    CallStarted,
+    Completed,
+    FinalizeClaimed,
+    StoredMedia,
+    TaskCreated,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
+from callwarden.projections.fold import EMPTY, fold
+
+# Any text (NUL aside: the write path makes it U+FFFD, tested on its own), and the
+# characters an array literal or a JSON text must escape, drawn often.
+_nasty = st.sampled_from(['"', "\\", "{", "}", ",", "'", "\n", "\t", "NULL", "\\u0041",
+                          "\u2603", "\U0001f600", "$1", "%(x)s"])
+_text = st.lists(st.characters(codec="utf-8", exclude_characters="\x00") | _nasty,
+                 max_size=12).map("".join)
+_raw = st.dictionaries(_text, _text | st.integers() | st.none(), max_size=4)
+_media = st.builds(StoredMedia, key=_text, url=_text, content_type=_text,
+                   size=st.integers(0, 2**53))
+
+
+@given(actor=_text, text=st.none() | _text, raw=_raw, urls=st.lists(_text, max_size=3),
+       media=st.lists(_media, max_size=3, unique_by=lambda m: m.key))
+async def test_a_completing_run_is_stored_exactly_as_appended(
+        conn: Conn, actor: str, text: str | None, raw: dict[str, object], urls: list[str],
+        media: list[StoredMedia]) -> None:
+    """For any actor, result text, raw answer, media URLs and asset rows (any Unicode but
+    NUL, and every character an array literal or JSON escapes), the events read back from
+    the log equal the events appended, the row's projection equals their fold, and the
+    job's asset rows hold exactly the keys, URLs, types and sizes given."""
+    job = await create_job(conn, credits=5)
+    now = utcnow()
+    p = (await append(conn, job, EMPTY, CallStarted(at=now, actor=actor, kind="kie-standard",
+                                                     sync=False))).projection
+    p = (await append(conn, job, p, TaskCreated(at=now, actor=actor, task_id=f"{text}-{job}"))
+         ).projection
+    run = (UpstreamSucceeded(at=now, actor=actor, result=UpstreamResult(
+               media_urls=tuple(urls), text=text, raw=raw)),
+           FinalizeClaimed(at=now, actor=actor, owner=actor,
+                           lease_until=now + timedelta(minutes=5)),
+           Completed(at=now, actor=actor, media=tuple(media), text=text))
+    done = await append(conn, job, p, run, assets=media)
+    assert done.ok
+    events = await load_events(conn, job)
+    assert events[2:] == list(run)
+    assert (await load_stored(conn, job)).version == fold(events).version == 5
+    rows = await (await conn.execute(
+        "SELECT storage_key, url, content_type, size_bytes FROM assets WHERE job_id = %s",
+        (job,))).fetchall()
+    assert sorted((r["storage_key"], r["url"], r["content_type"], r["size_bytes"])
+                  for r in rows) == sorted((m.key, m.url, m.content_type, m.size)
+                                           for m in media)
+
+
+async def test_a_run_is_one_parameter_whatever_its_length(conn: Conn) -> None:
+    """A provider's answer of a few hundred kilobytes, mostly characters a text[] element
+    escapes, is stored and read back whole."""
+    job = await create_job(conn, credits=5)
+    now = utcnow()
+    raw = {f'k"{i}\\': ['"\\' * 50, {"n": i}] for i in range(2000)}
+    p = (await append(conn, job, EMPTY, CallStarted(at=now, actor="w", kind="kie-standard",
+                                                     sync=False))).projection
+    p = (await append(conn, job, p, TaskCreated(at=now, actor="w", task_id=f"t-{job}"))).projection
+    r = await append(conn, job, p, UpstreamSucceeded(at=now, actor="w",
+                                                      result=UpstreamResult(raw=raw)))
+    assert r.ok
+    got = (await load_events(conn, job))[-1]
+    assert isinstance(got, UpstreamSucceeded)
+    assert got.result.raw == raw
