@@ -92,20 +92,42 @@ def _load_all() -> tuple[dict[str, LiteralString], dict[str, str]]:
     return out, fragments
 
 
-def _with_start(loaded: tuple[dict[str, LiteralString], dict[str, str]]
-                ) -> dict[str, LiteralString]:
-    """``append_start``: ``append_move`` with an empty ``settled_fence`` (a start is
-    fenced on version 0 and on the host's status, never on settled reservations, and
-    settles nothing); on Citus ``append_upd_start_citus`` from ``append_upd_citus``."""
+def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
+            ) -> dict[str, LiteralString]:
+    """Each append statement's own shape, so that Postgres keeps one generic plan for each
+    and none carries a fence its events can never need (queries.sql, fragment
+    ``append_upd``):
+
+    - ``append_start`` is ``append_move`` without ``settled_fence`` (a start is fenced on
+      version 0 and on the host's status, never on settled reservations, and settles
+      nothing); on Citus ``append_upd_start_citus`` from ``append_upd_citus``;
+    - every other append drops ``start_fence`` (only a start may find a task on the row);
+    - ``append_completion`` (a started call's ``Completed``, never a host's decision:
+      ``write.append`` checks it) fences on ``open_fence`` and writes ``seed_set_owned``.
+      Shorter, it also fits psycopg's cache of converted queries (4 KB).
+
+    A fragment a shape is derived from must be in its statement exactly once."""
     queries, fragments = loaded
-    fence = fragments["settled_fence"]
-    starts: dict[str, LiteralString] = {}
+
+    def text(fragment: str) -> str:
+        return _splice(fragment, fragments[fragment], fragments)
+
+    def swap(name: str, sql: str, fragment: str, by: str) -> LiteralString:
+        if sql.count(text(fragment)) != 1:
+            raise RuntimeError(f"{name} must splice {fragment} once")
+        return sql.replace(text(fragment), by)  # type: ignore[return-value]
+
+    out = dict(queries)
     for start, append in (("append_start", "append_move"),
                           ("append_upd_start_citus", "append_upd_citus")):
-        if queries[append].count(fence) != 1:
-            raise RuntimeError(f"{append} must splice settled_fence once")
-        starts[start] = queries[append].replace(fence, "")
-    return {**queries, **starts}
+        out[start] = swap(start, queries[append], "settled_fence", "")
+    for name in ("append_move", "append_event", "append_completion", "append_upd_citus"):
+        out[name] = swap(name, queries[name], "start_fence", "")
+    done = swap("append_completion", out["append_completion"], "host_fence",
+                text("open_fence"))
+    out["append_completion"] = swap("append_completion", done, "seed_set",
+                                    text("seed_set_owned"))
+    return out
 
 
-QUERIES: dict[str, LiteralString] = _with_start(_load_all())
+QUERIES: dict[str, LiteralString] = _shapes(_load_all())

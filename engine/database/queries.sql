@@ -59,12 +59,31 @@ WITH upd AS (
         updated_at = now()
     WHERE id = %(job_id)s::uuid
       AND call_version = %(expected_version)s::int
-      AND CASE WHEN %(host_status)s::text IS NULL
-               THEN COALESCE(status, 'pending') IN ('pending', 'processing')
-               ELSE status IS NOT DISTINCT FROM %(host_status)s::text END
+      AND {{host_fence}}
       {{settled_fence}}
-      AND (NOT %(is_start)s::boolean OR provider_task_id IS NULL)
+      {{start_fence}}
     RETURNING id, user_id, is_public, workflow_execution_id, node_id
+
+-- Each append statement has a shape of its own (callwarden.database.queries derives them
+-- from these fragments): a start keeps start_fence and drops settled_fence; every other
+-- append drops start_fence; a completion (only ever a started call's Completed, never a
+-- host's decision) fences on open_fence alone and writes seed_set_owned.
+
+-- fragment: host_fence
+-- The host's status: still pending/processing (NULL counts as pending), or, for the
+-- HostEnded event that records a host decision, exactly the status it observed.
+CASE WHEN %(host_status)s::text IS NULL
+     THEN {{open_fence}}
+     ELSE status IS NOT DISTINCT FROM %(host_status)s::text END
+
+-- fragment: open_fence
+-- host_fence for an event that is not a host's decision.
+COALESCE(status, 'pending') IN ('pending', 'processing')
+
+-- fragment: start_fence
+-- A call is started only on a row no other code has put a task on (such a row is adopted
+-- by the reconciler instead): append_start's alone.
+AND provider_task_id IS NULL
 
 -- fragment: event_rows
 -- The run's events as rows, numbered from 1: one jsonb array of {type, version, payload,
@@ -314,20 +333,8 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- The projection columns an event's fold writes, but status (the append and the rebuild
 -- fence it differently): written once, spliced into append_event and
 -- audit_rebuild_projection by callwarden.database.queries.
-    provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
-                         ELSE provider_kind END,
-    provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text
-                            ELSE provider_task_id END,
-    provider_call_started_at = CASE WHEN %(owns_seed)s::boolean
-                                    THEN %(provider_call_started_at)s::timestamptz
-                                    ELSE provider_call_started_at END,
+    {{seed_set}}
     call_sync = %(call_sync)s::boolean,
-    reconcile_attempts = CASE WHEN %(owns_seed)s::boolean
-                              THEN %(reconcile_attempts)s::int
-                              ELSE reconcile_attempts END,
-    reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
-                                THEN %(reconcile_last_error)s::text
-                                ELSE reconcile_last_error END,
     reconcile_next_at = %(reconcile_next_at)s::timestamptz,
     error_message = COALESCE(%(error_message)s::text, error_message),
     finalize_owner = %(finalize_owner)s::text,
@@ -344,3 +351,29 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
     completed_at = CASE WHEN %(is_completion)s::boolean
                         THEN %(call_finished_at)s::timestamptz ELSE completed_at END,
     progress = CASE WHEN %(is_completion)s::boolean THEN 100 ELSE progress END,
+
+-- fragment: seed_set
+-- The seed's columns, written only once a call owns them (owns_seed: CallStarted or
+-- Adopted set provider_kind): a cancel of a job whose call never started leaves the
+-- host's provider_kind, task id, start time and attempt counters as they are.
+provider_kind = CASE WHEN %(owns_seed)s::boolean THEN %(provider_kind)s::text
+                     ELSE provider_kind END,
+provider_task_id = CASE WHEN %(owns_seed)s::boolean THEN %(provider_task_id)s::text
+                        ELSE provider_task_id END,
+provider_call_started_at = CASE WHEN %(owns_seed)s::boolean
+                                THEN %(provider_call_started_at)s::timestamptz
+                                ELSE provider_call_started_at END,
+reconcile_attempts = CASE WHEN %(owns_seed)s::boolean
+                          THEN %(reconcile_attempts)s::int
+                          ELSE reconcile_attempts END,
+reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
+                            THEN %(reconcile_last_error)s::text
+                            ELSE reconcile_last_error END,
+
+-- fragment: seed_set_owned
+-- seed_set of a statement that only a started call runs (append_completion).
+provider_kind = %(provider_kind)s::text,
+provider_task_id = %(provider_task_id)s::text,
+provider_call_started_at = %(provider_call_started_at)s::timestamptz,
+reconcile_attempts = %(reconcile_attempts)s::int,
+reconcile_last_error = %(reconcile_last_error)s::text,

@@ -220,6 +220,9 @@ async def _append(
     statement = ("append_start" if params["is_start"]
                  else "append_event" if params["settle_to"] is not None else "append_move")
     if assets is not None:
+        if not (params["is_completion"] and params["owns_seed"]):
+            raise ValueError("assets are appended only with a started call's Completed "
+                             "(append_completion's shape: see callwarden.database.queries)")
         statement = "append_completion"
         params.update(assets=_assets_json(assets))
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -86,3 +87,18 @@ async def test_a_run_is_one_parameter_whatever_its_length(conn: Conn) -> None:
     got = (await load_events(conn, job))[-1]
     assert isinstance(got, UpstreamSucceeded)
     assert got.result.raw == raw
+
+
+async def test_assets_come_only_with_a_started_calls_completed(conn: Conn) -> None:
+    """append_completion's shape writes the seed outright and fences on the host's open
+    status: asked of a run without a Completed, the append refuses before it writes."""
+    job = await create_job(conn, credits=5)
+    now = utcnow()
+    p = (await append(conn, job, EMPTY, CallStarted(at=now, actor="w", kind="kie-standard",
+                                                     sync=False))).projection
+    media = [StoredMedia(key="k", url="u", content_type="image/png", size=1)]
+    with pytest.raises(ValueError, match="only with a started call's Completed"):
+        await append(conn, job, p, TaskCreated(at=now, actor="w", task_id=f"t-{job}"),
+                     assets=media)
+    assert [type(e).__name__ for e in await load_events(conn, job)] == ["CallStarted"]
+    assert (await load_stored(conn, job)).version == 1
