@@ -115,7 +115,7 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
     def swap(name: str, sql: str, fragment: str, by: str) -> LiteralString:
         if sql.count(text(fragment)) != 1:
             raise RuntimeError(f"{name} must splice {fragment} once")
-        return sql.replace(text(fragment), by)  # type: ignore[return-value]
+        return sql.replace(text(fragment), by)
 
     out = dict(queries)
     for start, append in (("append_start", "append_move"),
