@@ -34,6 +34,7 @@ import msgspec
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from callwarden.providers.closing import AsyncClosing
 from callwarden.providers.errors import MediaRefused
 
 __all__ = ["GuardedResolver", "MediaPolicy", "MediaSessions", "Origin", "check_url",
@@ -208,7 +209,7 @@ def media_session(policy: MediaPolicy, **kwargs: Any) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, trust_env=False, **kwargs)
 
 
-class MediaSessions:
+class MediaSessions(AsyncClosing):
     """One :func:`media_session` per policy, kept open so that a download reuses the
     connection an earlier one made to the same media host (issue 26: a new session per
     finalization paid a resolution, a TCP and TLS handshake and a close per call).
@@ -232,12 +233,6 @@ class MediaSessions:
         session = media_session(policy, cookie_jar=aiohttp.DummyCookieJar())
         self._open[policy] = (loop, session)
         return session
-
-    async def __aenter__(self) -> MediaSessions:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close every session made on the running loop (those of a loop that has ended

@@ -60,6 +60,7 @@ from callwarden.events.types import (
 )
 from callwarden.projections.fold import CallProjection, apply
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.closing import AsyncClosing
 from callwarden.providers.errors import (
     MediaExpired,
     MediaRefused,
@@ -107,7 +108,7 @@ class _GiveUp(Exception):
         self.outcome, self.event = outcome, event
 
 
-class Finalizer:
+class Finalizer(AsyncClosing):
     """Runs finalizations for one process incarnation (``owner``)."""
 
     def __init__(self, db: Pool | Database, media: MediaStore, settings: ProviderSettings, *,
@@ -128,12 +129,6 @@ class Finalizer:
         """Close the media connections kept between finalizations (``async with`` does
         it too); a finalizer used again afterwards opens new ones."""
         await self.media_sessions.aclose()
-
-    async def __aenter__(self) -> Finalizer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def finalize(self, job_id: uuid.UUID,
                        current: CallProjection | None = None) -> FinalizeResult:

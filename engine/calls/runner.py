@@ -53,6 +53,7 @@ from callwarden.events.types import (
 from callwarden.observe.tracing import call_context
 from callwarden.projections.fold import EMPTY, CallProjection
 from callwarden.providers.base import AsyncKindClient, ProviderSettings, SyncKindClient
+from callwarden.providers.closing import AsyncClosing
 from callwarden.providers.errors import (
     MediaExpired,
     NotSent,
@@ -93,7 +94,7 @@ def call_outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None
     return CallOutcome(job_id=job_id, result=result, projection=p, detail=detail)
 
 
-class CallRunner:
+class CallRunner(AsyncClosing):
     """Runs calls for one process incarnation (``owner``). ``db``: the database the calls are
     recorded in (a :data:`~callwarden.database.db.Pool`, or a
     :class:`~callwarden.database.port.Database`); ``media``: where media results are stored;
@@ -121,12 +122,6 @@ class CallRunner:
         """Close the media connections kept between finalizations (``async with`` does it
         too; the host's own ``session`` is the host's to close)."""
         await self.finalizer.aclose()
-
-    async def __aenter__(self) -> CallRunner:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def run(self, job_id: uuid.UUID, kind: str, request: Mapping[str, Any], *,
                   operation: str | None = None) -> CallOutcome:

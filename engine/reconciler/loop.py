@@ -62,6 +62,7 @@ from callwarden.observe.tracing import call_context
 from callwarden.projections.columns import ProjectionUnreadable
 from callwarden.projections.fold import CallProjection
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.closing import AsyncClosing
 from callwarden.providers.errors import ProviderError, StorageError
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
 from callwarden.providers.registry import poll_task
@@ -124,7 +125,7 @@ class Counts(msgspec.Struct, kw_only=True):
         setattr(self, name, getattr(self, name) + 1)
 
 
-class Reconciler:
+class Reconciler(AsyncClosing):
     """Reconciles for one process incarnation (``owner``). ``db``: the database (a pool, or a
     :class:`~callwarden.database.port.ReconcilerDatabase`); ``media``: where media results
     are stored."""
@@ -468,12 +469,6 @@ class Reconciler:
         """Close the media connections its finalizer keeps between finalizations
         (:meth:`run` does, when it ends)."""
         await self.finalizer.aclose()
-
-    async def __aenter__(self) -> Reconciler:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def run(self, stop: asyncio.Event, *, rng: random.Random | None = None) -> None:
         """``reconcile_once`` every jittered scan interval until ``stop`` is set; a pass
