@@ -39,6 +39,7 @@ class StoredMedia:
     expired: bool = False
     redirect: str | None = None  # answer 302 to this location instead
     status: int | None = None  # answer this HTTP status instead
+    drops_connection: bool = False  # close the connection once sent, unannounced
 
 
 class MediaHost:
@@ -68,8 +69,9 @@ class MediaHost:
             content_type = script.media_served.content_type
         redirect = script.media_redirect if script is not None else None
         status = script.media_status if script is not None else None
-        self._items[token] = StoredMedia(data, content_type, expires, redirect=redirect,
-                                         status=status)
+        self._items[token] = StoredMedia(
+            data, content_type, expires, redirect=redirect, status=status,
+            drops_connection=script is not None and script.media_drops_connection)
         return f"{self.base_url}/media/{token}"
 
     def expire(self, url: str) -> None:
@@ -110,7 +112,12 @@ class MediaHost:
             return web.Response(status=302, headers={"Location": item.redirect})
         if item.status is not None:
             return web.Response(status=item.status, text=f"HTTP {item.status}")
-        return web.Response(body=item.data, content_type=item.content_type)
+        response = web.Response(body=item.data, content_type=item.content_type)
+        if item.drops_connection and request.transport is not None:
+            await response.prepare(request)
+            await response.write_eof()
+            request.transport.close()  # sent in full first; no Connection: close said
+        return response
 
 
 def _token(url: str) -> str:

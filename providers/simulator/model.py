@@ -122,8 +122,11 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     ``"html"`` serves an HTML error page (200, ``text/html``) where the media should be;
     ``media_redirect`` makes every media URL answer ``302`` to that location;
     ``media_status`` makes it answer that HTTP status; ``media_served`` serves that body
-    under that content type instead of the media (:class:`ServedMedia`); ``cost`` is the
-    cost reported where the provider reports one (e.g. a negative one).
+    under that content type instead of the media (:class:`ServedMedia`);
+    ``media_drops_connection`` closes the connection once the media is sent, unannounced
+    (no ``Connection: close``: a host whose keep-alive ends at once), so a client's kept
+    connection is gone when it comes back; ``cost`` is the cost reported where the
+    provider reports one (e.g. a negative one).
 
     Other result shapes: ``output`` is the task's output as the provider's JSON (a
     Replicate language model's token list, a string, ``data:`` URIs) instead of minted
@@ -139,6 +142,7 @@ class Script(msgspec.Struct, frozen=True, kw_only=True):
     media_redirect: str | None = None
     media_status: int | None = None
     media_served: ServedMedia | None = None
+    media_drops_connection: bool = False
     cost: float | None = None
     output: Any = None
     stop_reason: str | None = None

@@ -208,6 +208,21 @@ async def test_one_runner_keeps_its_media_connection_and_the_guard_still_holds(
     assert sim.sim.media.peers[-1] != first
 
 
+async def test_a_media_host_that_drops_kept_connections_costs_no_result(
+        conn: Conn, make_runner: MakeRunner, sim: RunningSimulator) -> None:
+    """A media host that closes each connection once it has sent the media (keep-alive
+    ended, not announced): the runner's kept connection is gone when the next result
+    comes, and that result is still downloaded, on a new connection."""
+    runner = make_runner()
+    for _ in range(3):
+        job = await create_job(conn, credits=10)
+        out = await runner.run(job, "kie-standard", kie({"media_drops_connection": True}))
+        assert out.result == "completed", out.detail
+    peers = sim.sim.media.peers
+    assert len(peers) == 3
+    assert len(set(peers)) == 3
+
+
 async def test_media_from_the_configured_endpoint_is_fetched(
         conn: Conn, make_runner: MakeRunner) -> None:
     job = await create_job(conn, credits=10)
