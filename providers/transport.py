@@ -172,6 +172,11 @@ async def _checked(
     return raw
 
 
+#: The retries' jitter when the caller brings no generator (one per process: a new
+#: ``random.Random()`` per request seeded itself from ``os.urandom`` every time).
+_JITTER = random.Random()
+
+
 async def send(
     session: aiohttp.ClientSession,
     method: str,
@@ -193,7 +198,7 @@ async def send(
     answer read (default: ``policy.max_answer_bytes``). Raises a :class:`ProviderError`
     subclass, never an aiohttp error.
     """
-    rng = rng or random.Random()
+    rng = rng or _JITTER
     limit = policy.max_answer_bytes if max_bytes is None else max_bytes
     kwargs["allow_redirects"] = False  # never: the key would go along (module docstring)
     kwargs["headers"] = _identity(kwargs.get("headers"))
