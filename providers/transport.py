@@ -33,6 +33,7 @@ next tick, a create or a sync call is refused. A client whose answer is itself a
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -173,8 +174,10 @@ async def _checked(
 
 
 #: The retries' jitter when the caller brings no generator (one per process: a new
-#: ``random.Random()`` per request seeded itself from ``os.urandom`` every time).
+#: ``random.Random()`` per request seeded itself from ``os.urandom`` every time), seeded
+#: again in a forked child (prefork workers would otherwise back off in step).
 _JITTER = random.Random()
+os.register_at_fork(after_in_child=_JITTER.seed)
 
 
 async def send(

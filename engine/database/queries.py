@@ -102,9 +102,11 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
       version 0 and on the host's status, never on settled reservations, and settles
       nothing); on Citus ``append_upd_start_citus`` from ``append_upd_citus``;
     - every other append drops ``start_fence`` (only a start may find a task on the row);
-    - ``append_completion`` (a started call's ``Completed``, never a host's decision:
-      ``write.append`` checks it) fences on ``open_fence`` and writes ``seed_set_owned``.
-      Shorter, it also fits psycopg's cache of converted queries (4 KB).
+    - ``append_completion`` (a ``Completed``, never a host's decision: ``write.append``
+      checks it) fences on ``open_fence`` and writes ``seed_set_owned``: shorter, it fits
+      psycopg's cache of converted queries (4 KB). ``append_completion_host_seed`` is the
+      same with ``seed_set`` kept, for the rare call whose seed columns stay the host's (a
+      legacy row the reconciler adopted: ``owns_seed`` false).
 
     A fragment a shape is derived from must be in its statement exactly once."""
     queries, fragments = loaded
@@ -125,6 +127,7 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
         out[name] = swap(name, queries[name], "start_fence", "")
     done = swap("append_completion", out["append_completion"], "host_fence",
                 text("open_fence"))
+    out["append_completion_host_seed"] = done
     out["append_completion"] = swap("append_completion", done, "seed_set",
                                     text("seed_set_owned"))
     return out

@@ -20,18 +20,17 @@ WHERE id = %(job_id)s;
 -- projection fenced on what the writer read, append the events (one, or a run of them an
 -- actor decided at once: UpstreamSucceeded, FinalizeClaimed, Completed) at seq = the
 -- version read + 1, + 2, ... only if the update won, and settle the reservation with a
--- compare-and-set on status = 'reserved' only if the events were appended. Data-modifying CTEs share one snapshot and commit or roll
--- back together. The fences (DESIGN §5, §10):
+-- compare-and-set on status = 'reserved' only if the events were appended. Data-modifying
+-- CTEs share one snapshot and commit or roll back together. The fences (DESIGN §5, §10),
+-- each statement carrying only those its events can need (see the note after append_upd):
 --   * call_version = the version read (optimistic concurrency between callwarden actors);
 --   * the host's status: still pending/processing (NULL counts as pending), or, for the
 --     HostEnded event that records a host decision, exactly the status it observed;
 --   * the number of the job's reservations not 'reserved' any more, as read (a host that
 --     settled one meanwhile makes the writer re-read and re-decide); not for CallStarted;
 --   * a call is started only on a row no other code has put a task on (such a row is
---     adopted by the reconciler instead).
--- The seed's columns are written only once a call owns them (owns_seed: CallStarted or
--- Adopted set provider_kind): a cancel of a job whose call never started leaves the host's
--- provider_kind, task id, start time and attempt counters as they are.
+--     adopted by the reconciler instead): append_start only.
+-- The seed's columns are written only once a call owns them (fragment seed_set).
 -- A commit charges min(cost, reserved) in total over the job's reservations, split over
 -- those still reserved in id order (never above any one of them, never below zero); a
 -- row the host committed itself counts with what it charged (never charged again).
@@ -66,8 +65,9 @@ WITH upd AS (
 
 -- Each append statement has a shape of its own (callwarden.database.queries derives them
 -- from these fragments): a start keeps start_fence and drops settled_fence; every other
--- append drops start_fence; a completion (only ever a started call's Completed, never a
--- host's decision) fences on open_fence alone and writes seed_set_owned.
+-- append drops start_fence; a completion (a Completed, never a host's decision) fences on
+-- open_fence alone and writes seed_set_owned (append_completion_host_seed keeps seed_set:
+-- a legacy row's call, whose seed stays the host's).
 
 -- fragment: host_fence
 -- The host's status: still pending/processing (NULL counts as pending), or, for the
@@ -371,7 +371,7 @@ reconcile_last_error = CASE WHEN %(owns_seed)s::boolean
                             ELSE reconcile_last_error END,
 
 -- fragment: seed_set_owned
--- seed_set of a statement that only a started call runs (append_completion).
+-- seed_set when the call owns the seed (append_completion; write.py picks the shape).
 provider_kind = %(provider_kind)s::text,
 provider_task_id = %(provider_task_id)s::text,
 provider_call_started_at = %(provider_call_started_at)s::timestamptz,

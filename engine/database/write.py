@@ -220,10 +220,11 @@ async def _append(
     statement = ("append_start" if params["is_start"]
                  else "append_event" if params["settle_to"] is not None else "append_move")
     if assets is not None:
-        if not (params["is_completion"] and params["owns_seed"]):
-            raise ValueError("assets are appended only with a started call's Completed "
+        if not params["is_completion"]:
+            raise ValueError("assets are appended only with a Completed "
                              "(append_completion's shape: see callwarden.database.queries)")
-        statement = "append_completion"
+        statement = ("append_completion" if params["owns_seed"]
+                     else "append_completion_host_seed")
         params.update(assets=_assets_json(assets))
     try:
         if await on_citus(conn):

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn
 from callwarden.database.jobs import create_job
-from callwarden.database.write import append, load_events, load_stored
+from callwarden.database.write import append, load, load_events, load_stored
+from callwarden.events.states import LEGACY_KIND, CallState
 from callwarden.events.types import (
+    Adopted,
     CallStarted,
     Completed,
     FinalizeClaimed,
@@ -89,16 +91,46 @@ async def test_a_run_is_one_parameter_whatever_its_length(conn: Conn) -> None:
     assert got.result.raw == raw
 
 
-async def test_assets_come_only_with_a_started_calls_completed(conn: Conn) -> None:
-    """append_completion's shape writes the seed outright and fences on the host's open
-    status: asked of a run without a Completed, the append refuses before it writes."""
+async def test_assets_come_only_with_a_completed(conn: Conn) -> None:
+    """append_completion's shape fences on the host's open status (a host's decision is
+    never a completion): asked of a run without a Completed, the append refuses before it
+    writes."""
     job = await create_job(conn, credits=5)
     now = utcnow()
     p = (await append(conn, job, EMPTY, CallStarted(at=now, actor="w", kind="kie-standard",
                                                      sync=False))).projection
     media = [StoredMedia(key="k", url="u", content_type="image/png", size=1)]
-    with pytest.raises(ValueError, match="only with a started call's Completed"):
+    with pytest.raises(ValueError, match="only with a Completed"):
         await append(conn, job, p, TaskCreated(at=now, actor="w", task_id=f"t-{job}"),
                      assets=media)
     assert [type(e).__name__ for e in await load_events(conn, job)] == ["CallStarted"]
     assert (await load_stored(conn, job)).version == 1
+
+
+async def test_a_legacy_call_adopted_with_its_task_completes_keeping_the_hosts_seed(
+        conn: Conn) -> None:
+    """A row from before the call columns, with the host's task on it, adopted as legacy
+    (the fold leaves its seed columns the host's): its completion with media is recorded
+    (append_completion_host_seed), and the host's task id and empty kind stay as they were."""
+    job = await create_job(conn, credits=5, status="processing")
+    task = f"host-task-{job}"
+    await conn.execute("UPDATE jobs SET provider_task_id = %s WHERE id = %s", (task, job))
+    now = utcnow()
+    p = (await append(conn, job, await load(conn, job), Adopted(
+        at=now, actor="r", kind=LEGACY_KIND, task_id=task))).projection
+    assert p.provider_kind is None
+    media = [StoredMedia(key=f"media/{job}/0.png", url="file:///m/0.png",
+                         content_type="image/png", size=3)]
+    run = (UpstreamSucceeded(at=now, actor="r", result=UpstreamResult(media_urls=("u",))),
+           FinalizeClaimed(at=now, actor="r", owner="r", lease_until=now + timedelta(minutes=5)),
+           Completed(at=now, actor="r", media=tuple(media)))
+    done = await append(conn, job, p, run, assets=media)
+    assert done.ok
+    assert done.projection.state is CallState.COMPLETED
+    stored = await (await conn.execute(
+        "SELECT j.provider_kind, j.provider_task_id, j.status, u.status AS credits, "
+        "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
+        "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s", (job,))).fetchone()
+    assert stored is not None
+    assert (stored["provider_kind"], stored["provider_task_id"], stored["status"],
+            stored["credits"], stored["assets"]) == (None, task, "completed", "committed", 1)

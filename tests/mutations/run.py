@@ -205,10 +205,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "the append no longer checks the host's status it read (a host's cancel or "
         "completion racing the write is overwritten)",
         (Edit("engine/database/queries.sql",
-              "      AND CASE WHEN %(host_status)s::text IS NULL\n"
-              "               THEN COALESCE(status, 'pending') IN ('pending', 'processing')\n"
-              "               ELSE status IS NOT DISTINCT FROM %(host_status)s::text END\n",
-              "      AND true\n"),),
+              "COALESCE(status, 'pending') IN ('pending', 'processing')\n\n",
+              "true\n\n"),
+         Edit("engine/database/queries.sql",
+              "     ELSE status IS NOT DISTINCT FROM %(host_status)s::text END\n",
+              "     ELSE true END\n")),
         (WRITE,)),
     # -- issue 24 item 14: signature checks, the attempt cap, webhook deduplication, the
     # media-host guard, credential routing, and one per fix of items 1-12.

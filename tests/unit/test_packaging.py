@@ -70,12 +70,14 @@ def test_the_statements_every_call_runs_stay_in_psycopgs_parse_cache() -> None:
     """psycopg parses a statement once and caches it only up to 4,096 bytes and 50
     parameters (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH): the append had grown past
     it and was parsed on every execution, about 0.2 ms each (issue 26.1). The loader strips
-    comments and indentation; the statements a happy call runs again and again must fit.
-    (``append_completion``, once per call, does not yet: 4.4 KB.)"""
+    comments and indentation; the statements a happy call runs must fit (each append has
+    a shape of its own for this too: ``callwarden.database.queries._shapes``; only the
+    rare ``append_completion_host_seed``, a legacy row's completion, is over it)."""
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
     from callwarden.database.queries import QUERIES
 
-    for name in ("append_event", "append_move", "load_projection", "heartbeat",
+    for name in ("append_start", "append_event", "append_move", "append_completion",
+                 "load_projection", "heartbeat",
                  "reconcile_claim", "load_events", "webhook_find_job"):
         assert len(QUERIES[name].encode()) <= MAX_CACHED_STATEMENT_LENGTH, name

