@@ -69,8 +69,9 @@ def precomputed(job: uuid.UUID) -> list[dict[str, Any]]:
         new = apply(p, e)
         params = append_params(job, p, new, [e])
         # the 3-statement floor inserts one event: its columns as scalars
-        params.update(type=params["types"][0], event_version=params["event_versions"][0],
-                      payload=params["payloads"][0], actor=params["actors"][0])
+        kind, version, payload = codec.encode(e)
+        params.update(type=kind, event_version=version, payload=payload.decode(),
+                      actor=e.actor)
         out.append(params)
         p = new
     return out

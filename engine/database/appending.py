@@ -127,15 +127,11 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
     settling = new.terminal and not current.terminal
     is_start = isinstance(first, CallStarted)
     params = to_columns(new)
-    actors = [e.actor for e in events]
     params.update(
         job_id=job_id, expected_version=current.version,
         events=_rows_json.encode([
-            _EventRow(type=t, version=v, payload=msgspec.Raw(p), actor=a)
-            for (t, v, p), a in zip(encoded, actors, strict=True)]).decode(),
-        # the same, one list per column (Citus inserts them one VALUES row each)
-        types=[t for t, _, _ in encoded], event_versions=[v for _, v, _ in encoded],
-        payloads=[p.decode() for _, _, p in encoded], actors=actors,
+            _EventRow(type=t, version=v, payload=msgspec.Raw(p), actor=e.actor)
+            for (t, v, p), e in zip(encoded, events, strict=True)]).decode(),
         is_start=is_start, is_completion=any(isinstance(e, Completed) for e in events),
         owns_seed=new.provider_kind is not None,
         host_status=first.status if isinstance(first, HostEnded) else None,

@@ -54,7 +54,7 @@ from callwarden.errors import (
     TaskAlreadyClaimed,
     WriteConflict,
 )
-from callwarden.events.codec import EventDecodeError, decode
+from callwarden.events.codec import EventDecodeError, decode, encode
 from callwarden.events.types import Adopted, Cancelled, Event, StoredMedia, TaskCreated
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
@@ -229,7 +229,7 @@ async def _append(
     try:
         if await on_citus(conn):
             claims = _names_a_task(events, new) and new.provider_task_id is not None
-            rows = await _append_citus(conn, job_id, new, params, claims, assets)
+            rows = await _append_citus(conn, job_id, new, events, params, claims, assets)
         else:
             rows = await _run(conn, statement, params)
     except WriteConflict as exc:
@@ -272,7 +272,7 @@ class _NotAppended(Exception):
 
 
 async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
-                        params: dict[str, Any], claims: bool,
+                        events: Sequence[Event], params: dict[str, Any], claims: bool,
                         assets: Sequence[StoredMedia] | None) -> list[DictRow]:
     """On Citus: the append as statements on the job's one shard group, in one transaction
     (``append_upd_citus`` and the statements after it in queries.sql), and, when the run
@@ -294,10 +294,8 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
                 await _claim_task(conn, job_id, new)
             await _run_many(conn, "append_event_citus", [
                 {"job_id": job_id, "seq": params["expected_version"] + n, "type": t,
-                 "version": v, "payload": p, "actor": a}
-                for n, (t, v, p, a) in enumerate(zip(
-                    params["types"], params["event_versions"], params["payloads"],
-                    params["actors"], strict=True), start=1)])
+                 "version": v, "payload": p.decode(), "actor": e.actor}
+                for n, e in enumerate(events, start=1) for t, v, p in (encode(e),)])
             settled = ([{"settled": 0, "reservations": 0}] if params["settle_to"] is None
                        else await _run(conn, "append_settle_citus", params))
             if assets is not None:
@@ -309,7 +307,7 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
                 if job["workflow_execution_id"] is not None and (
                         await _run(conn, "append_reopen_due_citus", dict(job)))[0]["due"]:
                     await _run(conn, "append_reopen_citus", dict(job))
-            return [{**settled[0], "appended": len(params["types"])}]
+            return [{**settled[0], "appended": len(events)}]
     except _NotAppended:
         return []
     except psycopg.Error as exc:  # an event's insert (in the pipeline), or the commit
