@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +70,7 @@ from callwarden.providers.media_guard import MediaSessions
 from callwarden.providers.outcomes import Running, Succeeded
 from callwarden.providers.registry import client_for, media_fetch_for
 from callwarden.providers.simulator.core import running_simulator
-from callwarden.providers.storage import LocalFolderStore, media_key
+from callwarden.providers.storage import LocalFolderStore, StoredObject, media_key
 
 KIND = "kie-standard"
 SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}
@@ -207,15 +207,32 @@ async def callwarden_round(db: Db, runner: CallRunner, peer_pool: Pool, jobs: li
 
 async def run_floor(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None:
     client = cast(AsyncKindClient, client_for(KIND, peer.http, peer.settings))
-    task_id = await client.create(REQUEST)
+    done = await polled(client, await client.create(REQUEST))
+    fetch = media_fetch_for(KIND, peer.settings)
+    await stored_media(peer, sessions.session(fetch.policy), str(job), done.media_urls)
+
+
+# -- what the floor and DBOS's steps both do ----------------------------------------------
+
+
+async def polled(client: AsyncKindClient, task_id: str) -> Succeeded:
+    """Poll ``task_id`` until it succeeds (no wait between polls)."""
     while not isinstance(outcome := await client.poll(task_id), Succeeded):
         if not isinstance(outcome, Running):
             raise RuntimeError(f"task {task_id}: {outcome!r}")
-    fetch = media_fetch_for(KIND, peer.settings)
-    for index, url in enumerate(outcome.media_urls):
-        got = await download(sessions.session(fetch.policy), url, policy=fetch.policy)
-        await peer.store.put(media_key(str(job), index, got.content_type), got.data,
-                             got.content_type)
+    return outcome
+
+
+async def stored_media(peer: Peer, session: aiohttp.ClientSession, job: str,
+                       urls: Sequence[str]) -> list[StoredObject]:
+    """Download each result and store it under its key, as the finalizer does."""
+    policy = media_fetch_for(KIND, peer.settings).policy
+    stored = []
+    for index, url in enumerate(urls):
+        got = await download(session, url, policy=policy)
+        stored.append(await peer.store.put(media_key(job, index, got.content_type),
+                                           got.data, got.content_type))
+    return stored
 
 
 # -- DBOS: create, poll, finalize as three steps of one workflow -------------------------
@@ -243,25 +260,14 @@ async def create_step(request: dict[str, Any]) -> str:
 
 @DBOS.step()
 async def poll_step(task_id: str) -> dict[str, Any]:
-    client = kie()[1]
-    while True:
-        outcome = await client.poll(task_id)
-        if isinstance(outcome, Succeeded):
-            return {"urls": list(outcome.media_urls), "cost": outcome.cost}
-        if not isinstance(outcome, Running):
-            raise RuntimeError(f"task {task_id}: {outcome!r}")
-        await no_sleep(0.0)
+    done = await polled(kie()[1], task_id)
+    return {"urls": list(done.media_urls), "cost": done.cost}
 
 
 @DBOS.step()
 async def finalize_step(job: str, result: dict[str, Any]) -> None:
     peer = kie()[0]
-    stored = []
-    for index, url in enumerate(result["urls"]):
-        got = await download(peer.http, url,
-                             policy=media_fetch_for(KIND, peer.settings).policy)
-        stored.append(await peer.store.put(media_key(job, index, got.content_type), got.data,
-                                           got.content_type))
+    stored = await stored_media(peer, peer.http, job, result["urls"])
     async with peer.pool.connection() as conn, conn.transaction():
         await conn.execute(SQL["peer_complete"], {"job_id": job, "cost": result["cost"]})
         await conn.execute(SQL["peer_insert_assets"], {
