@@ -11,7 +11,11 @@ it in every adapter, before any I/O.
 Adapters:
 
 - :class:`LocalFolderStore` writes atomically (temp file in the target folder, ``fsync``,
-  ``os.replace``) and keeps the content type and SHA-256 in a sidecar under ``<root>/.meta``.
+  ``os.replace``). The content type is the one the key's extension names
+  (:func:`extension_for` read backwards: ``.png`` is ``image/png``, ``.bin``
+  ``application/octet-stream``), so most objects are one file; any other type (``audio/x-wav``
+  under ``.wav``, a key without an extension) is kept, with the SHA-256, in a sidecar under
+  ``<root>/.meta``.
 - :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
   content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``. An
   object whose type a browser could run script in — ``application/octet-stream``, what
@@ -82,6 +86,12 @@ _EXTENSIONS: Mapping[str, str] = {
     "audio/webm": "weba", "application/json": "json", "text/plain": "txt",
     "application/zip": "zip", "application/x-tar": "tar",
 }
+
+
+#: The type an extension names when no sidecar says otherwise: the first type
+#: ``_EXTENSIONS`` gives it (``.wav`` is ``audio/wav``), and ``.bin`` the generic type.
+_TYPE_OF_EXTENSION: Mapping[str, str] = {"bin": _GENERIC_TYPE} | {
+    ext: t for t, ext in reversed([*_EXTENSIONS.items()])}
 
 
 class InvalidMediaKey(ValueError):
@@ -164,6 +174,11 @@ def _sha256(data: bytes) -> str:
 # --------------------------------------------------------------------------- local folder
 
 
+def _named_type(path: Path) -> str | None:
+    """The content type ``path``'s extension names, if it names one."""
+    return _TYPE_OF_EXTENSION.get(path.suffix[1:]) if path.suffix else None
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temp file next to ``path``, fsync it, then rename over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -237,9 +252,21 @@ class LocalFolderStore:
         obj = StoredObject(key=key, uri=path.as_uri(), size=len(data),
                            content_type=content_type, sha256=_sha256(data))
         with _os_errors("put", key):
-            _write_atomic(self._confined(path), data)
-            _write_atomic(self._confined(meta), msgspec.json.encode(obj))
+            if content_type == _named_type(path):  # the key says it: no sidecar to write
+                self._drop_sidecar(meta)
+                _write_atomic(self._confined(path), data)
+            else:
+                _write_atomic(self._confined(path), data)
+                _write_atomic(self._confined(meta), msgspec.json.encode(obj))
         return obj
+
+    def _drop_sidecar(self, meta: Path) -> None:
+        """Remove a sidecar an earlier put under another type left (it would outrank the
+        extension), before the data changes: cut in between, the object reads as the type
+        its key names. Looked up first, so a put that has none creates no folder."""
+        if os.path.lexists(meta):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._confined(meta))
 
     def _get_sync(self, key: str) -> bytes:
         with _os_errors("get", key):
@@ -252,9 +279,13 @@ class LocalFolderStore:
         digest = _sha256(data)
         content_type = _GENERIC_TYPE
         with contextlib.suppress(OSError, ValueError):
-            meta = json.loads(meta_path.read_bytes())
-            if meta.get("sha256") == digest:  # else a put was cut between data and sidecar
-                content_type = str(meta["content_type"])
+            try:
+                meta = json.loads(meta_path.read_bytes())
+            except FileNotFoundError:  # no sidecar: the type the key names
+                content_type = _named_type(path) or _GENERIC_TYPE
+            else:
+                if meta.get("sha256") == digest:  # else a put was cut before the sidecar
+                    content_type = str(meta["content_type"])
         return StoredObject(key=key, uri=path.as_uri(), size=len(data),
                             content_type=content_type, sha256=digest)
 

@@ -93,6 +93,17 @@ async def test_content_type_is_kept_even_when_the_key_says_otherwise(store: Medi
     assert (await store.head(key)).content_type == "audio/mpeg"
 
 
+@pytest.mark.parametrize("key", ["media/job-15/0.wav", "media/job-15/blob"])
+async def test_each_put_keeps_its_own_type_whether_or_not_the_key_names_it(
+    store: MediaStore, key: str
+) -> None:
+    """``.wav`` names ``audio/wav``; ``audio/x-wav`` under the same key, before and after
+    it, and any type under a key with no extension, read back as put."""
+    for content_type in ("audio/x-wav", "audio/wav", "audio/x-wav", "audio/wav"):
+        await store.put(key, MP3, content_type)
+        assert (await store.head(key)).content_type == content_type
+
+
 async def test_repeated_put_to_the_same_key_overwrites(store: MediaStore) -> None:
     first = await store.put(media_key("job-4", 0, "image/png"), PNG, "image/png")
     second = await store.put(media_key("job-4", 0, "image/png"), PNG[:9] + b"retry", "image/png")
@@ -196,7 +207,7 @@ async def test_local_store_in_a_folder_named_media_writes_no_media_media(
     store = LocalFolderStore(Path("media"))
     stored = await store.put(media_key("job-12", 0, "image/png"), PNG, "image/png")
     assert stored.uri == (tmp_path / "media" / "job-12" / "0.png").as_uri()
-    assert sorted(p.name for p in (tmp_path / "media").iterdir()) == [".meta", "job-12"]
+    assert sorted(p.name for p in (tmp_path / "media").iterdir()) == ["job-12"]
     assert (await store.head(stored.key)).content_type == "image/png"
 
 
@@ -223,6 +234,40 @@ async def test_local_store_reads_what_an_earlier_release_wrote_under_media(
     assert not await store.exists(media_key("job-14", 0, "image/png"))
     await store.put(media_key("job-14", 0, "image/png"), PNG, "image/png")
     assert (tmp_path / "job-14" / "0.png").read_bytes() == PNG
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+async def test_local_store_writes_one_file_when_the_key_names_the_type(
+    tmp_path: Path,
+) -> None:
+    """A result whose type its key names (``0.png``, ``image/png``) is one file: no sidecar
+    and no ``.meta`` folder (one create, ``fsync`` and rename per result instead of two);
+    a type the key does not name gets its sidecar."""
+    store = LocalFolderStore(tmp_path)
+    png = await store.put(media_key("job-16", 0, "image/png"), PNG, "image/png")
+    assert _tree(tmp_path) == ["job-16", "job-16/0.png"]
+    assert await store.head(png.key) == png
+    wav = await store.put("media/job-16/1.wav", MP3, "audio/x-wav")
+    assert (tmp_path / ".meta" / "job-16" / "1.wav.json").is_file()
+    assert await store.head(wav.key) == wav
+
+
+async def test_local_store_removes_no_sidecar_through_a_symlink_out_of_root(
+    tmp_path: Path,
+) -> None:
+    """A put that drops a stale sidecar confines its folder first: a ``.meta`` folder that
+    leads out of the root is refused, and nothing outside is removed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "0.png.json").write_text("{}")
+    (tmp_path / "root" / ".meta").mkdir(parents=True)
+    (tmp_path / "root" / ".meta" / "job").symlink_to(outside)
+    with pytest.raises(InvalidMediaKey):
+        await LocalFolderStore(tmp_path / "root").put("media/job/0.png", PNG, "image/png")
+    assert [p.name for p in outside.iterdir()] == ["0.png.json"]
 
 
 async def test_local_store_refuses_a_symlink_leading_out_of_root(tmp_path: Path) -> None:
