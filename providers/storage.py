@@ -10,12 +10,13 @@ it in every adapter, before any I/O.
 
 Adapters:
 
-- :class:`LocalFolderStore` writes atomically (temp file in the target folder, ``fsync``,
-  ``os.replace``). The content type is the one the key's extension names
-  (:func:`extension_for` read backwards: ``.png`` is ``image/png``, ``.bin``
-  ``application/octet-stream``), so most objects are one file; any other type (``audio/x-wav``
-  under ``.wav``, a key without an extension) is kept, with the SHA-256, in a sidecar under
-  ``<root>/.meta``.
+- :class:`LocalFolderStore` writes atomically and durably (temp file in the target folder,
+  ``fsync``, ``os.replace``, then ``fsync`` of the folder, and of its parent when the
+  folder is new: a result a ``Completed`` names is still there after a crash). The content
+  type is the one the key's extension names (:func:`extension_for` read backwards: ``.png``
+  is ``image/png``, ``.bin`` ``application/octet-stream``), so most objects are one file;
+  any other type (``audio/x-wav`` under ``.wav``, a key without an extension) is kept, with
+  the SHA-256, in a sidecar under ``<root>/.meta``.
 - :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
   content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``. An
   object whose type a browser could run script in — ``application/octet-stream``, what
@@ -179,8 +180,30 @@ def _named_type(path: Path) -> str | None:
     return _TYPE_OF_EXTENSION.get(path.suffix[1:]) if path.suffix else None
 
 
+def _made_folder(path: Path) -> list[Path]:
+    """Create ``path``'s folder and any missing parent. Returns the folders to fsync once a
+    file is renamed into it, so that the file is still there after a crash: the folder
+    itself, and the parent of each folder made here."""
+    folder, made = path.parent, []
+    while not folder.is_dir():
+        made.append(folder)
+        folder = folder.parent
+    for new in reversed(made):
+        new.mkdir(exist_ok=True)
+    return [path.parent, *(new.parent for new in made)]
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file next to ``path``, fsync it, then rename over ``path``."""
+    """Write ``data`` to a temp file next to ``path``, fsync it, then rename over ``path``
+    (the caller fsyncs the folder: :func:`_made_folder`)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -241,10 +264,9 @@ class LocalFolderStore:
         return path, self._meta_path(key)
 
     def _confined(self, path: Path) -> Path:
-        """Create ``path``'s folder and refuse it if a symlink leads outside ``root``."""
+        """``path``, refused if a symlink leads its folder outside ``root``."""
         if not path.parent.resolve().is_relative_to(self.root.resolve()):
             raise InvalidMediaKey(f"{path} resolves outside {self.root}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
     def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
@@ -252,12 +274,16 @@ class LocalFolderStore:
         obj = StoredObject(key=key, uri=path.as_uri(), size=len(data),
                            content_type=content_type, sha256=_sha256(data))
         with _os_errors("put", key):
+            folders = _made_folder(self._confined(path))
             if content_type == _named_type(path):  # the key says it: no sidecar to write
                 self._drop_sidecar(meta)
-                _write_atomic(self._confined(path), data)
+                _write_atomic(path, data)
             else:
-                _write_atomic(self._confined(path), data)
-                _write_atomic(self._confined(meta), msgspec.json.encode(obj))
+                _write_atomic(path, data)
+                _made_folder(self._confined(meta))
+                _write_atomic(meta, msgspec.json.encode(obj))
+            for folder in folders:  # the rename (and a new folder) survive a crash
+                _fsync_folder(folder)
         return obj
 
     def _drop_sidecar(self, meta: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -236,6 +237,10 @@ async def test_local_store_reads_what_an_earlier_release_wrote_under_media(
     assert (tmp_path / "job-14" / "0.png").read_bytes() == PNG
 
 
+def _real(path: Path) -> Path:
+    return path.resolve()  # what /proc/self/fd names
+
+
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
@@ -253,6 +258,36 @@ async def test_local_store_writes_one_file_when_the_key_names_the_type(
     wav = await store.put("media/job-16/1.wav", MP3, "audio/x-wav")
     assert (tmp_path / ".meta" / "job-16" / "1.wav.json").is_file()
     assert await store.head(wav.key) == wav
+
+
+async def test_local_store_syncs_the_file_before_its_rename_and_the_folder_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durability: a result a ``Completed`` names survives a crash. The file is fsynced
+    before it is renamed into place, then its folder, and the folder's parent when the put
+    made the folder (each job's first result); a second result syncs its folder only."""
+    log: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        log.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    root = _real(tmp_path)
+    store, job = LocalFolderStore(root), root / "job-17"
+    await store.put(media_key("job-17", 0, "image/png"), PNG, "image/png")
+    assert log[0][0] == "fsync"
+    assert log[0][1].startswith(f"{job}/.0.png.")
+    assert log[1:] == [("replace", f"{job}/0.png"), ("fsync", str(job)), ("fsync", str(root))]
+    log.clear()
+    await store.put(media_key("job-17", 1, "image/png"), PNG, "image/png")
+    assert log[1:] == [("replace", f"{job}/1.png"), ("fsync", str(job))]
 
 
 async def test_local_store_removes_no_sidecar_through_a_symlink_out_of_root(
