@@ -11,12 +11,13 @@ it in every adapter, before any I/O.
 Adapters:
 
 - :class:`LocalFolderStore` writes atomically and durably (temp file in the target folder,
-  ``fsync``, ``os.replace``, then ``fsync`` of the folder, and of its parent when the
-  folder is new: a result a ``Completed`` names is still there after a crash). The content
-  type is the one the key's extension names (:func:`extension_for` read backwards: ``.png``
-  is ``image/png``, ``.bin`` ``application/octet-stream``), so most objects are one file;
-  any other type (``audio/x-wav`` under ``.wav``, a key without an extension) is kept, with
-  the SHA-256, in a sidecar under ``<root>/.meta``.
+  ``fsync``, ``os.replace``, then ``fsync`` of each folder from the file's up to the root:
+  a result a ``Completed`` names is still there after a crash). The content type is the
+  one the key's extension names (:func:`extension_for` read backwards: ``.png`` is
+  ``image/png``, ``.bin`` ``application/octet-stream``; never a type a browser could run
+  script in), so most objects are one file; any other type (``audio/x-wav`` under
+  ``.wav``, a key without an extension) is kept, with the SHA-256, in a sidecar under
+  ``<root>/.meta``, synced the same way.
 - :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
   content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``. An
   object whose type a browser could run script in — ``application/octet-stream``, what
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -52,7 +54,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from callwarden.providers.errors import StorageError
-from callwarden.providers.media_types import media_type, stored_type
+from callwarden.providers.media_types import can_run, media_type, stored_type
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -91,8 +93,10 @@ _EXTENSIONS: Mapping[str, str] = {
 
 #: The type an extension names when no sidecar says otherwise: the first type
 #: ``_EXTENSIONS`` gives it (``.wav`` is ``audio/wav``), and ``.bin`` the generic type.
+#: Never a type a browser could run script in: an ``.svg`` keeps its sidecar, and reads
+#: as the generic type without one.
 _TYPE_OF_EXTENSION: Mapping[str, str] = {"bin": _GENERIC_TYPE} | {
-    ext: t for t, ext in reversed([*_EXTENSIONS.items()])}
+    ext: t for t, ext in reversed([*_EXTENSIONS.items()]) if not can_run(t)}
 
 
 class InvalidMediaKey(ValueError):
@@ -180,30 +184,41 @@ def _named_type(path: Path) -> str | None:
     return _TYPE_OF_EXTENSION.get(path.suffix[1:]) if path.suffix else None
 
 
-def _made_folder(path: Path) -> list[Path]:
+def _made_folder(path: Path, root: Path) -> list[Path]:
     """Create ``path``'s folder and any missing parent. Returns the folders to fsync once a
-    file is renamed into it, so that the file is still there after a crash: the folder
-    itself, and the parent of each folder made here."""
+    file is renamed into it, so that the file is still there after a crash: the folder and
+    every one above it up to ``root`` (a folder an earlier put made may never have been
+    synced: it was cut, or runs beside this one), and above ``root`` too if this put made
+    it."""
     folder, made = path.parent, []
     while not folder.is_dir():
         made.append(folder)
         folder = folder.parent
     for new in reversed(made):
         new.mkdir(exist_ok=True)
-    return [path.parent, *(new.parent for new in made)]
+    top = folder if root.is_relative_to(folder) else root
+    chain = [path.parent]
+    while chain[-1] != top and chain[-1].parent != chain[-1]:
+        chain.append(chain[-1].parent)
+    return chain
 
 
 def _fsync_folder(folder: Path) -> None:
+    """fsync a folder; a file system that cannot (EINVAL, EBADF: as Postgres does for its
+    own folders) is taken at its word."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temp file next to ``path``, fsync it, then rename over ``path``
-    (the caller fsyncs the folder: :func:`_made_folder`)."""
+    (the caller fsyncs the folders: :func:`_made_folder`)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -274,15 +289,15 @@ class LocalFolderStore:
         obj = StoredObject(key=key, uri=path.as_uri(), size=len(data),
                            content_type=content_type, sha256=_sha256(data))
         with _os_errors("put", key):
-            folders = _made_folder(self._confined(path))
+            folders = _made_folder(self._confined(path), self.root)
             if content_type == _named_type(path):  # the key says it: no sidecar to write
                 self._drop_sidecar(meta)
                 _write_atomic(path, data)
             else:
                 _write_atomic(path, data)
-                _made_folder(self._confined(meta))
+                folders += _made_folder(self._confined(meta), self.root)
                 _write_atomic(meta, msgspec.json.encode(obj))
-            for folder in folders:  # the rename (and a new folder) survive a crash
+            for folder in dict.fromkeys(folders):  # the renames and new folders survive
                 _fsync_folder(folder)
         return obj
 
@@ -293,6 +308,7 @@ class LocalFolderStore:
         if os.path.lexists(meta):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._confined(meta))
+                _fsync_folder(meta.parent)  # or it could come back after a crash
 
     def _get_sync(self, key: str) -> bytes:
         with _os_errors("get", key):
@@ -307,7 +323,7 @@ class LocalFolderStore:
         with contextlib.suppress(OSError, ValueError):
             try:
                 meta = json.loads(meta_path.read_bytes())
-            except FileNotFoundError:  # no sidecar: the type the key names
+            except (FileNotFoundError, NotADirectoryError):  # none: the type the key names
                 content_type = _named_type(path) or _GENERIC_TYPE
             else:
                 if meta.get("sha256") == digest:  # else a put was cut before the sidecar

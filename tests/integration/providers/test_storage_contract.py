@@ -264,8 +264,9 @@ async def test_local_store_syncs_the_file_before_its_rename_and_the_folder_after
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Durability: a result a ``Completed`` names survives a crash. The file is fsynced
-    before it is renamed into place, then its folder, and the folder's parent when the put
-    made the folder (each job's first result); a second result syncs its folder only."""
+    before it is renamed into place, then every folder from its own up to the root, on
+    every put: a job folder an earlier put made (and was cut before syncing) is synced by
+    the next. A sidecar's folders are synced too."""
     log: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -287,7 +288,42 @@ async def test_local_store_syncs_the_file_before_its_rename_and_the_folder_after
     assert log[1:] == [("replace", f"{job}/0.png"), ("fsync", str(job)), ("fsync", str(root))]
     log.clear()
     await store.put(media_key("job-17", 1, "image/png"), PNG, "image/png")
-    assert log[1:] == [("replace", f"{job}/1.png"), ("fsync", str(job))]
+    assert log[1:] == [("replace", f"{job}/1.png"), ("fsync", str(job)), ("fsync", str(root))]
+    log.clear()
+    await store.put("media/job-17/2.wav", MP3, "audio/x-wav")
+    meta = root / ".meta"
+    assert [entry for entry in log if entry[0] == "replace"] == [
+        ("replace", f"{job}/2.wav"), ("replace", f"{meta}/job-17/2.wav.json")]
+    assert log[-4:] == [("fsync", str(job)), ("fsync", str(root)),
+                        ("fsync", f"{meta}/job-17"), ("fsync", str(meta))]
+
+
+async def test_local_store_reads_a_type_that_could_run_as_generic_without_its_sidecar(
+    tmp_path: Path,
+) -> None:
+    """``.svg`` names no type: an SVG (as a host may store one) keeps its sidecar, and if
+    the sidecar is lost (a crash between the two renames) it reads as
+    ``application/octet-stream``, never as a type a browser would run."""
+    store = LocalFolderStore(tmp_path)
+    for content_type in ("image/svg+xml", "application/octet-stream"):
+        await store.put("media/job-18/0.svg", b"<svg/>", content_type)
+        assert (await store.head("media/job-18/0.svg")).content_type == content_type
+        (tmp_path / ".meta" / "job-18" / "0.svg.json").unlink()
+        assert (await store.head("media/job-18/0.svg")).content_type == (
+            "application/octet-stream")
+
+
+async def test_local_store_needs_no_meta_folder_for_a_type_its_key_names(
+    tmp_path: Path,
+) -> None:
+    """A file where ``.meta`` would be does not stop a result that needs no sidecar, and
+    it reads back as put; one that needs a sidecar fails as a StorageError."""
+    (tmp_path / ".meta").write_text("not a folder")
+    store = LocalFolderStore(tmp_path)
+    png = await store.put(media_key("job-19", 0, "image/png"), PNG, "image/png")
+    assert await store.head(png.key) == png
+    with pytest.raises(StorageError):
+        await store.put("media/job-19/1.wav", MP3, "audio/x-wav")
 
 
 async def test_local_store_removes_no_sidecar_through_a_symlink_out_of_root(
