@@ -46,7 +46,8 @@ class Page:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws, self.ids = ws, itertools.count(1)
         self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.loads: asyncio.Queue[None] = asyncio.Queue()
+        self.loaded: set[str] = set()  # the loaderIds whose document fired ``load``
+        self.changed = asyncio.Event()
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -54,8 +55,10 @@ class Page:
             data = json.loads(msg.data)
             if "id" in data and data["id"] in self.waiting:
                 self.waiting.pop(data["id"]).set_result(data)
-            elif data.get("method") == "Page.loadEventFired":
-                self.loads.put_nowait(None)
+            elif data.get("method") == "Page.lifecycleEvent" \
+                    and data["params"].get("name") == "load":
+                self.loaded.add(data["params"]["loaderId"])
+                self.changed.set()
 
     async def send(self, method: str, **params: Any) -> dict[str, Any]:
         n = next(self.ids)
@@ -67,10 +70,14 @@ class Page:
         return dict(answer.get("result", {}))
 
     async def goto(self, url: str) -> None:
-        while not self.loads.empty():
-            self.loads.get_nowait()
-        await self.send("Page.navigate", url=url)
-        await asyncio.wait_for(self.loads.get(), timeout=30)
+        """Navigate and wait for *this* navigation's ``load``: matched by its loaderId, so
+        a late load of an earlier document (the page's own reload after an action) is
+        never taken for it."""
+        loader = (await self.send("Page.navigate", url=url))["loaderId"]
+        async with asyncio.timeout(30):
+            while loader not in self.loaded:
+                self.changed.clear()
+                await self.changed.wait()
 
     async def js(self, expression: str) -> Any:
         out = await self.send("Runtime.evaluate", expression=expression, returnByValue=True,
@@ -133,6 +140,7 @@ async def open_page(profile: Path) -> AsyncIterator[Page]:
             async with http.ws_connect(tabs[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                 page = Page(ws)
                 await page.send("Page.enable")
+                await page.send("Page.setLifecycleEventsEnabled", enabled=True)
                 await page.send("Runtime.enable")
                 try:
                     yield page
