@@ -17,6 +17,7 @@ import msgspec
 from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
 
 __all__ = [
+    "Encoded",
     "EventDecodeError",
     "UnknownEventType",
     "decode",
@@ -52,7 +53,11 @@ def register_upcaster(type_name: str, from_version: int, fn: Upcaster) -> None:
     _UPCASTERS[(type_name, from_version)] = fn
 
 
-def encode(event: Event) -> tuple[str, int, bytes]:
+#: ``(type, version, payload)``: an event as its ``call_events`` row stores it.
+Encoded = tuple[str, int, bytes]
+
+
+def encode(event: Event) -> Encoded:
     """``(type, version, payload)`` for the ``call_events`` row."""
     name = type(event).__name__
     return name, VERSIONS[name], _encoder.encode(event)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from callwarden.events.codec import encode
+from callwarden.events.codec import Encoded, encode
 from callwarden.events.types import (
     CallStarted,
     Completed,
@@ -35,7 +35,7 @@ from callwarden.projections.fold import CallProjection
 from callwarden.rules.redact import safe_error
 
 __all__ = ["AppendResult", "Decide", "Settled", "append_params", "as_run", "check_run", "observe",
-           "recordable", "without_nul"]
+           "recordable", "recorded", "without_nul"]
 
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
@@ -92,9 +92,16 @@ def _scrub(value: Any) -> Any:
 def without_nul(event: Event) -> Event:
     """``event`` with every NUL character (which Postgres refuses in text and jsonb) made
     U+FFFD: a provider's answer that carries one must still be recordable."""
-    if b"\\u0000" not in msgspec.json.encode(event):
-        return event
-    return msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
+    return _without_nul(event, encode(event))[0]
+
+
+def _without_nul(event: Event, encoded: Encoded) -> tuple[Event, Encoded]:
+    """:func:`without_nul` given ``event``'s encoding, and the encoding of what it
+    answers (the same one when there was no NUL: an event is encoded once per append)."""
+    if b"\\u0000" not in encoded[2]:
+        return event, encoded
+    clean = msgspec.convert(_scrub(msgspec.to_builtins(event)), type(event))
+    return clean, encode(clean)
 
 
 #: The events that carry an error text, and its field.
@@ -106,23 +113,39 @@ def recordable(event: Event) -> Event:
     """``event`` as it may be recorded: its error text made safe
     (:func:`callwarden.rules.redact.safe_error`: no credentials, no query strings, bounded)
     and no NUL anywhere. The write path applies it to every event it appends."""
-    field = _ERROR_FIELDS.get(type(event))
-    text = getattr(event, field) if field is not None else None
-    if isinstance(text, str):
-        safe = safe_error(text)
-        if safe != text:
-            event = msgspec.structs.replace(event, **{field: safe})  # type: ignore[arg-type]
-    return without_nul(event)
+    return recorded([event])[0][0]
+
+
+def recorded(events: Sequence[Event]) -> tuple[list[Event], list[Encoded]]:
+    """Each of ``events`` made :func:`recordable`, and its ``call_events`` encoding
+    (:func:`callwarden.events.codec.encode`): what the write path appends, each event
+    encoded once."""
+    out: list[Event] = []
+    codes: list[Encoded] = []
+    for event in events:
+        field = _ERROR_FIELDS.get(type(event))
+        text = getattr(event, field) if field is not None else None
+        if isinstance(text, str):
+            safe = safe_error(text)
+            if safe != text:
+                event = msgspec.structs.replace(event, **{field: safe})  # type: ignore[arg-type]
+        event, code = _without_nul(event, encode(event))
+        out.append(event)
+        codes.append(code)
+    return out, codes
 
 
 def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjection,
-                  events: Sequence[Event]) -> dict[str, Any]:
+                  events: Sequence[Event], encoded: Sequence[Encoded] | None = None
+                  ) -> dict[str, Any]:
     """The ``append_event`` statement's parameters for ``events`` (one, or a run one
     actor decided at once) moving ``current`` to ``new`` (their fold): the one place they
     are built (the benchmarks use it too). The fences are the first event's: a start or a
-    host's decision comes alone (:func:`check_run`)."""
+    host's decision comes alone (:func:`check_run`). ``encoded``: the events' encodings,
+    when the caller has them (:func:`recorded`)."""
     first = events[0]
-    encoded = [encode(e) for e in events]
+    if encoded is None:
+        encoded = [encode(e) for e in events]
     beat = next((e for e in reversed(events) if isinstance(e, TaskCreated)), None)
     settling = new.terminal and not current.terminal
     is_start = isinstance(first, CallStarted)

@@ -40,6 +40,7 @@ from callwarden.database.appending import (
     check_run,
     observe,
     recordable,
+    recorded,
     without_nul,
 )
 from callwarden.database.boundary import is_lost_append_race, translate, translated
@@ -54,7 +55,7 @@ from callwarden.errors import (
     TaskAlreadyClaimed,
     WriteConflict,
 )
-from callwarden.events.codec import EventDecodeError, decode, encode
+from callwarden.events.codec import Encoded, EventDecodeError, decode
 from callwarden.events.types import Adopted, Cancelled, Event, StoredMedia, TaskCreated
 from callwarden.projections.columns import ProjectionUnreadable, from_row
 from callwarden.projections.fold import CallProjection, apply, fold
@@ -62,8 +63,8 @@ from callwarden.projections.fold import CallProjection, apply, fold
 __all__ = [
     "AppendResult", "Decide", "append", "append_params", "as_run", "cancel",
     "cancel_unstarted", "execute", "execute_batch", "execute_script", "from_log", "load",
-    "load_events", "load_stored", "observe", "recordable", "trace_appends", "transition",
-    "without_nul",
+    "load_events", "load_stored", "observe", "recordable", "recorded", "trace_appends",
+    "transition", "without_nul",
 ]
 
 #: ``(job_id, current, event)`` -> a context around one append, yielding the function the
@@ -212,11 +213,11 @@ async def _append(
     assets: Sequence[StoredMedia] | None,
 ) -> AppendResult:
     check_run(events)
-    events = [recordable(e) for e in events]
+    events, encoded = recorded(events)
     new = current
     for e in events:
         new = apply(new, e)
-    params = append_params(job_id, current, new, events)
+    params = append_params(job_id, current, new, events, encoded)
     statement = ("append_start" if params["is_start"]
                  else "append_event" if params["settle_to"] is not None else "append_move")
     if assets is not None:
@@ -229,7 +230,8 @@ async def _append(
     try:
         if await on_citus(conn):
             claims = _names_a_task(events, new) and new.provider_task_id is not None
-            rows = await _append_citus(conn, job_id, new, events, params, claims, assets)
+            rows = await _append_citus(conn, job_id, new, events, encoded, params, claims,
+                                       assets)
         else:
             rows = await _run(conn, statement, params)
     except WriteConflict as exc:
@@ -272,7 +274,8 @@ class _NotAppended(Exception):
 
 
 async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
-                        events: Sequence[Event], params: dict[str, Any], claims: bool,
+                        events: Sequence[Event], encoded: Sequence[Encoded],
+                        params: dict[str, Any], claims: bool,
                         assets: Sequence[StoredMedia] | None) -> list[DictRow]:
     """On Citus: the append as statements on the job's one shard group, in one transaction
     (``append_upd_citus`` and the statements after it in queries.sql), and, when the run
@@ -295,7 +298,8 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
             await _run_many(conn, "append_event_citus", [
                 {"job_id": job_id, "seq": params["expected_version"] + n, "type": t,
                  "version": v, "payload": p.decode(), "actor": e.actor}
-                for n, e in enumerate(events, start=1) for t, v, p in (encode(e),)])
+                for n, (e, (t, v, p)) in enumerate(zip(events, encoded, strict=True),
+                                                   start=1)])
             settled = ([{"settled": 0, "reservations": 0}] if params["settle_to"] is None
                        else await _run(conn, "append_settle_citus", params))
             if assets is not None:
