@@ -41,7 +41,8 @@ def chromium() -> str:
 
 
 class Page:
-    """One tab: ``send`` a CDP command and await its answer; events are queued."""
+    """One tab: ``send`` a CDP command and await its answer; the loaderIds of the
+    documents that fired ``load`` are kept (:meth:`goto` waits for its own)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws, self.ids = ws, itertools.count(1)
@@ -73,7 +74,10 @@ class Page:
         """Navigate and wait for *this* navigation's ``load``: matched by its loaderId, so
         a late load of an earlier document (the page's own reload after an action) is
         never taken for it."""
-        loader = (await self.send("Page.navigate", url=url))["loaderId"]
+        nav = await self.send("Page.navigate", url=url)
+        assert "errorText" not in nav, (url, nav["errorText"])
+        assert "loaderId" in nav, f"{url}: a same-document navigation loads nothing"
+        loader = nav["loaderId"]
         async with asyncio.timeout(30):
             while loader not in self.loaded:
                 self.changed.clear()
