@@ -4,7 +4,8 @@
 a projection to its fold (the one place they are built: the Postgres write path and the
 benchmarks use it);
 :class:`AppendResult` is what an append answers; :func:`recordable` makes an event
-recordable (its error made safe, no NUL); :func:`observe` registers a hook on every
+recordable (its error made safe, no NUL), and :func:`recorded` a run, with each event's
+encoding (made once per append); :func:`observe` registers a hook on every
 successful append. No I/O, no clock
 (``callwarden.database.write`` re-exports every name).
 """
