@@ -148,3 +148,52 @@ WHERE datname = current_database();
 -- bench/citus.py: prepared transactions the coordinator recorded (one per worker of a
 -- two-phase commit; this cluster's maintenance daemon does not clean them up).
 SELECT count(*) AS n FROM pg_dist_transaction;
+
+-- name: floor3_start
+-- bench/lifecycle.py, the raw-SQL floor of a three-commit engine: the same three durable
+-- transactions as callwarden's happy call, each one bare statement. First CallStarted: the
+-- event and the projection, fenced on version 0.
+WITH upd AS (
+    UPDATE jobs SET call_state = 'created', call_version = 1, status = 'processing',
+           provider_kind = %(kind)s, provider_call_started_at = now(), updated_at = now()
+    WHERE id = %(job_id)s AND call_version = 0
+    RETURNING id
+)
+INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+SELECT id, 1, 'CallStarted', 1, %(payload)s::jsonb, %(actor)s FROM upd;
+
+-- name: floor3_task
+-- ...then TaskCreated: the task id on the row, fenced on version 1...
+WITH upd AS (
+    UPDATE jobs SET call_state = 'polling', call_version = 2,
+           provider_task_id = %(task_id)s, updated_at = now()
+    WHERE id = %(job_id)s AND call_version = 1
+    RETURNING id
+)
+INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+SELECT id, 2, 'TaskCreated', 1, %(payload)s::jsonb, %(actor)s FROM upd;
+
+-- name: floor3_complete
+-- ...then the success, its claim and Completed (three events), the row completed, the
+-- reservation committed and the asset rows, fenced on version 2.
+WITH upd AS (
+    UPDATE jobs SET call_state = 'completed', call_version = 5, status = 'completed',
+           progress = 100, call_finished_at = now(), call_settlement = 'committed',
+           updated_at = now()
+    WHERE id = %(job_id)s AND call_version = 2
+    RETURNING id, user_id, is_public
+), ev AS (
+    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+    SELECT upd.id, 2 + e.n, e.type, 1, e.payload, %(actor)s
+    FROM upd, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS x(item, n),
+         LATERAL (SELECT x.item ->> 'type' AS type, x.item AS payload, x.n) AS e
+), settle AS (
+    UPDATE usage_logs SET status = 'committed', settled_at = now(),
+           credits_charged = LEAST(%(cost)s, credits_reserved)
+    WHERE job_id = (SELECT id FROM upd) AND status = 'reserved'
+)
+INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes, is_public)
+SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
+FROM upd j, unnest(%(keys)s::text[], %(urls)s::text[], %(types)s::text[],
+                   %(sizes)s::bigint[]) AS a(key, url, content_type, size)
+ON CONFLICT (job_id, storage_key) DO NOTHING;

@@ -13,13 +13,20 @@ simulator in process on 127.0.0.1 (``kie-standard``, one ``running`` poll then s
 - ``floor``: the lifecycle's provider and media work alone, nothing recorded (create, poll
   until success, download through a kept guarded session, store): the rate no durable
   engine on this machine can beat, so ``floor / DBOS`` is the highest ratio any could show.
+- ``raw-SQL floor``: the same provider and media work with callwarden's three durable
+  commits sent as bare statements (``floor3_*`` in bench/bench.sql: CallStarted before the
+  create, TaskCreated after it, then the success, its claim, ``Completed``, the settlement
+  and the asset rows in one statement), on the peer's plain pool: what an engine that keeps
+  the same commits costs with no code of its own, fences, guards or hooks. ``callwarden /
+  raw-SQL floor`` is the engine's own overhead; ``raw-SQL floor / DBOS`` is the most such
+  an engine could show.
 - ``dbos``: the same lifecycle as a DBOS workflow of three async steps (create, poll,
   finalize) with the same provider client, the same download and storage write, and in
   ``finalize`` one application transaction (job completed, reservation committed, asset
   row); DBOS's system database lives on the same server.
 
-The two systems run in alternating rounds (``--rounds``) at each concurrency, so that the
-noise of a shared machine falls on both alike; rates are jobs / summed round time.
+The four run in alternating rounds (``--rounds``) at each concurrency, so that the
+noise of a shared machine falls on all alike; rates are jobs / summed round time.
 
 Per callwarden call it also reports the transactions, twice: on the server
 (``xact_commit + xact_rollback`` of the bench database in ``pg_stat_database`` around each
@@ -47,6 +54,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import msgspec
 from _common import SQL, conninfo_parts, fresh_database
 from counting import CountingConnection, configure_counted
 from dbos import DBOS, DBOSConfig, SetWorkflowID
@@ -212,7 +220,50 @@ async def run_floor(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None
     await stored_media(peer, sessions.session(fetch.policy), str(job), done.media_urls)
 
 
-# -- what the floor and DBOS's steps both do ----------------------------------------------
+# -- the raw-SQL floor: the same provider and media work, and the same three commits -----
+
+
+async def floor3_write(pool: Pool, name: str, params: dict[str, Any]) -> None:
+    """One of the floor's three transactions: one autocommit statement, which must write
+    (a fenced update that matched nothing would make the floor fast and wrong)."""
+    async with pool.connection() as conn:
+        if (await conn.execute(SQL[name], params)).rowcount < 1:
+            raise RuntimeError(f"{name} wrote nothing for job {params['job_id']}")
+
+
+async def run_floor3(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None:
+    """CallStarted before the create, TaskCreated after it, then the success, its claim and
+    Completed with the settlement and the asset rows in one statement: what any engine
+    that keeps callwarden's three durable commits must send, with no engine around it."""
+    actor = "floor3"
+    await floor3_write(peer.pool, "floor3_start", {
+        "job_id": job, "kind": KIND, "actor": actor,
+        "payload": _json({"kind": KIND, "sync": False})})
+    client = cast(AsyncKindClient, client_for(KIND, peer.http, peer.settings))
+    task_id = await client.create(REQUEST)
+    await floor3_write(peer.pool, "floor3_task", {
+        "job_id": job, "task_id": task_id, "actor": actor,
+        "payload": _json({"task_id": task_id})})
+    done = await polled(client, task_id)
+    fetch = media_fetch_for(KIND, peer.settings)
+    stored = await stored_media(peer, sessions.session(fetch.policy), str(job),
+                                done.media_urls)
+    await floor3_write(peer.pool, "floor3_complete", {
+        "job_id": job, "actor": actor, "cost": done.cost,
+        "events": _json([
+            {"type": "UpstreamSucceeded", "media_urls": list(done.media_urls),
+             "cost": done.cost},
+            {"type": "FinalizeClaimed", "owner": actor},
+            {"type": "Completed", "cost": done.cost}]),
+        "keys": [o.key for o in stored], "urls": [o.uri for o in stored],
+        "types": [o.content_type for o in stored], "sizes": [o.size for o in stored]})
+
+
+def _json(value: object) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+# -- what the floors and DBOS's steps all do ----------------------------------------------
 
 
 async def polled(client: AsyncKindClient, task_id: str) -> Succeeded:
@@ -313,34 +364,42 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
         drop_database(db.admin, f"{db.name}_dbos")
 
 
+Cell = tuple[Measured, Measured, Measured, Measured]  # callwarden, DBOS, floor, raw-SQL floor
+
+
 async def cell(db: Db, runner: CallRunner, peer: Peer, args: argparse.Namespace,
-               concurrency: int) -> tuple[Measured, Measured, Measured]:
-    """The three at one concurrency, in alternating rounds (same machine noise)."""
-    ours, theirs, floor = Measured(), Measured(), Measured()
+               concurrency: int) -> Cell:
+    """The four at one concurrency, in alternating rounds (same machine noise)."""
+    ours, theirs, floor, floor3 = Measured(), Measured(), Measured(), Measured()
     async with MediaSessions() as sessions:
         def run_bare(job: uuid.UUID) -> Awaitable[None]:
             return run_floor(peer, sessions, job)
 
-        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(2)]
+        def run_sql(job: uuid.UUID) -> Awaitable[None]:
+            return run_floor3(peer, sessions, job)
+
+        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(3)]
         await timed(lambda j: run_callwarden(runner, j), warm[0], concurrency)
         await timed(run_dbos, warm[1], concurrency)
         await timed(run_bare, [uuid.uuid4() for _ in range(args.warmup)], concurrency)
+        await timed(run_sql, warm[2], concurrency)
         size = max(concurrency, args.jobs // args.rounds)
         for _ in range(max(1, args.jobs // size)):
-            jobs = [await make_jobs(peer.pool, size) for _ in range(2)]
+            jobs = [await make_jobs(peer.pool, size) for _ in range(3)]
             await callwarden_round(db, runner, peer.pool, jobs[0], concurrency, ours)
             theirs.seconds += await timed(run_dbos, jobs[1], concurrency)
             theirs.jobs += size
             floor.seconds += await timed(run_bare, [uuid.uuid4() for _ in range(size)],
                                          concurrency)
             floor.jobs += size
+            floor3.seconds += await timed(run_sql, jobs[2], concurrency)
+            floor3.jobs += size
             if not all([await all_completed(peer.pool, j) for j in jobs]):
                 raise RuntimeError("a job was not completed")
-    return ours, theirs, floor
+    return ours, theirs, floor, floor3
 
 
-async def measure(url: str, args: argparse.Namespace
-                  ) -> dict[int, tuple[Measured, Measured, Measured]]:
+async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
     db = Db(url=url, admin=make_conninfo(url, dbname="postgres"),
             name=conninfo_parts(url)["dbname"])
     with tempfile.TemporaryDirectory(prefix="cw-bench-media-") as tmp:
@@ -353,8 +412,7 @@ async def measure(url: str, args: argparse.Namespace
                 return {c: await cell(db, runner, peer, args, c) for c in (1, 8)}
 
 
-def report(console: Console, results: dict[int, tuple[Measured, Measured, Measured]]
-           ) -> None:
+def report(console: Console, results: dict[int, Cell]) -> None:
     jobs = results[1][0].jobs
     table = Table(title=f"async call lifecycles per second ({jobs} jobs per system and cell, "
                         "alternating rounds)")
@@ -363,12 +421,18 @@ def report(console: Console, results: dict[int, tuple[Measured, Measured, Measur
     rate = {c: tuple(m.jobs / m.seconds for m in results[c]) for c in (1, 8)}
     table.add_row("callwarden", *(f"{rate[c][0]:,.0f}" for c in (1, 8)))
     table.add_row("DBOS (3 steps)", *(f"{rate[c][1]:,.0f}" for c in (1, 8)))
+    table.add_row("raw-SQL floor: the same three commits, bare statements",
+                  *(f"{rate[c][3]:,.0f}" for c in (1, 8)))
     table.add_row("floor: provider + media alone, no database",
                   *(f"{rate[c][2]:,.0f}" for c in (1, 8)))
     table.add_row("ratio (goal: 3x at c=1, 4x at c=8)",
                   *(f"{rate[c][0] / rate[c][1]:.2f}x" for c in (1, 8)))
+    table.add_row("  with no engine code (raw-SQL floor / DBOS)",
+                  *(f"{rate[c][3] / rate[c][1]:.2f}x" for c in (1, 8)))
     table.add_row("  the most any engine could show (floor / DBOS)",
                   *(f"{rate[c][2] / rate[c][1]:.2f}x" for c in (1, 8)))
+    table.add_row("callwarden / raw-SQL floor",
+                  *(f"{rate[c][0] / rate[c][3]:.2f}x" for c in (1, 8)))
     ours = {c: results[c][0] for c in (1, 8)}
     table.add_row("callwarden transactions/call (goal <= 3)",
                   *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))
