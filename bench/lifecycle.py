@@ -49,7 +49,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -223,12 +223,18 @@ async def run_floor(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None
 # -- the raw-SQL floor: the same provider and media work, and the same three commits -----
 
 
-async def floor3_write(pool: Pool, name: str, params: dict[str, Any]) -> None:
+async def floor3_write(pool: Pool, name: str, params: dict[str, Any],
+                       expect: dict[str, int] | None = None) -> None:
     """One of the floor's three transactions: one autocommit statement, which must write
-    (a fenced update that matched nothing would make the floor fast and wrong)."""
+    (a fenced update that matched nothing would make the floor fast and wrong): a row
+    (``rowcount``), or the counts ``expect`` names in the row it answers."""
     async with pool.connection() as conn:
-        if (await conn.execute(SQL[name], params)).rowcount < 1:
-            raise RuntimeError(f"{name} wrote nothing for job {params['job_id']}")
+        cur = await conn.execute(SQL[name], params)
+        wrote = (await cur.fetchone() if expect else None) or {}
+        if (cur.rowcount < 1 if expect is None
+                else any(wrote.get(k) != n for k, n in expect.items())):
+            raise RuntimeError(f"{name} for job {params['job_id']} wrote {wrote or 'nothing'}"
+                               f", not {expect or 'a row'}")
 
 
 async def run_floor3(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None:
@@ -255,8 +261,9 @@ async def run_floor3(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> Non
              "cost": done.cost},
             {"type": "FinalizeClaimed", "owner": actor},
             {"type": "Completed", "cost": done.cost}]),
-        "keys": [o.key for o in stored], "urls": [o.uri for o in stored],
-        "types": [o.content_type for o in stored], "sizes": [o.size for o in stored]})
+        "assets": _json([{"key": o.key, "url": o.uri, "content_type": o.content_type,
+                          "size": o.size} for o in stored]),
+    }, expect={"events": 3, "settled": 1, "assets": len(stored)})
 
 
 def _json(value: object) -> str:
@@ -367,16 +374,17 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
 Cell = tuple[Measured, Measured, Measured, Measured]  # callwarden, DBOS, floor, raw-SQL floor
 
 
-async def cell(db: Db, runner: CallRunner, peer: Peer, args: argparse.Namespace,
+async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, args: argparse.Namespace,
                concurrency: int) -> Cell:
-    """The four at one concurrency, in alternating rounds (same machine noise)."""
+    """The four at one concurrency, in alternating rounds (same machine noise); ``sql``:
+    the raw-SQL floor's peer (its own media folder, as callwarden has)."""
     ours, theirs, floor, floor3 = Measured(), Measured(), Measured(), Measured()
     async with MediaSessions() as sessions:
         def run_bare(job: uuid.UUID) -> Awaitable[None]:
             return run_floor(peer, sessions, job)
 
         def run_sql(job: uuid.UUID) -> Awaitable[None]:
-            return run_floor3(peer, sessions, job)
+            return run_floor3(sql, sessions, job)
 
         warm = [await make_jobs(peer.pool, args.warmup) for _ in range(3)]
         await timed(lambda j: run_callwarden(runner, j), warm[0], concurrency)
@@ -407,9 +415,10 @@ async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
                     counting_pool(db.url) as pool, open_pool(db.url, min_size=POOL_SIZE,
                                                              max_size=POOL_SIZE) as peer_pool):
             peer = Peer(http, sim.settings, LocalFolderStore(Path(tmp, "dbos")), peer_pool)
+            sql = replace(peer, store=LocalFolderStore(Path(tmp, "floor3")))
             async with make_runner(pool, http, sim.settings, Path(tmp, "cw")) as runner, \
                     launched_dbos(db, peer):
-                return {c: await cell(db, runner, peer, args, c) for c in (1, 8)}
+                return {c: await cell(db, runner, peer, sql, args, c) for c in (1, 8)}
 
 
 def report(console: Console, results: dict[int, Cell]) -> None:
