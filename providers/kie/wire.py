@@ -214,11 +214,30 @@ def parse_poll(family: str, raw: RawResponse) -> PollOutcome:
 
 
 def parse_poll_data(family: str, data: dict[str, Any]) -> PollOutcome:
-    """The outcome of a status ``data`` object (also the shape of most callbacks)."""
+    """The outcome of a status ``data`` object (also the shape of most callbacks). KIE
+    echoes the create body in ``param`` (a JSON string, or an object), its ``callBackUrl``
+    with the job's secret callback token included: it is dropped before the answer is kept
+    as the outcome's ``raw`` (which the call's log and the host's row record)."""
     parser = _PARSERS.get(family)
     if parser is None:
         raise ValueError(f"unknown KIE family {family!r}")
-    return parser(data)
+    return parser(_without_callback_url(data))
+
+
+def _without_callback_url(data: dict[str, Any]) -> dict[str, Any]:
+    param = data.get("param")
+    if isinstance(param, dict) and "callBackUrl" in param:
+        return {**data, "param": {k: v for k, v in param.items() if k != "callBackUrl"}}
+    if isinstance(param, str) and "callBackUrl" in param:
+        try:
+            echoed = decode_json(param.encode())
+        except (msgspec.DecodeError, JSONTooDeep):
+            return {**data, "param": None}  # unreadable, and it names the URL: not kept
+        if isinstance(echoed, dict):
+            echoed.pop("callBackUrl", None)
+            return {**data, "param": msgspec.json.encode(echoed).decode()}
+        return {**data, "param": None}
+    return data
 
 
 def _malformed(message: str) -> MalformedResponse:

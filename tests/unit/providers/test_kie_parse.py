@@ -451,3 +451,23 @@ def test_llm_chat_completion_cut_at_the_length_limit_is_truncated() -> None:
 def test_llm_bad_answers_raise_typed_errors(answer: RawResponse, kind: type[Exception]) -> None:
     with pytest.raises(kind):
         parse_llm(answer)
+
+
+@pytest.mark.parametrize("param", [
+    msgspec.json.encode({"model": "m", "callBackUrl": "https://h/webhooks/kie/j/SECRET",
+                         "input": {"prompt": "p"}}).decode(),
+    {"model": "m", "callBackUrl": "https://h/webhooks/kie/j/SECRET"},
+    '{"callBackUrl": "https://h/webhooks/kie/j/SECRET", broken',
+])
+def test_the_echoed_callback_url_and_its_token_are_not_kept(param: object) -> None:
+    """KIE echoes the create body in ``param``, the callback URL with the job's secret
+    token in it; the outcome's raw answer (recorded in the log and on the host's row,
+    which a user's own-row policy shows) keeps the rest of it and never the URL."""
+    out = parse_poll("market", market(
+        state="success", resultJson=msgspec.json.encode({"resultUrls": MARKET_URLS}).decode(),
+        param=param))
+    assert isinstance(out, Succeeded)
+    assert "SECRET" not in msgspec.json.encode(out.raw).decode()
+    if not isinstance(param, str) or not param.endswith("broken"):
+        kept = out.raw["param"]
+        assert (msgspec.json.decode(kept) if isinstance(kept, str) else kept)["model"] == "m"
