@@ -3,7 +3,7 @@
 
 -- name: floor_insert_event
 -- bench/append.py, the three-statement floor: the event row...
-INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
 VALUES (%(job_id)s, %(new_version)s, %(type)s, %(event_version)s, %(payload)s::jsonb,
         %(actor)s);
 
@@ -104,12 +104,12 @@ SELECT pg_wal_lsn_diff(%(after)s::pg_lsn, %(before)s::pg_lsn) AS bytes;
 SELECT s.relname AS name, pg_total_relation_size(s.relid) AS bytes,
        s.n_tup_ins AS inserted, s.n_tup_upd AS updated, s.n_tup_hot_upd AS hot_updated
 FROM pg_stat_user_tables s
-WHERE s.schemaname = 'public' AND s.relname = ANY(%(names)s::text[]);
+WHERE s.schemaname IN ('public', 'callwarden') AND s.relname = ANY(%(names)s::text[]);
 
 -- name: capacity_vacuum
 -- After bulk-loading histories (--prefill): vacuumed and analysed now, so autovacuum does
 -- not visit the loaded rows inside a measured window.
-VACUUM (ANALYZE) jobs, call_events, usage_logs, assets;
+VACUUM (ANALYZE) jobs, callwarden.call_events, usage_logs, assets;
 
 -- name: capacity_checkpoint
 -- Before each window when --prefill is given: every page the window touches first pays a
@@ -136,7 +136,7 @@ SELECT CASE WHEN statement LIKE '%%host_charged%%' THEN 'settling (append_event/
             ELSE 'append_start' END AS shape,
        generic_plans, custom_plans
 FROM pg_prepared_statements
-WHERE statement LIKE '%%INSERT INTO call_events%%'
+WHERE statement LIKE '%%INSERT INTO callwarden.call_events%%'
 ORDER BY prepare_time;
 
 -- name: stats_own_transactions
@@ -159,7 +159,7 @@ WITH upd AS (
     WHERE id = %(job_id)s AND call_version = 0
     RETURNING id
 )
-INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
 SELECT id, 1, 'CallStarted', 1, %(payload)s::jsonb, %(actor)s FROM upd;
 
 -- name: floor3_task
@@ -170,7 +170,7 @@ WITH upd AS (
     WHERE id = %(job_id)s AND call_version = 1
     RETURNING id
 )
-INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
 SELECT id, 2, 'TaskCreated', 1, %(payload)s::jsonb, %(actor)s FROM upd;
 
 -- name: floor3_complete
@@ -184,7 +184,7 @@ WITH upd AS (
     WHERE id = %(job_id)s AND call_version = 2
     RETURNING id, user_id, is_public
 ), ev AS (
-    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+    INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
     SELECT upd.id, 2 + x.n, x.item ->> 'type', 1, x.item, %(actor)s
     FROM upd, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS x(item, n)
     RETURNING 1

@@ -40,7 +40,7 @@ FROM (
 -- Every other job gets its log (CallStarted, then its terminal event unless it is open):
 -- %(rows)s events in all, and, as in a live log, more events than ended calls. Read from
 -- jobs in the order it was written: the events come out (nearly) in time order too.
-INSERT INTO call_events (job_id, seq, type, payload, actor, recorded_at)
+INSERT INTO callwarden.call_events (job_id, seq, type, payload, actor, recorded_at)
 SELECT j.id, e.seq, e.type,
        jsonb_build_object('type', e.type, 'actor', e.actor,
                           'at', to_char(e.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
@@ -79,7 +79,7 @@ FROM jobs
 WHERE provider_task_id LIKE 'task-%%';
 
 -- name: vacuum_analyze
-VACUUM ANALYZE jobs, call_events, usage_logs;
+VACUUM ANALYZE jobs, callwarden.call_events, usage_logs;
 
 -- name: page_cursor
 -- The key of the %(offset)s-th newest call (0-based): a cursor deep in the call list.

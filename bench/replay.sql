@@ -13,7 +13,7 @@ COPY usage_logs (job_id, user_id, status, credits_reserved, credits_charged, set
 FROM STDIN;
 
 -- name: copy_call_events
-COPY call_events (job_id, seq, type, version, payload, actor, recorded_at)
+COPY callwarden.call_events (job_id, seq, type, version, payload, actor, recorded_at)
 FROM STDIN;
 
 -- name: analyze

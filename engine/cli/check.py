@@ -6,7 +6,9 @@ the provider adapters, the media store); then the database: every migration appl
 the host's tables against the host contract (:mod:`callwarden.database.contract`): each
 column callwarden reads or writes present with a compatible type, no NOT NULL column
 without a default in a table callwarden inserts into, and a CHECK on ``jobs.status`` that
-allows the statuses callwarden writes. Each finding is one line (a problem on stderr);
+allows the statuses callwarden writes; and who can reach callwarden's schema (every role
+but its owner and the runtime roles is a problem: :mod:`callwarden.cli.grant`). Each
+finding is one line (a problem on stderr);
 exit 2 if any is a problem, 0 otherwise (notes, such as a provider with no API key, do not
 fail it). A problem in the settings stops it before it connects.
 """
@@ -24,6 +26,7 @@ from rich.text import Text
 
 from callwarden.calls.config import load_call_config
 from callwarden.calls.pricing import pricing_from_env
+from callwarden.cli.grant import privilege_findings
 from callwarden.config import provider_settings
 from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
 from callwarden.database.db import connect
@@ -186,6 +189,7 @@ async def _database(url: str) -> list[Finding]:
         columns = _columns(await execute(conn, "check_host_columns", {}))
         found += columns or [("ok", "the host tables hold every column callwarden uses")]
         found += _status_checks(await execute(conn, "check_status_constraints", {}))
+        found += await privilege_findings(conn)
     return found
 
 

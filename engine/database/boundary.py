@@ -74,6 +74,9 @@ def _violates(exc: BaseException, name: str) -> bool:
     return found is not None and re.fullmatch(rf"{re.escape(name)}(?:_\d+)?", found) is not None
 
 
+_NO_PRIVILEGE = "42501"  # insufficient_privilege
+
+
 def _unavailable(exc: psycopg.Error) -> bool:
     state = exc.sqlstate or ""
     return (state in _UNAVAILABLE or state.startswith(_UNAVAILABLE_CLASS)
@@ -89,6 +92,10 @@ def translate(exc: psycopg.Error) -> DatabaseError | TaskAlreadyClaimed:
         return DatabaseUnavailable(f"database unavailable: {exc}")
     if _violates(exc, _TASK_CLAIMED):
         return TaskAlreadyClaimed(f"upstream task already claimed by another job: {exc}")
+    if exc.sqlstate == _NO_PRIVILEGE and "callwarden" in str(exc):
+        return DatabaseError(f"database error: {exc} (this role is not callwarden's runtime: "
+                             "the owner grants it with `callwarden grant ROLE`; "
+                             "docs/security.md)")
     return DatabaseError(f"database error: {exc}")
 
 

@@ -11,7 +11,16 @@ whole query string, and a worker refuses a string of several commands ("cannot i
 multiple commands into a prepared statement").
 
 A database moved to Citus after it was migrated is distributed by the next ``migrate``
-(0010 again, see :func:`_distribute_late`; docs/scaling.md, "Moving to Citus").
+(0010 and 0012 again, see :func:`_distribute_late`; docs/scaling.md, "Moving to Citus").
+
+Since 0011 callwarden's objects, the bookkeeping table included, live in the schema
+``callwarden``. Migrations are immutable, and 0001..0010 name theirs unqualified, so
+``migrate`` runs with ``callwarden`` appended to the connection's ``search_path`` (and puts
+it back): a fresh database and one an earlier release migrated take the same path (0001..0010
+make their objects where they always did, 0011 moves them), and the bookkeeping queries find
+the table before and after the move. Outside ``migrate`` :func:`applied_versions` reads it
+wherever it is (``migrations_place``), so ``status``, ``check`` and ``/readyz`` work on a
+database not yet moved.
 """
 
 from __future__ import annotations
@@ -53,10 +62,19 @@ def available() -> list[Migration]:
     return found
 
 
+async def _place(conn: Conn) -> str | None:
+    place = (await execute(conn, "migrations_place", {}))[0]["place"]
+    return None if place is None else str(place)
+
+
 async def applied_versions(conn: Conn) -> set[int]:
-    if not (await execute(conn, "migrations_table_exists", {}))[0]["ok"]:
+    """The versions applied, read from callwarden's schema or, on a database an earlier
+    release migrated and this one has not yet, from where that release kept them."""
+    place = await _place(conn)
+    if place is None:
         return set()
-    return {r["version"] for r in await execute(conn, "migrations_applied", {})}
+    query = "migrations_applied" if place == "own" else "migrations_applied_legacy"
+    return {r["version"] for r in await execute(conn, query, {})}
 
 
 async def pending(conn: Conn) -> list[Migration]:
@@ -74,18 +92,34 @@ async def _apply(conn: Conn, mig: Migration) -> None:
         await execute(conn, "migrations_record", {"version": mig.version, "name": mig.name})
 
 
-async def _distribute_late(conn: Conn) -> None:
-    """A database migrated before it had the ``citus`` extension (0010 was then a no-op)
-    and moved to Citus since: 0010 runs again (it leaves distributed tables as they are),
-    in one transaction, and nothing new is recorded: the migration keeps its identity."""
+async def _distribute_late(conn: Conn, path: str) -> None:
+    """A database migrated before it had the ``citus`` extension (0010 and 0012 were then
+    no-ops) and moved to Citus since: they run again (each leaves distributed tables as
+    they are), in one transaction, with ``callwarden`` first in the search path (where
+    0011 moved what 0010 names, and where it makes ``callwarden_tasks``), after 0011's
+    guard triggers are dropped (Citus refuses a table with triggers). Nothing new is
+    recorded: the migrations keep their identity."""
     if not await on_citus(conn):
         return
     if (await execute(conn, "migrations_citus_done", {}))[0]["ok"]:
         return
-    (citus,) = [m for m in available() if m.name == "citus"]
+    again = [m for m in available() if m.name.endswith("citus")]
     async with conn.transaction():
-        for statement in statements(citus.sql):
-            await conn.execute(statement.encode())
+        await execute(conn, "migrations_set_search_path", {"path": _with_own(path, first=True)})
+        for name in ("migrations_drop_guards", "migrations_drop_guards_insert",
+                     "migrations_drop_guards_settlement"):
+            await execute(conn, name, {})
+        for mig in again:
+            for statement in statements(mig.sql):
+                await conn.execute(statement.encode())
+    await execute(conn, "migrations_set_search_path", {"path": _with_own(path)})
+
+
+def _with_own(path: str, *, first: bool = False) -> str:
+    """``path`` with the schema ``callwarden`` last (or first)."""
+    if not path.strip():
+        return "callwarden"
+    return f"callwarden, {path}" if first else f"{path}, callwarden"
 
 
 async def migrate(conn: Conn) -> list[Migration]:
@@ -94,14 +128,21 @@ async def migrate(conn: Conn) -> list[Migration]:
         with translated():
             await execute(conn, "migrations_lock", {"key": LOCK_KEY})
             forget(conn)  # (asked again, and remembered from here: a move to Citus is seen)
+            path = str((await execute(conn, "migrations_search_path", {}))[0]["path"])
             try:
-                await execute(conn, "migrations_create_table", {})
-                todo = await pending(conn)
+                await execute(conn, "migrations_set_search_path", {"path": _with_own(path)})
+                if await _place(conn) is None:
+                    await execute(conn, "migrations_create_table", {})
+                done = {r["version"]
+                        for r in await execute(conn, "migrations_applied_legacy", {})}
+                todo = [m for m in available() if m.version not in done]
                 for mig in todo:
                     await _apply(conn, mig)
-                await _distribute_late(conn)
+                await _distribute_late(conn, path)
+                await execute(conn, "migrations_regrant", {})
                 return todo
             finally:
+                await execute(conn, "migrations_set_search_path", {"path": path})
                 await execute(conn, "migrations_unlock", {"key": LOCK_KEY})
     except DatabaseUnavailable as exc:
         raise DatabaseUnavailable(f"database unavailable while migrating: {exc}") from exc

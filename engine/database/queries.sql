@@ -37,7 +37,7 @@ WHERE id = %(job_id)s;
 WITH upd AS (
 {{append_upd}}
 ), ev AS (
-    INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+    INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
     SELECT upd.id, %(expected_version)s::int + e.n::int, e.ev->>'type',
            (e.ev->>'version')::smallint, e.ev->'payload', e.ev->>'actor'
     FROM upd, {{event_rows}}
@@ -189,7 +189,7 @@ SELECT (SELECT count(*) FROM ev) AS appended,
 -- One event of the run (write.py sends the run's events at once, in a pipeline): an
 -- INSERT ... VALUES goes to the job's shard as it is; an INSERT ... SELECT is planned on
 -- the coordinator, whose results then commit in two phases.
-INSERT INTO call_events (job_id, seq, type, version, payload, actor)
+INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
 VALUES (%(job_id)s::uuid, %(seq)s::int, %(type)s::text, %(version)s::smallint,
         %(payload)s::jsonb, %(actor)s::text);
 
@@ -224,7 +224,7 @@ WHERE w.id = %(workflow_execution_id)s::uuid AND w.status = 'failed'
 
 -- name: load_events
 SELECT seq, type, version, payload::text AS payload, actor, recorded_at
-FROM call_events
+FROM callwarden.call_events
 WHERE job_id = %(job_id)s
 ORDER BY seq;
 
@@ -261,33 +261,72 @@ SELECT now() AS now;
 -- The migration runner's own bookkeeping (engine/database/migrate.py).
 
 -- name: migrations_create_table
-CREATE TABLE IF NOT EXISTS callwarden_migrations (
+-- Unqualified, as every bookkeeping query here: migrate runs with callwarden's schema last
+-- in its search_path, so these find the table where an earlier release made it (before
+-- 0011 moves it) or in callwarden (after); a fresh database makes it where 0001..0010
+-- make theirs, and 0011 moves it with them (migrate.py).
+CREATE TABLE callwarden_migrations (
     version    int PRIMARY KEY,
     name       text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
--- name: migrations_table_exists
-SELECT to_regclass('callwarden_migrations') IS NOT NULL AS ok;
+-- name: migrations_place
+-- Where the bookkeeping is: 'own' (callwarden.callwarden_migrations, since 0011),
+-- 'legacy' (an earlier release's, in the search_path) or NULL (never migrated).
+SELECT CASE WHEN to_regclass('callwarden.callwarden_migrations') IS NOT NULL THEN 'own'
+            WHEN to_regclass('callwarden_migrations') IS NOT NULL THEN 'legacy'
+       END AS place;
 
 -- name: migrations_applied
+SELECT version FROM callwarden.callwarden_migrations;
+
+-- name: migrations_applied_legacy
 SELECT version FROM callwarden_migrations;
 
 -- name: migrations_record
 INSERT INTO callwarden_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: migrations_search_path
+SELECT current_setting('search_path') AS path;
+
+-- name: migrations_set_search_path
+-- Session-wide (migrate runs on a direct connection, never through a pooler in
+-- transaction mode) and put back when migrate ends.
+SELECT set_config('search_path', %(path)s::text, false);
+
+-- name: migrations_regrant
+-- After migrating: every role granted callwarden's runtime before (it holds INSERT on the
+-- log by a grant of its own) is granted again, so what a migration added, or a table a
+-- late move to Citus made (callwarden_tasks), is theirs too (migration 0011's function).
+SELECT callwarden.grant_runtime(a.grantee::regrole) AS stmt
+FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = to_regclass('callwarden.call_events') AND a.privilege_type = 'INSERT'
+  AND a.grantee <> 0 AND a.grantee <> c.relowner;
+
+-- name: migrations_drop_guards
+-- Before 0010 distributes jobs on a database moved to Citus later: Citus refuses a table
+-- with triggers (0011's guard is not installed on Citus; `check` says so).
+DROP TRIGGER IF EXISTS callwarden_guard_update ON jobs;
+
+-- name: migrations_drop_guards_insert
+DROP TRIGGER IF EXISTS callwarden_guard_insert ON jobs;
+
+-- name: migrations_drop_guards_settlement
+DROP TRIGGER IF EXISTS callwarden_guard_settlement ON usage_logs;
 
 -- name: task_claim_citus
 -- On Citus, where no unique index spans shards: the upstream task's one job, kept in
 -- callwarden_tasks (distributed by the task id, migration 0010) in the transaction that
 -- appends the TaskCreated or Adopted naming it (write.py); a task another job holds is
 -- left as it is (task_holder_citus then names that job: TaskAlreadyClaimed).
-INSERT INTO callwarden_tasks (provider_kind, provider_task_id, job_id)
+INSERT INTO callwarden.callwarden_tasks (provider_kind, provider_task_id, job_id)
 VALUES (%(kind)s, %(task_id)s, %(job_id)s::uuid)
 ON CONFLICT (provider_task_id, provider_kind) DO NOTHING
 RETURNING job_id;
 
 -- name: task_holder_citus
-SELECT job_id FROM callwarden_tasks
+SELECT job_id FROM callwarden.callwarden_tasks
 WHERE provider_task_id = %(task_id)s AND provider_kind = %(kind)s;
 
 -- name: migrations_on_citus
@@ -312,10 +351,15 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_dist_node
                   WHERE nodename = %(host)s::text AND nodeport = %(port)s::int);
 
 -- name: migrations_citus_done
--- On Citus: whether 0010 ran there (jobs distributed and the task table made); a database
--- moved to Citus after it was migrated has neither: migrate.py runs 0010 again.
+-- On Citus: whether 0010 (jobs distributed, the task table made) and 0012 (the callback
+-- tokens distributed) ran there; a database moved to Citus after it was migrated has
+-- neither: migrate.py runs them again.
 SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass)
-       AND to_regclass('callwarden_tasks') IS NOT NULL AS ok;
+       AND to_regclass('callwarden_tasks') IS NOT NULL
+       AND (to_regclass('callwarden.callback_tokens') IS NULL
+            OR EXISTS (SELECT 1 FROM pg_dist_partition
+                       WHERE logicalrelid = to_regclass('callwarden.callback_tokens')))
+       AS ok;
 
 -- name: migrations_lock
 -- Two migrators on one database serialise here.

@@ -53,14 +53,14 @@ SELECT id::text AS id FROM jobs WHERE call_state IS NULL;
 -- name: demo_recovered
 -- Calls whose terminal event was recorded by a reconciler.
 SELECT count(*) AS n
-FROM jobs j JOIN call_events e ON e.job_id = j.id AND e.seq = j.call_version
+FROM jobs j JOIN callwarden.call_events e ON e.job_id = j.id AND e.seq = j.call_version
 WHERE j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
   AND e.actor LIKE 'reconciler:%%';
 
 -- name: demo_by_webhook
 -- Calls whose terminal event was recorded by the webhook receiver's side.
 SELECT count(*) AS n
-FROM jobs j JOIN call_events e ON e.job_id = j.id AND e.seq = j.call_version
+FROM jobs j JOIN callwarden.call_events e ON e.job_id = j.id AND e.seq = j.call_version
 WHERE j.call_state IN ('completed', 'failed', 'swept', 'exhausted', 'cancelled')
   AND e.actor LIKE 'webhook%%';
 
@@ -80,7 +80,7 @@ FROM (SELECT extract(epoch FROM call_finished_at - created_at)::float8 AS s
 
 -- name: demo_latencies
 SELECT extract(epoch FROM call_finished_at - created_at)::float8 AS s,
-       (SELECT e.actor LIKE 'reconciler:%%' FROM call_events e
+       (SELECT e.actor LIKE 'reconciler:%%' FROM callwarden.call_events e
          WHERE e.job_id = j.id AND e.seq = j.call_version) AS by_reconciler
 FROM jobs j WHERE call_finished_at IS NOT NULL;
 

@@ -20,14 +20,14 @@ FROM jobs j
 WHERE j.id > %(after)s
   AND (j.call_version <> 0
        OR j.call_state IS NOT NULL
-       OR EXISTS (SELECT 1 FROM call_events e WHERE e.job_id = j.id))
+       OR EXISTS (SELECT 1 FROM callwarden.call_events e WHERE e.job_id = j.id))
 ORDER BY j.id
 LIMIT %(batch)s;
 
 -- name: audit_verify_ids_since
 -- The next batch of jobs with an event recorded at or after %(since)s.
 SELECT DISTINCT job_id AS id
-FROM call_events
+FROM callwarden.call_events
 WHERE recorded_at >= %(since)s
   AND job_id > %(after)s
 ORDER BY job_id
@@ -40,7 +40,7 @@ WHERE call_version <> 0 OR call_state IS NOT NULL;
 
 -- name: audit_verify_total_since
 SELECT count(DISTINCT job_id) AS n
-FROM call_events
+FROM callwarden.call_events
 WHERE recorded_at >= %(since)s;
 
 -- name: audit_histories
@@ -62,7 +62,7 @@ LEFT JOIN LATERAL (
            string_agg(e.type || '/' || e.version, ' ' ORDER BY e.seq) AS sig,
            count(*) AS n,
            max(e.seq) AS last_seq
-    FROM call_events e
+    FROM callwarden.call_events e
     WHERE e.job_id = j.id
 ) ev ON true
 LEFT JOIN LATERAL (
@@ -113,7 +113,7 @@ ORDER BY 1;
 -- Terminal events recorded in the window, by kind, type and whether a reconciler wrote it.
 SELECT coalesce(j.provider_kind, '-') AS kind, e.type,
        e.actor LIKE 'reconciler%%' AS by_reconciler, count(*) AS events
-FROM call_events e
+FROM callwarden.call_events e
 JOIN jobs j ON j.id = e.job_id
 WHERE e.recorded_at >= %(since)s
   AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled')
@@ -150,7 +150,7 @@ WHERE j.status IN ('pending', 'processing')
   AND j.call_state IS NULL
   AND j.created_at < %(older_than)s::timestamptz
   AND j.created_at >= COALESCE(%(legacy_cutoff)s::timestamptz,
-                               (SELECT applied_at FROM callwarden_migrations WHERE version = 2),
+                               (SELECT applied_at FROM callwarden.callwarden_migrations WHERE version = 2),
                                '-infinity'::timestamptz)
   AND EXISTS (SELECT 1 FROM usage_logs u WHERE u.job_id = j.id AND u.status = 'reserved');
 
@@ -162,4 +162,4 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: status_event_count
-SELECT count(*) AS n FROM call_events;
+SELECT count(*) AS n FROM callwarden.call_events;

@@ -15,7 +15,7 @@ ORDER BY 1, 2;
 -- Calls that ended since %(since)s, by kind and terminal state (the events' recorded_at
 -- index bounds the scan to the window).
 SELECT coalesce(j.provider_kind, '-') AS kind, j.call_state AS state, count(*) AS calls
-FROM call_events e
+FROM callwarden.call_events e
 JOIN jobs j ON j.id = e.job_id
 WHERE e.recorded_at >= %(since)s::timestamptz
   AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled')
@@ -30,7 +30,7 @@ ORDER BY 1, 2;
 -- settle and not counted. The events' recorded_at index bounds the scan to the window
 -- (as metrics_recent_terminal), usage_logs_job_id_idx finds each call's reservations.
 SELECT coalesce(j.provider_kind, '-') AS kind, count(*) AS reservations
-FROM call_events e
+FROM callwarden.call_events e
 JOIN jobs j ON j.id = e.job_id
 JOIN usage_logs u ON u.job_id = e.job_id
 WHERE e.recorded_at >= %(since)s::timestamptz
@@ -43,7 +43,7 @@ ORDER BY 1;
 
 -- fragment: stale_jobs
 -- The rows of callwarden_stale_jobs (migration 0008: the open calls, and the host's seed
--- rows not yet adopted, that the one rule callwarden_is_stale finds stale), written out as
+-- rows not yet adopted, that the one rule, the stale_rule fragment, finds stale), written out as
 -- a subquery: it is what the planner inlined the function into, and Citus refuses a
 -- parameterized call of a SQL function over a distributed table (issue 27).
 -- tests/integration/test_stale_fragment.py keeps the two equal, row for row.
@@ -52,10 +52,7 @@ ORDER BY 1;
  WHERE (j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing')
         OR (j.call_state IS NULL AND j.status IN ('pending', 'processing')
             AND j.provider_kind IS NOT NULL AND j.provider_call_started_at IS NOT NULL))
-   AND callwarden_is_stale(j.provider_call_started_at, j.started_at, j.created_at,
-                           j.heartbeat_at, j.provider_kind, %(stale_thresholds)s::jsonb,
-                           %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8,
-                           %(now)s::timestamptz))
+   AND {{stale_rule}})
 
 -- name: metrics_stale_calls
 -- Open calls (and the host's seed rows not yet adopted) the reconciler counts as stale,
@@ -80,7 +77,7 @@ LIMIT %(limit)s;
 -- a backward scan of call_events_terminal_idx (0009) from now, stopped by the LIMIT.
 SELECT e.job_id, e.type, e.actor, e.recorded_at, j.provider_kind, j.call_state,
        j.error_message, j.call_settlement
-FROM call_events e
+FROM callwarden.call_events e
 JOIN jobs j ON j.id = e.job_id
 WHERE e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled', 'HostEnded')
   AND e.recorded_at >= %(since)s::timestamptz
@@ -96,7 +93,7 @@ LIMIT %(limit)s;
 -- the open one.
 SELECT date_bin(%(bucket)s::interval, e.recorded_at, %(origin)s::timestamptz) AS bucket,
        e.type, e.actor, count(*) AS calls
-FROM call_events e
+FROM callwarden.call_events e
 WHERE e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled', 'HostEnded')
   AND e.recorded_at >= %(since)s::timestamptz
   AND e.recorded_at < coalesce(%(until)s::timestamptz, 'infinity')
@@ -144,7 +141,7 @@ SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id,
 FROM jobs j
 LEFT JOIN LATERAL (
     SELECT split_part(e.actor, ':', 1) AS ended_by
-    FROM call_events e
+    FROM callwarden.call_events e
     WHERE e.job_id = j.id
       AND e.type IN ('Completed', 'UpstreamFailed', 'Swept', 'Exhausted', 'Cancelled',
                      'HostEnded')
@@ -176,7 +173,7 @@ LIMIT 20;
 -- name: dashboard_job_events
 -- A job's stored events as they are (the page shows the raw payloads on demand).
 SELECT seq, type, version, payload::text AS payload, actor, recorded_at
-FROM call_events
+FROM callwarden.call_events
 WHERE job_id = %(job_id)s::uuid
 ORDER BY seq;
 

@@ -64,7 +64,7 @@ def test_demo_chaos_restarts_the_database_and_cuts_connections_and_passes(
 def _events(url: str) -> int:
     try:
         with psycopg.connect(url, connect_timeout=2) as c:
-            row = c.execute("SELECT count(*) FROM call_events").fetchone()
+            row = c.execute("SELECT count(*) FROM callwarden.call_events").fetchone()
             return int(row[0]) if row else 0
     except psycopg.Error:  # not created yet, or recovering
         return 0

@@ -179,7 +179,8 @@ async def facts(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
     row = await (await conn.execute(
         "SELECT j.status, j.call_state, j.call_sync, j.provider_kind, j.error_message, "
         "j.output_data->>'text' AS text, "
-        "(SELECT array_agg(e.type ORDER BY e.seq) FROM call_events e WHERE e.job_id = j.id)"
+        "(SELECT array_agg(e.type ORDER BY e.seq) FROM callwarden.call_events e WHERE e.job_id "
+        "= j.id)"
         " AS types, "
         "(SELECT count(*) FROM usage_logs u WHERE u.job_id = j.id) AS reservations, "
         "(SELECT string_agg(u.status, ',') FROM usage_logs u WHERE u.job_id = j.id)"

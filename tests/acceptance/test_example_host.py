@@ -153,7 +153,7 @@ async def test_the_example_host_loses_nothing_when_its_workers_are_killed(
     assert sim.sim.journal.count("replicate", "create") == PER_KIND
     agents = {e.headers.get("user-agent") for e in sim.sim.journal.entries("replicate")}
     assert agents == {"acme-host/1.0"}  # the host's client, on every path
-    recovered = await value(conn, "SELECT count(DISTINCT job_id) FROM call_events "
+    recovered = await value(conn, "SELECT count(DISTINCT job_id) FROM callwarden.call_events "
                                   "WHERE job_id = ANY(%s) AND type = 'UpstreamSucceeded' "
                                   "AND actor LIKE 'reconciler%%'", jobs)
     assert recovered == len(jobs)  # none finished before the kill: all were recovered

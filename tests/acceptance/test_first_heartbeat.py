@@ -29,7 +29,8 @@ REQUEST = {"version": "owner/model",
 async def call_row(conn: Conn, job: uuid.UUID) -> dict[str, object]:
     row = await (await conn.execute(
         "SELECT call_state, heartbeat_at, provider_call_started_at, "
-        "(SELECT recorded_at FROM call_events WHERE job_id = j.id AND type = 'TaskCreated')"
+        "(SELECT recorded_at FROM callwarden.call_events WHERE job_id = j.id AND type = "
+        "'TaskCreated')"
         " AS task_created_at FROM jobs j WHERE id = %s", (job,))).fetchone()
     assert row is not None
     return dict(row)

@@ -125,7 +125,7 @@ async def test_a_fifth_provider_is_created_polled_and_recovered_through_the_host
     kinds = await value(conn, "SELECT array_agg(DISTINCT provider_kind) FROM jobs "
                               "WHERE id = %s", job)
     assert kinds == ["acme-render"]
-    actors = await value(conn, "SELECT array_agg(actor ORDER BY seq) FROM call_events "
+    actors = await value(conn, "SELECT array_agg(actor ORDER BY seq) FROM callwarden.call_events "
                                "WHERE job_id = %s AND type = 'UpstreamSucceeded'", job)
     assert actors is not None
     assert actors[0].startswith("reconciler"), actors

@@ -42,15 +42,17 @@ def _run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def _host_tables(url: str) -> set[str]:
+    """Tables as ``schema.name`` in public and callwarden's schema."""
     with psycopg.connect(url) as c:
-        rows = c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        rows = c.execute("SELECT schemaname || '.' || tablename FROM pg_tables "
+                         "WHERE schemaname IN ('public', 'callwarden')")
         return {r[0] for r in rows}
 
 
 def _versions(url: str) -> list[tuple[int, str]]:
     with psycopg.connect(url) as c:
         return [(r[0], r[1]) for r in c.execute(
-            "SELECT version, name FROM callwarden_migrations ORDER BY version")]
+            "SELECT version, name FROM callwarden.callwarden_migrations ORDER BY version")]
 
 
 def test_a_host_with_generic_module_names_keeps_them(host_root: Path) -> None:
@@ -93,5 +95,6 @@ def test_migrate_from_the_host_root_applies_callwardens_sql_only(
         applied = _run(host_root, sys.executable, "-c", IN_PROCESS, env=env)
         assert applied.strip() == str(len(available()))
     assert _versions(empty_db_url) == [(m.version, m.name) for m in available()]
-    assert "host_users" not in _host_tables(empty_db_url)
-    assert {"jobs", "call_events", "usage_logs"} <= _host_tables(empty_db_url)
+    assert "public.host_users" not in _host_tables(empty_db_url)
+    assert {"public.jobs", "callwarden.call_events", "public.usage_logs"} <= _host_tables(
+        empty_db_url)

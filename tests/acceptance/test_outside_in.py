@@ -44,7 +44,7 @@ async def worker_events(conn: Conn, job: uuid.UUID, task: str) -> None:
                "task_id": task}]
     for seq, event in enumerate(events, start=1):
         await conn.execute(
-            "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
+            "INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor) "
             "VALUES (%s, %s, %s, 1, %s::jsonb, 'worker:x')",
             (job, seq, event["type"], msgspec.json.encode(event).decode()))
     await conn.execute(
@@ -90,7 +90,7 @@ async def test_hostile_host_rows_are_recovered_by_the_reconciler_cli(
         await conn.execute("UPDATE jobs SET upstream_result = '\"host garbage\"'::jsonb "
                            "WHERE id = %s", (jobs["garbage"],))
         await worker_events(conn, jobs["corrupt"], "t-corrupt")
-        await conn.execute("UPDATE call_events SET payload = '{\"oops\": 1}' "
+        await conn.execute("UPDATE callwarden.call_events SET payload = '{\"oops\": 1}' "
                            "WHERE job_id = %s AND seq = 2", (jobs["corrupt"],))
         await conn.execute("UPDATE jobs SET upstream_result = '[0]'::jsonb WHERE id = %s",
                            (jobs["corrupt"],))

@@ -34,7 +34,7 @@ async def _row(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
     row = await (await conn.execute(
         "SELECT j.call_state, j.queue_acked_at IS NOT NULL AS acked, u.status, "
         "u.credits_reserved::float8 AS reserved, u.credits_charged::float8 AS charged, "
-        "(SELECT count(*) FROM call_events e WHERE e.job_id = j.id) AS events "
+        "(SELECT count(*) FROM callwarden.call_events e WHERE e.job_id = j.id) AS events "
         "FROM jobs j JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s",
         (job,))).fetchone()
     assert row is not None

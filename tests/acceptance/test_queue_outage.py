@@ -332,7 +332,7 @@ async def test_a_read_only_database_drops_no_queued_job(
 REFUSE_EVENTS = """
 CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN RAISE EXCEPTION 'the test refuses every event'; END $$;
-CREATE TRIGGER refuse_events BEFORE INSERT ON call_events
+CREATE TRIGGER refuse_events BEFORE INSERT ON callwarden.call_events
   FOR EACH ROW EXECUTE FUNCTION refuse_events();
 """
 
@@ -353,7 +353,7 @@ async def test_a_database_error_before_the_call_started_drops_no_queued_job(
             outcome = await _send(queue, job, arq_redis, redis_url)
             await worker.line(f"{OUTAGE_RETRY}|{FAILED}", "the job's refused try")
         finally:
-            await admin.execute("DROP TRIGGER refuse_events ON call_events")
+            await admin.execute("DROP TRIGGER refuse_events ON callwarden.call_events")
     await _ran_once(db, sim, job, worker, past_limit_lines=None)
     await worker.line(outcome + "result=completed", "the job's outcome")
     assert "database error before its call started" in worker.logs()

@@ -143,8 +143,8 @@ def rss_bytes(pid: int) -> int:
 
 async def counts(conn: Conn) -> tuple[int, int]:
     row = await (await conn.execute(
-        "SELECT (SELECT count(*) FROM call_events) AS events, "
-        "(SELECT count(*) FROM webhook_deliveries) AS deliveries")).fetchone()
+        "SELECT (SELECT count(*) FROM callwarden.call_events) AS events, "
+        "(SELECT count(*) FROM callwarden.webhook_deliveries) AS deliveries")).fetchone()
     assert row is not None
     return row["events"], row["deliveries"]
 
@@ -319,7 +319,7 @@ async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
     nothing written."""
     before = await (await conn.execute(
         "SELECT (SELECT count(*) FROM jobs) AS jobs, "
-        "(SELECT count(*) FROM call_events) AS events")).fetchone()
+        "(SELECT count(*) FROM callwarden.call_events) AS events")).fetchone()
     env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_PORT="0")
     async with serve(env) as served, aiohttp.ClientSession() as http:
         for action in ("force-fail", "requeue-reconcile"):
@@ -329,5 +329,5 @@ async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
                 assert "no job" in await resp.text()
     after = await (await conn.execute(
         "SELECT (SELECT count(*) FROM jobs) AS jobs, "
-        "(SELECT count(*) FROM call_events) AS events")).fetchone()
+        "(SELECT count(*) FROM callwarden.call_events) AS events")).fetchone()
     assert after == before

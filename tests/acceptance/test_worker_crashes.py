@@ -137,7 +137,7 @@ async def _facts(conn: Conn, job: uuid.UUID) -> dict[str, Any]:
     row = await (await conn.execute(
         "SELECT j.call_state, j.queue_deliveries, "
         "(SELECT array_agg(u.status) FROM usage_logs u WHERE u.job_id = j.id) AS credits, "
-        "(SELECT count(*) FROM call_events e WHERE e.job_id = j.id "
+        "(SELECT count(*) FROM callwarden.call_events e WHERE e.job_id = j.id "
         " AND e.type = ANY(%s)) AS settlements, "
         "(SELECT count(*) FROM assets a WHERE a.job_id = j.id) AS assets "
         "FROM jobs j WHERE j.id = %s", (list(SETTLING), job))).fetchone()

@@ -110,8 +110,9 @@ CREATE TRIGGER usage_audit_trg AFTER INSERT OR UPDATE OR DELETE ON usage_logs
 # One query answers every ledger invariant for a set of jobs.
 LEDGER_SQL = """
 SELECT j.id, j.status, j.call_state, j.call_version,
-  (SELECT count(*) FROM call_events e WHERE e.job_id = j.id) AS n_events,
-  (SELECT array_agg(type ORDER BY seq) FROM call_events e WHERE e.job_id = j.id) AS types,
+  (SELECT count(*) FROM callwarden.call_events e WHERE e.job_id = j.id) AS n_events,
+  (SELECT array_agg(type ORDER BY seq) FROM callwarden.call_events e
+   WHERE e.job_id = j.id) AS types,
   (SELECT count(*) FROM usage_audit a WHERE a.job_id = j.id AND a.op = 'UPDATE'
      GROUP BY a.usage_id ORDER BY 1 DESC LIMIT 1) AS most_moves,
   (SELECT array_agg(a.op || ':' || coalesce(a.old_status, '-') || '>'
@@ -122,7 +123,7 @@ SELECT j.id, j.status, j.call_state, j.call_version,
   (SELECT count(*) FROM usage_logs u WHERE u.job_id = j.id AND u.status = 'reserved')
      AS left_reserved,
   (SELECT json_agg(json_build_object('seq', e.seq, 'cost', e.payload->'cost'))
-     FROM call_events e WHERE e.job_id = j.id AND e.type = 'Completed') AS completions,
+     FROM callwarden.call_events e WHERE e.job_id = j.id AND e.type = 'Completed') AS completions,
   (SELECT json_agg(json_build_object('seq', u.settled_by_seq, 'status', u.status,
                                      'reserved', u.credits_reserved,
                                      'charged', u.credits_charged))
@@ -690,19 +691,20 @@ class ActorMachine(RuleBasedStateMachine):
 
     async def _label_outcomes(self) -> None:
         rows = await (await self.world.conn.execute(
-            "SELECT j.id, (SELECT array_agg(type ORDER BY seq) FROM call_events e "
+            "SELECT j.id, (SELECT array_agg(type ORDER BY seq) FROM callwarden.call_events e "
             "   WHERE e.job_id = j.id) AS types, "
-            " (SELECT array_agg(DISTINCT actor) FROM call_events e WHERE e.job_id = j.id "
+            " (SELECT array_agg(DISTINCT actor) FROM callwarden.call_events e WHERE e.job_id = "
+            "j.id "
             "   AND e.type IN ('UpstreamSucceeded', 'UpstreamFailed')) AS outcome_actors, "
             " (SELECT count(*) FROM usage_logs u WHERE u.job_id = j.id "
             "   AND u.status = 'committed' AND u.settled_by_seq IS NOT NULL) AS commits, "
             " (SELECT count(*) FROM usage_logs u WHERE u.job_id = j.id "
             "   AND u.status = 'refunded' AND u.settled_by_seq IS NOT NULL) AS refunds, "
-            " (SELECT count(DISTINCT payload->>'owner') FROM call_events e "
+            " (SELECT count(DISTINCT payload->>'owner') FROM callwarden.call_events e "
             "   WHERE e.job_id = j.id AND e.type = 'FinalizeClaimed') AS claimers, "
-            " (SELECT bool_or(actor = 'admin') FROM call_events e WHERE e.job_id = j.id "
+            " (SELECT bool_or(actor = 'admin') FROM callwarden.call_events e WHERE e.job_id = j.id "
             "   AND e.type = 'Cancelled') AS admin, "
-            " (SELECT bool_or(actor LIKE 'worker%%') FROM call_events e "
+            " (SELECT bool_or(actor LIKE 'worker%%') FROM callwarden.call_events e "
             "   WHERE e.job_id = j.id AND e.type = 'TaskCreated') AS worker_created "
             "FROM jobs j WHERE j.id = ANY(%s)", ([j.id for j in self.known],))).fetchall()
         names = {"Exhausted": "exhausted", "HostEnded": "host won", "Swept": "swept",

@@ -59,7 +59,7 @@ async def test_audit_of_an_unknown_job_is_a_typed_error(conn: Conn) -> None:
 
 async def test_audit_of_a_corrupt_log_names_job_and_seq(conn: Conn) -> None:
     job = await new_job(conn, completed_path())
-    await conn.execute("UPDATE call_events SET payload = '{\"type\": \"TaskCreated\"}' "
+    await conn.execute("UPDATE callwarden.call_events SET payload = '{\"type\": \"TaskCreated\"}' "
                        "WHERE job_id = %s AND seq = 2", (job,))
     with pytest.raises(EventDecodeError, match=f"job {job} seq 2"):
         await audit_job(conn, job)
@@ -108,7 +108,7 @@ def test_cli_audit_of_corrupt_event_exits_2_naming_job_and_seq(
         capsys: pytest.CaptureFixture[str]) -> None:
     async def corrupt(c: Conn) -> uuid.UUID:
         job = await new_job(c, completed_path())
-        await c.execute("UPDATE call_events SET type = 'Teleported' "
+        await c.execute("UPDATE callwarden.call_events SET type = 'Teleported' "
                         "WHERE job_id = %s AND seq = 3", (job,))
         return job
 
@@ -187,7 +187,7 @@ async def test_stats_percentiles_match_the_pure_definition(conn: Conn) -> None:
 async def test_stats_window_excludes_older_events(conn: Conn) -> None:
     now = datetime.now(UTC)
     await _fleet(conn, now)
-    await conn.execute("UPDATE call_events SET recorded_at = now() - interval '3 days'")
+    await conn.execute("UPDATE callwarden.call_events SET recorded_at = now() - interval '3 days'")
     report = await stats(conn, now=now, window=timedelta(hours=24), stale=ReconcileConfig().stale)
     assert report.recoveries == {}
     assert report.sweeps == {}

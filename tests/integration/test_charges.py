@@ -75,7 +75,7 @@ async def reservations(conn: Conn, job: uuid.UUID) -> list[tuple[str, Decimal, i
 
 async def completed_seq(conn: Conn, job: uuid.UUID) -> int:
     row = await (await conn.execute(
-        "SELECT seq FROM call_events WHERE job_id = %s AND type = 'Completed'",
+        "SELECT seq FROM callwarden.call_events WHERE job_id = %s AND type = 'Completed'",
         (job,))).fetchone()
     assert row is not None
     return int(row["seq"])

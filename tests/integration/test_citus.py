@@ -33,7 +33,7 @@ from callwarden.database.clock import utcnow
 from callwarden.database.databases import create_database
 from callwarden.database.db import Conn, connect, open_pool
 from callwarden.database.jobs import create_job
-from callwarden.database.migrate import migrate, pending
+from callwarden.database.migrate import available, migrate, pending
 from callwarden.database.write import append, load
 from callwarden.errors import TaskAlreadyClaimed
 from callwarden.events.types import (
@@ -61,10 +61,11 @@ async def _rows(conn: Conn, sql: str, *params: Any) -> list[dict[str, Any]]:
 async def test_on_plain_postgres_the_citus_migration_changes_nothing(conn: Conn) -> None:
     """0010 is one DO block that returns without the citus extension: the task index
     stays unique, no task table, no changed keys."""
-    found = await _rows(conn, "SELECT to_regclass('callwarden_tasks') IS NULL AS no_tasks, "
+    found = await _rows(conn, "SELECT to_regclass('callwarden.callwarden_tasks') IS NULL "
+                              "AS no_tasks, "
                               "to_regclass('jobs_provider_task_idx') IS NOT NULL AS idx, "
-                              "(SELECT max(version) FROM callwarden_migrations) AS v")
-    assert found == [{"no_tasks": True, "idx": True, "v": 10}]
+                              "(SELECT max(version) FROM callwarden.callwarden_migrations) AS v")
+    assert found == [{"no_tasks": True, "idx": True, "v": max(m.version for m in available())}]
     keys = await _rows(conn, "SELECT conrelid::regclass::text AS t, pg_get_constraintdef(oid) "
                              "AS d FROM pg_constraint WHERE contype = 'p' AND conrelid IN "
                              "('usage_logs'::regclass, 'assets'::regclass) ORDER BY 1")
@@ -104,15 +105,15 @@ async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -
         citus, "SELECT logicalrelid::text AS t, partmethod AS m, colocationid AS g, "
                "CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) "
                "END AS col FROM pg_dist_partition")}
-    by_job = {"jobs": "id", "call_events": "job_id", "usage_logs": "job_id",
-              "assets": "job_id"}
+    by_job = {"jobs": "id", "callwarden.call_events": "job_id", "usage_logs": "job_id",
+              "assets": "job_id", "callwarden.callback_tokens": "job_id"}
     for table, column in by_job.items():
         assert (tables[table]["m"], tables[table]["col"]) == ("h", column), table
     assert len({tables[t]["g"] for t in by_job}) == 1  # one colocation group
-    for table in ("workflow_executions", "callwarden_migrations"):
+    for table in ("workflow_executions", "callwarden.callwarden_migrations"):
         assert tables[table]["m"] == "n", table  # reference tables
-    assert (tables["callwarden_tasks"]["m"], tables["callwarden_tasks"]["col"]) == (
-        "h", "provider_task_id")
+    tasks = tables["callwarden.callwarden_tasks"]
+    assert (tasks["m"], tasks["col"]) == ("h", "provider_task_id")
     nodes = await _rows(citus, "SELECT count(DISTINCT nodeport) AS n FROM pg_dist_shard s "
                                "JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node d "
                                "USING (groupid) WHERE s.logicalrelid = 'jobs'::regclass")
@@ -323,7 +324,7 @@ async def test_the_demo_runs_on_the_cluster_with_its_invariants(tmp_path: Path) 
                                    "d USING (groupid) GROUP BY 1 ORDER BY 1")
         audited = await _rows(conn, "SELECT count(*) AS n FROM demo_usage_audit")
     nodes = {r["t"]: r["nodes"] for r in spread}
-    for table in ("jobs", "call_events", "usage_logs", "demo_usage_audit"):
+    for table in ("jobs", "callwarden.call_events", "usage_logs", "demo_usage_audit"):
         assert nodes[table] == 2, nodes
     assert audited[0]["n"] >= 30  # every reservation's move, seen on its shard
 
@@ -344,7 +345,8 @@ async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_fin
         p = (await append(conn, flying, await load(conn, flying),
                           CallStarted(at=now, actor=who, kind="replicate-prediction"))).projection
         await append(conn, flying, p, TaskCreated(at=now, actor=who, task_id=f"t-{flying}"))
-        versions = await _rows(conn, "SELECT version FROM callwarden_migrations ORDER BY 1")
+        versions = await _rows(conn, "SELECT version FROM callwarden.callwarden_migrations "
+                                     "ORDER BY 1")
     made = await asyncio.to_thread(subprocess.run, ["bash", str(ROOT / ".ci" / "citus"), "db",
                                                     name], capture_output=True, text=True,
                                    check=False, timeout=60)
@@ -352,12 +354,13 @@ async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_fin
     async with await connect(url) as conn:
         assert await migrate(conn) == []
         assert await on_citus(conn)  # (migrate made this process ask again)
-        assert await _rows(conn, "SELECT version FROM callwarden_migrations ORDER BY 1"
+        assert await _rows(conn, "SELECT version FROM callwarden.callwarden_migrations ORDER BY 1"
                            ) == versions
         spread = await _rows(conn, "SELECT logicalrelid::text AS t FROM pg_dist_partition "
                                    "WHERE partmethod = 'h' ORDER BY 1")
-        assert [r["t"] for r in spread] == ["assets", "call_events", "callwarden_tasks",
-                                           "jobs", "usage_logs"]
+        assert sorted(r["t"] for r in spread) == [
+            "assets", "callwarden.call_events", "callwarden.callback_tokens",
+            "callwarden.callwarden_tasks", "jobs", "usage_logs"]
         pool = open_pool(url, max_size=2)
         await pool.open()
         try:

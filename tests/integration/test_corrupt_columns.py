@@ -94,7 +94,7 @@ TARGETS = ("stale_done", "stale_stuck", "stale_sync", "stale_succeeded", "fresh"
 
 async def setup_jobs(conn: Conn, http: aiohttp.ClientSession,
                      sim: RunningSimulator) -> dict[str, uuid.UUID]:
-    await conn.execute("TRUNCATE jobs, webhook_deliveries CASCADE")
+    await conn.execute("TRUNCATE jobs, callwarden.webhook_deliveries CASCADE")
     done = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
     stuck = await upstream_task(http, sim, "kie-standard", {"end": "stuck"})
     result = await upstream_task(http, sim, "kie-standard", NOW_SCRIPT)
@@ -124,7 +124,7 @@ EXPECTED = {"stale_done": ("completed", "committed"), "stale_sync": ("swept", "r
 ROWS = """
 SELECT x.job, md5(string_agg(x.v, ' ' ORDER BY x.v)) AS digest FROM (
     SELECT id AS job, to_jsonb(t)::text AS v FROM jobs t
-    UNION ALL SELECT job_id, to_jsonb(t)::text FROM call_events t
+    UNION ALL SELECT job_id, to_jsonb(t)::text FROM callwarden.call_events t
     UNION ALL SELECT job_id, to_jsonb(t)::text FROM usage_logs t
     UNION ALL SELECT job_id, to_jsonb(t)::text FROM assets t
 ) x GROUP BY x.job
@@ -269,7 +269,7 @@ async def write_column(conn: Conn, job: uuid.UUID, column: str, data_type: str,
 async def corrupt_event(conn: Conn, job: uuid.UUID, g: EventGarbage) -> int | None:
     """Apply ``g``; the seq it touched (``None``: Postgres refused, or no event)."""
     rows = await (await conn.execute(
-        "SELECT seq, payload FROM call_events WHERE job_id = %s ORDER BY seq",
+        "SELECT seq, payload FROM callwarden.call_events WHERE job_id = %s ORDER BY seq",
         (job,))).fetchall()
     if not rows:
         return None
@@ -277,14 +277,15 @@ async def corrupt_event(conn: Conn, job: uuid.UUID, g: EventGarbage) -> int | No
     seq: int = row["seq"]
     last: int = rows[-1]["seq"]
     statements: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "payload": ("UPDATE call_events SET payload = %s::jsonb WHERE job_id = %s AND seq = %s",
+        "payload": ("UPDATE callwarden.call_events SET payload = %s::jsonb "
+                    "WHERE job_id = %s AND seq = %s",
                     (msgspec.json.encode(g.doc).decode(), job, seq)),
-        "type": ("UPDATE call_events SET type = %s WHERE job_id = %s AND seq = %s",
+        "type": ("UPDATE callwarden.call_events SET type = %s WHERE job_id = %s AND seq = %s",
                  (g.text, job, seq)),
-        "version": ("UPDATE call_events SET version = %s WHERE job_id = %s AND seq = %s",
+        "version": ("UPDATE callwarden.call_events SET version = %s WHERE job_id = %s AND seq = %s",
                     (g.number, job, seq)),
-        "delete": ("DELETE FROM call_events WHERE job_id = %s AND seq = %s", (job, seq)),
-        "move": ("UPDATE call_events SET seq = %s WHERE job_id = %s AND seq = %s",
+        "delete": ("DELETE FROM callwarden.call_events WHERE job_id = %s AND seq = %s", (job, seq)),
+        "move": ("UPDATE callwarden.call_events SET seq = %s WHERE job_id = %s AND seq = %s",
                  (last + 1 + abs(g.number), job, seq)),
     }
     if g.how == "field":
@@ -293,7 +294,7 @@ async def corrupt_event(conn: Conn, job: uuid.UUID, g: EventGarbage) -> int | No
             return None
         key = keys[abs(g.number) % len(keys)]
         statements["field"] = (
-            "UPDATE call_events SET payload = jsonb_set(payload, ARRAY[%s], %s::jsonb) "
+            "UPDATE callwarden.call_events SET payload = jsonb_set(payload, ARRAY[%s], %s::jsonb) "
             "WHERE job_id = %s AND seq = %s", (key, msgspec.json.encode(g.doc).decode(),
                                                job, seq))
     stmt, params = statements[g.how]
@@ -454,7 +455,7 @@ async def usage_of(conn: Conn, job: uuid.UUID) -> list[dict[str, Any]]:
 
 
 async def load_seqs(conn: Conn, job: uuid.UUID) -> list[int]:
-    rows = await (await conn.execute("SELECT seq FROM call_events WHERE job_id = %s",
+    rows = await (await conn.execute("SELECT seq FROM callwarden.call_events WHERE job_id = %s",
                                      (job,))).fetchall()
     return [r["seq"] for r in rows]
 

@@ -135,7 +135,7 @@ async def test_the_rollup_reads_a_closed_bucket_once_and_the_open_one_every_time
 
     async def event(seq: int, at: datetime) -> None:
         await conn.execute(
-            "INSERT INTO call_events (job_id, seq, type, payload, actor, recorded_at) "
+            "INSERT INTO callwarden.call_events (job_id, seq, type, payload, actor, recorded_at) "
             "VALUES (%s, %s, 'Completed', '{}', 'worker:x', %s)", (job, seq, at))
 
     async def counts(rollup: Rollup) -> dict[datetime, int]:

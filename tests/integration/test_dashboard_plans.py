@@ -87,9 +87,10 @@ async def generic_plan(conn: Conn, name: str, params: dict[str, Any]) -> dict[st
 async def million(conn: Conn) -> tuple[uuid.UUID, datetime]:
     for name in ("load_jobs", "load_call_events", "load_usage_logs"):
         await conn.execute(LOAD[name], {"rows": ROWS, "open": 200})
-    await conn.execute("VACUUM ANALYZE jobs, call_events, usage_logs")
+    await conn.execute("VACUUM ANALYZE jobs, callwarden.call_events, usage_logs")
     counts = await (await conn.execute(
-        "SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM call_events) AS "
+        "SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM "
+        "callwarden.call_events) AS "
         "events, (SELECT count(*) FROM usage_logs) AS usage")).fetchone()
     assert counts is not None
     assert (counts["jobs"], counts["usage"]) == (ROWS, ROWS)

@@ -37,7 +37,8 @@ async def failing_host_api() -> AsyncIterator[str]:
 
 async def recorded_errors(conn: Conn, job: uuid.UUID) -> list[str]:
     row = await (await conn.execute(
-        "SELECT j.error_message, (SELECT string_agg(e.payload::text, ' ') FROM call_events e"
+        "SELECT j.error_message, (SELECT string_agg(e.payload::text, ' ') FROM "
+        "callwarden.call_events e"
         " WHERE e.job_id = j.id) AS events FROM jobs j WHERE j.id = %s", (job,))).fetchone()
     assert row is not None
     return [row["error_message"] or "", row["events"] or ""]

@@ -110,7 +110,7 @@ async def test_unreadable_row_is_parked_and_counted_and_the_rest_recovered(
         conn: Conn, http: aiohttp.ClientSession, sim: RunningSimulator,
         make_reconciler: MakeReconciler) -> None:
     bad = await dead_worker_call(conn, "kie-standard", "t-bad")
-    await conn.execute("UPDATE call_events SET payload = '{\"garbage\": true}' "
+    await conn.execute("UPDATE callwarden.call_events SET payload = '{\"garbage\": true}' "
                        "WHERE job_id = %s", (bad,))
     await conn.execute("UPDATE jobs SET upstream_result = '[1]'::jsonb WHERE id = %s", (bad,))
     good = await dead_worker_call(conn, "kie-standard",
@@ -217,7 +217,7 @@ async def test_call_less_rows_created_after_the_call_columns_are_never_swept(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
     """A pipeline wrapper job (no provider_kind on purpose) and a queued job: created after
     the call columns were installed, they are the host's; only older rows are legacy."""
-    await conn.execute("UPDATE callwarden_migrations SET applied_at = now() - interval "
+    await conn.execute("UPDATE callwarden.callwarden_migrations SET applied_at = now() - interval "
                        "'3 hours' WHERE version = 2")  # the columns came 3 hours ago
     wrapper = await create_job(conn, status="processing", job_type="pipeline")
     queued = await create_job(conn, status="pending")
@@ -332,7 +332,7 @@ async def test_cancel_of_a_never_adopted_row_keeps_the_hosts_seed_columns(conn: 
 
 async def test_a_host_timestamp_python_cannot_hold_never_stops_the_claim(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
-    await conn.execute("UPDATE callwarden_migrations SET applied_at = now() - interval "
+    await conn.execute("UPDATE callwarden.callwarden_migrations SET applied_at = now() - interval "
                        "'3 hours' WHERE version = 2")
     odd = await create_job(conn, status="processing")
     await conn.execute("UPDATE jobs SET started_at = 'infinity', created_at = '-infinity' "
@@ -365,7 +365,7 @@ async def test_a_job_the_host_completed_is_left_for_the_host_to_commit(
 
 async def test_with_no_known_cutoff_no_row_is_legacy(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
-    await conn.execute("DELETE FROM callwarden_migrations WHERE version = 2")
+    await conn.execute("DELETE FROM callwarden.callwarden_migrations WHERE version = 2")
     wrapper = await create_job(conn, status="processing", job_type="pipeline")
     await conn.execute("UPDATE jobs SET created_at = now() - interval '2 hours' "
                        "WHERE id = %s", (wrapper,))

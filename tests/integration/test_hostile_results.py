@@ -248,7 +248,8 @@ async def test_a_bad_cost_from_the_provider_is_dropped_never_charged(
     r = await row(conn, job)
     assert (r["credits"], r["credits_charged"]) == ("committed", 10)
     kind, payload = (await (await conn.execute(
-        "SELECT type, payload FROM call_events WHERE job_id = %s ORDER BY seq DESC LIMIT 1",
+        "SELECT type, payload FROM callwarden.call_events WHERE job_id = %s ORDER BY seq DESC "
+        "LIMIT 1",
         (job,))).fetchone() or {}).values()
     assert (kind, payload.get("cost")) == ("Completed", None)
 
@@ -304,7 +305,7 @@ async def test_old_event_naming_another_jobs_key_is_refused(
     await _succeeded_with(conn, job, UpstreamResult())
     v1 = {"type": "UpstreamSucceeded", "at": utcnow().isoformat(), "actor": "w",
           "result": {"raw": {"prestored_keys": [secret.key]}}}
-    await conn.execute("UPDATE call_events SET version = 1, payload = %s::jsonb "
+    await conn.execute("UPDATE callwarden.call_events SET version = 1, payload = %s::jsonb "
                        "WHERE job_id = %s AND seq = 2", (msgspec.json.encode(v1).decode(), job))
     await conn.execute("UPDATE jobs SET upstream_result = %s::jsonb WHERE id = %s", (
         msgspec.json.encode({"stored_keys": [secret.key]}).decode(), job))
@@ -393,7 +394,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
-CREATE TRIGGER deadlock_once BEFORE INSERT ON call_events
+CREATE TRIGGER deadlock_once BEFORE INSERT ON callwarden.call_events
     FOR EACH ROW EXECUTE FUNCTION deadlock_once();
 """
 

@@ -443,13 +443,13 @@ async def test_leaked_reservations_are_counted_from_indexes(conn: Conn) -> None:
         "call_settlement) SELECT gen_random_uuid(), 'u', 'completed', 'completed', 1, "
         "'kie-standard', 'committed' FROM generate_series(1, 20000)")
     await conn.execute(
-        "INSERT INTO call_events (job_id, seq, type, payload, actor, recorded_at) "
+        "INSERT INTO callwarden.call_events (job_id, seq, type, payload, actor, recorded_at) "
         "SELECT id, 1, 'Completed', '{}', 'worker:old', now() - interval '2 days' FROM jobs")
     await conn.execute(
         "INSERT INTO usage_logs (job_id, user_id, status, credits_reserved, credits_charged) "
         "SELECT id, 'u', 'committed', 5, 5 FROM jobs")
     await conn.execute("ANALYZE jobs")
-    await conn.execute("ANALYZE call_events")
+    await conn.execute("ANALYZE callwarden.call_events")
     await conn.execute("ANALYZE usage_logs")
     params = {"since": datetime.now(UTC) - timedelta(hours=1)}
     plan = await (await conn.execute(

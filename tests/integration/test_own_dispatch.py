@@ -75,7 +75,7 @@ async def host(sim: RunningSimulator) -> Any:
 
 async def _types(conn: Conn, job: uuid.UUID) -> list[str]:
     row = await (await conn.execute(
-        "SELECT array_agg(type ORDER BY seq) AS t FROM call_events WHERE job_id = %s",
+        "SELECT array_agg(type ORDER BY seq) AS t FROM callwarden.call_events WHERE job_id = %s",
         (job,))).fetchone()
     return list(row["t"] or []) if row else []
 

@@ -38,7 +38,8 @@ TOKENS = ["Hello", " wor", "ld", "!", ""]
 
 async def terminal_event(conn: Conn, job: uuid.UUID) -> tuple[str, dict[str, Any]]:
     row = await (await conn.execute(
-        "SELECT type, payload FROM call_events WHERE job_id = %s ORDER BY seq DESC LIMIT 1",
+        "SELECT type, payload FROM callwarden.call_events WHERE job_id = %s ORDER BY seq DESC "
+        "LIMIT 1",
         (job,))).fetchone()
     assert row is not None
     payload = row["payload"]
@@ -84,7 +85,7 @@ async def test_replicate_data_uri_output_is_decoded_and_stored_without_a_fetch(
     assert sim.sim.media.requests == []
     assert "base64," not in msgspec.json.encode(row["output_data"]).decode()
     events = await (await conn.execute(
-        "SELECT type, payload::text AS payload FROM call_events WHERE job_id = %s",
+        "SELECT type, payload::text AS payload FROM callwarden.call_events WHERE job_id = %s",
         (job,))).fetchall()
     payload = DATA_URI.split(",", 1)[1][:60]
     assert [e["type"] for e in events if payload in e["payload"]] == []  # stored first
@@ -122,7 +123,8 @@ async def test_a_data_uri_over_the_size_limit_fails_and_refunds(
     kind, payload = await terminal_event(conn, job)
     assert (kind, payload["code"]) == ("UpstreamFailed", "media_unusable")
     types = [r["type"] for r in await (await conn.execute(
-        "SELECT type FROM call_events WHERE job_id = %s ORDER BY seq", (job,))).fetchall()]
+        "SELECT type FROM callwarden.call_events WHERE job_id = %s ORDER BY "
+        "seq", (job,))).fetchall()]
     assert "UpstreamSucceeded" not in types  # refused before anything was recorded
 
 
@@ -180,7 +182,7 @@ async def dead_workers_events(conn: Conn, job: uuid.UUID, kind: str, task: str) 
                "task_id": task}]
     for seq, event in enumerate(events, start=1):
         await conn.execute(
-            "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
+            "INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor) "
             "VALUES (%s, %s, %s, 1, %s::jsonb, 'worker:x')",
             (job, seq, event["type"], msgspec.json.encode(event).decode()))
     await conn.execute(

@@ -253,8 +253,9 @@ class RaceMachine(RuleBasedStateMachine):
         for job in self.known:
             row = await (await c.execute(
                 "SELECT status, call_state, call_version, "
-                " (SELECT count(*) FROM call_events e WHERE e.job_id = j.id) AS n_events, "
-                " (SELECT array_agg(type ORDER BY seq) FROM call_events e "
+                " (SELECT count(*) FROM callwarden.call_events e WHERE e.job_id = j.id) AS "
+                "n_events, "
+                " (SELECT array_agg(type ORDER BY seq) FROM callwarden.call_events e "
                 "   WHERE e.job_id = j.id) AS types, "
                 " (SELECT array_agg(a.old_status || '>' || a.new_status) FROM usage_audit a "
                 "   WHERE a.job_id = j.id GROUP BY a.usage_id HAVING count(*) > 1 LIMIT 1) "

@@ -40,7 +40,7 @@ async def seen(conn: Conn, jid: uuid.UUID) -> tuple[str, list[str] | None, list[
     status = await value(conn, "SELECT status FROM jobs WHERE id = %s", jid)
     credits = await value(conn, "SELECT array_agg(status) FROM usage_logs WHERE job_id = %s",
                           jid)
-    types = await value(conn, "SELECT array_agg(type ORDER BY seq) FROM call_events "
+    types = await value(conn, "SELECT array_agg(type ORDER BY seq) FROM callwarden.call_events "
                               "WHERE job_id = %s", jid)
     return status, credits, types
 
@@ -62,7 +62,7 @@ async def test_a_reservation_without_a_call_ends_refunded_after_the_set_time(
         assert types == ["Adopted", "Swept"]
         # one transaction: never a moment with an adopted, open call and no task, which a
         # worker under ambiguous_create="recreate" would create upstream again
-        assert await value(conn, "SELECT count(DISTINCT xmin::text) FROM call_events "
+        assert await value(conn, "SELECT count(DISTINCT xmin::text) FROM callwarden.call_events "
                                  "WHERE job_id = %s", jid) == 1
         assert await verify_job(conn, jid) == []
     assert await seen(conn, wrapper) == ("pending", None, None)

@@ -63,14 +63,15 @@ async def assets(conn: Conn, job: uuid.UUID) -> list[dict[str, Any]]:
 
 async def event_types(conn: Conn, job: uuid.UUID) -> list[str]:
     rows = await (await conn.execute(
-        "SELECT type FROM call_events WHERE job_id = %s ORDER BY seq", (job,))).fetchall()
+        "SELECT type FROM callwarden.call_events WHERE job_id = %s ORDER BY "
+        "seq", (job,))).fetchall()
     return [r["type"] for r in rows]
 
 
 async def failure(conn: Conn, job: uuid.UUID) -> tuple[str, str]:
     """The code and error of the job's last ``UpstreamFailed``."""
     row = await (await conn.execute(
-        "SELECT payload FROM call_events WHERE job_id = %s AND type = 'UpstreamFailed' "
+        "SELECT payload FROM callwarden.call_events WHERE job_id = %s AND type = 'UpstreamFailed' "
         "ORDER BY seq DESC LIMIT 1", (job,))).fetchone()
     assert row is not None, await event_types(conn, job)
     return row["payload"]["code"], row["payload"]["error"]

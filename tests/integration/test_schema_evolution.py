@@ -75,7 +75,7 @@ def _as_v1(e: Event) -> tuple[str, int, bytes]:
 async def _insert_raw(conn: Conn, job: uuid.UUID, rows: list[tuple[str, int, bytes]]) -> None:
     for seq, (name, version, payload) in enumerate(rows, start=1):
         await conn.execute(
-            "INSERT INTO call_events (job_id, seq, type, version, payload, actor) "
+            "INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor) "
             "VALUES (%s, %s, %s, %s, %s::jsonb, 'test')",
             (job, seq, name, version, payload.decode()))
 
@@ -98,7 +98,7 @@ async def test_old_versions_replay_to_the_same_state_as_current_ones(conn: Conn)
     current = await new_job(conn, events)
     old = await _old_twin(conn, current, events)
     stored = await (await conn.execute(
-        "SELECT array_agg(version ORDER BY seq) AS v FROM call_events WHERE job_id = %s",
+        "SELECT array_agg(version ORDER BY seq) AS v FROM callwarden.call_events WHERE job_id = %s",
         (old,))).fetchone()
     assert stored is not None
     assert stored["v"] == [1, 1, 1]

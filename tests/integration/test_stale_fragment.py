@@ -20,7 +20,7 @@ NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 STATES = [None, "created", "polling", "upstream_succeeded", "finalizing", "completed",
           "failed", "swept"]
 STATUSES = ["pending", "processing", "completed", "failed"]
-FUNCTION = """SELECT id FROM callwarden_stale_jobs(%(stale_thresholds)s::jsonb,
+FUNCTION = """SELECT id FROM callwarden.callwarden_stale_jobs(%(stale_thresholds)s::jsonb,
     %(stale_legacy_s)s::float8, %(stale_heartbeat_s)s::float8, %(now)s::timestamptz)"""
 
 ages = st.none() | st.integers(0, 20_000).map(lambda s: NOW - timedelta(seconds=s))

@@ -78,7 +78,7 @@ async def test_verify_tells_a_reservation_the_host_settled_from_a_leak(conn: Con
 
 async def test_verify_reports_a_missing_event_and_goes_on(conn: Conn) -> None:
     jobs = await _all_paths(conn)
-    await conn.execute("DELETE FROM call_events WHERE job_id = %s AND seq = 2",
+    await conn.execute("DELETE FROM callwarden.call_events WHERE job_id = %s AND seq = 2",
                        (jobs["exhausted"],))
     summary, batches = await verify(conn, batch=2)
     (e,) = [e for b in batches for e in b.errors]
@@ -89,7 +89,7 @@ async def test_verify_reports_a_missing_event_and_goes_on(conn: Conn) -> None:
 
 async def test_verify_reports_a_corrupt_payload_with_job_and_seq(conn: Conn) -> None:
     jobs = await _all_paths(conn)
-    await conn.execute("UPDATE call_events SET payload = '{\"type\": \"TaskCreated\", "
+    await conn.execute("UPDATE callwarden.call_events SET payload = '{\"type\": \"TaskCreated\", "
                        "\"at\": \"yesterday\", \"actor\": \"w\", \"task_id\": \"x\"}' "
                        "WHERE job_id = %s AND seq = 2", (jobs["failed"],))
     summary, batches = await verify(conn)
@@ -101,7 +101,7 @@ async def test_verify_reports_a_corrupt_payload_with_job_and_seq(conn: Conn) -> 
 
 async def test_verify_reports_a_log_that_cannot_be_replayed(conn: Conn) -> None:
     job = await new_job(conn, completed_path())
-    await conn.execute("UPDATE call_events SET type = 'Completed', payload = jsonb_set("
+    await conn.execute("UPDATE callwarden.call_events SET type = 'Completed', payload = jsonb_set("
                        "payload, '{type}', '\"Completed\"') WHERE job_id = %s AND seq = 2",
                        (job,))
     _, batches = await verify(conn)
@@ -112,7 +112,7 @@ async def test_verify_reports_a_log_that_cannot_be_replayed(conn: Conn) -> None:
 
 async def test_verify_sees_a_projection_whose_log_is_gone(conn: Conn) -> None:
     job = await new_job(conn, completed_path())
-    await conn.execute("DELETE FROM call_events WHERE job_id = %s", (job,))
+    await conn.execute("DELETE FROM callwarden.call_events WHERE job_id = %s", (job,))
     _, batches = await verify(conn)
     columns = {m.column for b in batches for m in b.mismatches}
     assert {"state", "version"} <= columns
@@ -120,7 +120,7 @@ async def test_verify_sees_a_projection_whose_log_is_gone(conn: Conn) -> None:
 
 async def test_verify_since_checks_only_jobs_with_recent_events(conn: Conn) -> None:
     jobs = await _all_paths(conn)
-    await conn.execute("UPDATE call_events SET recorded_at = now() - interval '2 days' "
+    await conn.execute("UPDATE callwarden.call_events SET recorded_at = now() - interval '2 days' "
                        "WHERE job_id <> %s", (jobs["swept"],))
     await conn.execute("UPDATE jobs SET provider_task_id = 'evil' WHERE id = %s",
                        (jobs["completed"],))
@@ -138,7 +138,7 @@ def test_cli_verify_json_lists_each_mismatch_and_exits_1(
         jobs = await _all_paths(c)
         await c.execute("UPDATE jobs SET reconcile_attempts = 7 WHERE id = %s",
                         (jobs["failed"],))
-        await c.execute("DELETE FROM call_events WHERE job_id = %s AND seq = 1",
+        await c.execute("DELETE FROM callwarden.call_events WHERE job_id = %s AND seq = 1",
                         (jobs["swept"],))
         return jobs
 
@@ -206,7 +206,7 @@ async def test_rebuild_keeps_a_host_cancel_the_log_has_not_recorded(conn: Conn) 
 
 async def test_rebuild_skips_jobs_whose_log_cannot_be_replayed(conn: Conn) -> None:
     jobs = await _all_paths(conn)
-    await conn.execute("DELETE FROM call_events WHERE job_id = %s AND seq = 2",
+    await conn.execute("DELETE FROM callwarden.call_events WHERE job_id = %s AND seq = 2",
                        (jobs["completed"],))
     report = await rebuild(conn, force=True)
     assert (report.rebuilt, report.failed) == (4, 1)

@@ -152,10 +152,10 @@ async def doors(pool: Pool, conn: Conn, sim: RunningSimulator,
 SNAPSHOT = """
 WITH x (job, v) AS (
     SELECT id, to_jsonb(t)::text FROM jobs t
-    UNION ALL SELECT job_id, to_jsonb(t)::text FROM call_events t
+    UNION ALL SELECT job_id, to_jsonb(t)::text FROM callwarden.call_events t
     UNION ALL SELECT job_id, to_jsonb(t)::text FROM usage_logs t
     UNION ALL SELECT job_id, to_jsonb(t)::text FROM assets t
-    UNION ALL SELECT job_id, to_jsonb(t)::text FROM webhook_deliveries t
+    UNION ALL SELECT job_id, to_jsonb(t)::text FROM callwarden.webhook_deliveries t
 )
 SELECT job, md5(string_agg(v, ' ' ORDER BY v)) AS digest, count(*) AS n FROM x GROUP BY job
 """
@@ -175,7 +175,8 @@ def changed_jobs(before: Snapshot, after: Snapshot) -> set[uuid.UUID | None]:
 
 
 async def events_of(conn: Conn, job: uuid.UUID) -> list[tuple[str, str]]:
-    rows = await (await conn.execute("SELECT type, actor FROM call_events WHERE job_id = %s "
+    rows = await (await conn.execute("SELECT type, actor FROM callwarden.call_events WHERE "
+                                     "job_id = %s "
                                      "ORDER BY seq", (job,))).fetchall()
     return [(r["type"], r["actor"]) for r in rows]
 

@@ -69,7 +69,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
-CREATE TRIGGER kill_once BEFORE INSERT ON call_events
+CREATE TRIGGER kill_once BEFORE INSERT ON callwarden.call_events
     FOR EACH ROW EXECUTE FUNCTION kill_once();
 """
 
@@ -112,7 +112,8 @@ async def answer(http: aiohttp.ClientSession, d: Delivery, url: str | None = Non
 
 
 async def remembered(conn: Conn) -> int:
-    row = await (await conn.execute("SELECT count(*) AS n FROM webhook_deliveries")).fetchone()
+    row = await (await conn.execute("SELECT count(*) AS n FROM "
+                                    "callwarden.webhook_deliveries")).fetchone()
     assert row is not None
     return int(row["n"])
 

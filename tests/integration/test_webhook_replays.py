@@ -109,7 +109,8 @@ async def replay(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[in
 
 async def events(conn: Conn, job: uuid.UUID) -> list[str]:
     rows = await (await conn.execute(
-        "SELECT type FROM call_events WHERE job_id = %s ORDER BY seq", (job,))).fetchall()
+        "SELECT type FROM callwarden.call_events WHERE job_id = %s ORDER BY "
+        "seq", (job,))).fetchall()
     return [r["type"] for r in rows]
 
 

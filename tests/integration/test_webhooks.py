@@ -174,7 +174,8 @@ async def test_oversized_and_malformed_bodies_are_refused(
                "webhook-signature": replicate_sign(secret, "msg_1", ts, body)}
     async with http.post(url, data=body, headers=headers) as resp:
         assert resp.status == 400
-    count = await (await conn.execute("SELECT count(*) AS n FROM webhook_deliveries")).fetchone()
+    count = await (await conn.execute("SELECT count(*) AS n FROM "
+                                      "callwarden.webhook_deliveries")).fetchone()
     assert count == {"n": 0}
 
 
@@ -438,8 +439,9 @@ async def test_forged_kie_callback_while_the_task_runs_changes_nothing(
     kind, path, request_body = KIE_FAMILIES[0]
     job = await kie_task(conn, sim, http, service, kind, path, request_body)
     task_id = str((await load(conn, job)).provider_task_id)
-    token = (await (await conn.execute("SELECT callback_token FROM jobs WHERE id = %s",
-                                       (job,))).fetchone() or {})["callback_token"]
+    token = (await (await conn.execute(
+        "SELECT token FROM callwarden.callback_tokens WHERE job_id = %s", (job,)
+    )).fetchone() or {})["token"]
     url = callback_url_for(service.url, job, kind, token)
     assert url is not None
     fail = msgspec.json.encode({"code": 501, "msg": "forged failure",

@@ -38,7 +38,7 @@ async def _usage(conn: Conn, job_id: uuid.UUID) -> list[dict[str, object]]:
 
 async def _events(conn: Conn, job_id: uuid.UUID) -> list[str]:
     cur = await conn.execute(
-        "SELECT type FROM call_events WHERE job_id = %s ORDER BY seq", (job_id,))
+        "SELECT type FROM callwarden.call_events WHERE job_id = %s ORDER BY seq", (job_id,))
     return [r["type"] for r in await cur.fetchall()]
 
 

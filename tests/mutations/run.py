@@ -186,9 +186,16 @@ MUTANTS: tuple[Mutant, ...] = (
         (DECIDE,)),
     Mutant(
         "fresh-heartbeat-ignored-sql",
-        "the claim's SQL stale rule (callwarden_is_stale, migration 0007) ignores a fresh "
+        "the claim's SQL stale rule (the stale_rule fragment) ignores a fresh heartbeat",
+        (Edit("engine/database/reconcile.sql",
+              "    WHEN j.heartbeat_at IS NOT NULL THEN\n",
+              "    WHEN false THEN\n"),),
+        (STALE,)),
+    Mutant(
+        "fresh-heartbeat-ignored-sql-function",
+        "the SQL function callwarden.callwarden_is_stale (migration 0011) ignores a fresh "
         "heartbeat",
-        (Edit("migrations/0007_stale_rule.sql",
+        (Edit("migrations/0011_own_schema.sql",
               "    WHEN heartbeat_at IS NOT NULL THEN\n",
               "    WHEN false THEN\n"),),
         (STALE,)),

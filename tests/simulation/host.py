@@ -122,8 +122,8 @@ class PostgresHost:
         """Empty every table a schedule writes (one database serves a process's seeds)."""
         async with self.pool.connection() as conn:
             await conn.execute(
-                "TRUNCATE jobs, call_events, usage_logs, assets, workflow_executions,"
-                " webhook_deliveries, sim_usage_audit RESTART IDENTITY CASCADE")
+                "TRUNCATE jobs, callwarden.call_events, usage_logs, assets, workflow_executions,"
+                " callwarden.webhook_deliveries, sim_usage_audit RESTART IDENTITY CASCADE")
 
     async def set_status(self, job_id: uuid.UUID, status: str) -> None:
         await self.write(job_id, status=status)

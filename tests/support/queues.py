@@ -149,7 +149,8 @@ async def completed_once(conn: Conn, sim: RunningSimulator, job: uuid.UUID, *,
     row = await (await conn.execute(
         "SELECT j.call_state,"
         " (SELECT array_agg(u.status) FROM usage_logs u WHERE u.job_id = j.id) AS credits,"
-        " (SELECT count(*) FROM call_events e WHERE e.job_id = j.id AND e.type = ANY(%s))"
+        " (SELECT count(*) FROM callwarden.call_events e WHERE e.job_id = j.id AND e.type = "
+        "ANY(%s))"
         "   AS settlements,"
         " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id) AS moves,"
         " (SELECT count(*) FROM demo_usage_audit a WHERE a.job_id = j.id"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from callwarden.database.queries import QUERIES, _load_all
+from callwarden.database.queries import QUERIES, _load_all, _splice
 
 ROOT = Path(__file__).parents[2]
 SOURCES = sorted(p for top in ("engine", "providers", "events", "projections", "migrations")
@@ -101,7 +101,8 @@ def test_every_reader_of_staleness_counts_the_same_rows() -> None:
     test_stale_fragment.py proves the two equal), with the same parameters, and no other
     filter of their own."""
     _, fragments = _load_all()
-    rows = "FROM " + " ".join(fragments["stale_jobs"].split()) + " j"
+    stale_jobs = _splice("stale_jobs", fragments["stale_jobs"], fragments)
+    rows = "FROM " + " ".join(stale_jobs.split()) + " j"
     for name in ("metrics_stale_calls", "dashboard_stale_calls", "audit_stats_stale"):
         flat = " ".join(QUERIES[name].split())
         assert rows in flat, name

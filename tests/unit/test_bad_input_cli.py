@@ -566,6 +566,7 @@ BASE: dict[str, dict[str, list[str]]] = {
     "audit": {"job_id": [str(uuid.UUID(int=1))]},
     "enqueue": {"kind": ["--kind", "kie-standard"], "request": ["--request", "{}"]},
     "rebuild": {"job": ["--all"]},
+    "grant": {"role": ["callwarden_runtime"]},
 }
 
 
