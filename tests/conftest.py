@@ -46,6 +46,28 @@ settings.register_profile(
     "dev", max_examples=10, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Each run's temporary files (and so its embedded Postgres) under a folder of its own, not
+# pytest's shared /tmp/pytest-of-<user>: every pytest session started there narrows that
+# folder back to mode 0700, which locks the embedded server (it runs as its own system
+# user) out of a data directory another run is using: it PANICs. Two runs on one machine
+# never break each other. An xdist worker is given its folder by the controller.
+_OWN_BASETEMP: list[Path] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = Path(tempfile.mkdtemp(prefix="callwarden-tests-"))
+        config.option.basetemp = str(folder)
+        _OWN_BASETEMP.append(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for folder in _OWN_BASETEMP:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--pgbouncer", action="store_true",
