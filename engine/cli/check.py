@@ -32,11 +32,11 @@ from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column,
 from callwarden.database.db import connect
 from callwarden.database.migrate import available, pending
 from callwarden.database.write import execute
-from callwarden.errors import CallwardenError
+from callwarden.errors import CallwardenError, ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import load_config
-from callwarden.service.app import load_listen_config
+from callwarden.service.app import ListenConfig, load_listen_config, operator_exposure
 from callwarden.service.webhooks import load_webhook_config
 from callwarden.settings import configured_media
 
@@ -94,6 +94,16 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
             read.append(None)
         else:
             found.append(("ok", what))
+    listen = read[4]
+    if isinstance(listen, ListenConfig):
+        try:
+            exposed = operator_exposure(listen, env.get("CALLWARDEN_READ_TOKEN"),
+                                        "CALLWARDEN_READ_TOKEN")
+        except ConfigError as exc:
+            found.append(("problem", f"[serve] operator listener: {exc}"))
+        else:
+            if exposed:
+                found.append(("note", exposed))
     settings = read[0]
     if isinstance(settings, ProviderSettings):
         for name in BUILTIN_PROVIDERS:

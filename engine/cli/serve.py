@@ -53,8 +53,8 @@ from callwarden.service.app import (
     ListenConfig,
     ServiceConfig,
     build_apps,
-    is_loopback,
     load_listen_config,
+    operator_exposure,
     runner,
 )
 from callwarden.service.webhooks import load_webhook_config
@@ -75,6 +75,10 @@ def register(sub: Any) -> None:
                         "the internet)")
     s.add_argument("--operator-port", type=port, default=None,
                    help="the operator listener's port (default 8001)")
+    s.add_argument("--open-operator", action="store_true", default=None,
+                   help="serve the operator listener on a non-loopback --operator-host with "
+                        "no read token (refused otherwise: anyone who reaches it reads "
+                        "every call's output)")
     s.add_argument("--admin-token-env", default="CALLWARDEN_ADMIN_TOKEN", metavar="VAR",
                    help="environment variable holding the admin token (unset: read-only)")
     s.add_argument("--read-token-env", default="CALLWARDEN_READ_TOKEN", metavar="VAR",
@@ -93,7 +97,7 @@ def register(sub: Any) -> None:
 def listen_config(args: argparse.Namespace) -> ListenConfig:
     return load_listen_config(args.config, os.environ, {
         "host": args.host, "port": args.port, "operator_host": args.operator_host,
-        "operator_port": args.operator_port})
+        "operator_port": args.operator_port, "open_operator": args.open_operator})
 
 
 def service_config(args: argparse.Namespace, listen: ListenConfig) -> ServiceConfig:
@@ -123,11 +127,9 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     config = service_config(args, listen)
     call_config = load_call_config(args.config, env)  # every setting before connecting
     pricing = pricing_from_env(env)
-    if not is_loopback(listen.operator_host) and config.read_token is None:
-        logging.getLogger("callwarden.service").warning(
-            "the operator listener (dashboard, job pages, /metrics) binds %s with no read "
-            "token: anyone who reaches it reads every call's output (set %s)",
-            listen.operator_host, args.read_token_env)
+    exposed = operator_exposure(listen, config.read_token, args.read_token_env)
+    if exposed is not None:
+        logging.getLogger("callwarden.service").warning("%s", exposed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

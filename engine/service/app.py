@@ -53,9 +53,21 @@ from callwarden.service.operator import (
 from callwarden.service.probes import Probes
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
 
-__all__ = ["RECEIVER", "ListenConfig", "RedactingAccessLogger", "ServiceApps", "ServiceConfig",
-           "build_apps", "build_operator_app", "build_webhook_app", "is_loopback",
-           "load_listen_config", "redact_path", "runner"]
+__all__ = [
+    "RECEIVER",
+    "ListenConfig",
+    "RedactingAccessLogger",
+    "ServiceApps",
+    "ServiceConfig",
+    "build_apps",
+    "build_operator_app",
+    "build_webhook_app",
+    "is_loopback",
+    "load_listen_config",
+    "operator_exposure",
+    "redact_path",
+    "runner",
+]
 
 RECEIVER = web.AppKey("receiver", Receiver)
 
@@ -89,13 +101,16 @@ class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     surface (loopback by default). Port 0: any free port. ``allowed_hosts``: names (or
     addresses) besides loopback ones and ``operator_host`` that the operator listener
     answers to while it has no read token (a name it is reached by, behind a proxy or a
-    tunnel); any other ``Host`` gets 421."""
+    tunnel); any other ``Host`` gets 421. ``open_operator``: serve the operator listener
+    on a non-loopback address with no read token (refused unless said: see
+    :func:`operator_exposure`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     operator_host: str = "127.0.0.1"
     operator_port: int = 8001
     allowed_hosts: tuple[str, ...] = ()
+    open_operator: bool = False
 
     def __post_init__(self) -> None:
         for name in ("port", "operator_port"):
@@ -119,6 +134,25 @@ class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 actor_config.register("serve", ListenConfig)
+
+
+def operator_exposure(listen: ListenConfig, read_token: str | None, token_env: str
+                      ) -> str | None:
+    """The operator listener (dashboard, job pages with every call's output, raw answers,
+    ``/metrics``) on a non-loopback address with no read token: a
+    :class:`~callwarden.errors.ConfigError` naming the settings, unless the operator said
+    ``open_operator``; then the warning to log. ``None``: nothing to say. The ``Host``
+    check stops DNS rebinding; it is not authentication."""
+    if is_loopback(listen.operator_host) or read_token:
+        return None
+    exposed = (f"the operator listener (dashboard, job pages, /metrics) binds "
+               f"{listen.operator_host} with no read token: anyone who reaches it reads "
+               f"every call's output")
+    if not listen.open_operator:
+        raise ConfigError(f"{exposed}; set {token_env}, or bind it to loopback, or serve "
+                          "it open on purpose with --open-operator ([serve] open_operator "
+                          "= true, CALLWARDEN_SERVE_OPEN_OPERATOR=true)")
+    return f"{exposed} (open_operator is set)"
 
 
 def load_listen_config(path: Path | None, env: Mapping[str, str],

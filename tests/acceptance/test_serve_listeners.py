@@ -313,6 +313,33 @@ async def test_allowed_hosts_takes_names_only(db_url: str, tmp_path: Path) -> No
         assert repr(bad) in err.decode(), err
 
 
+async def test_an_open_operator_door_is_refused_unless_said(db_url: str,
+                                                             tmp_path: Path) -> None:
+    """The operator listener (every call's output, raw answers, /metrics) on a
+    non-loopback address with no read token: serve exits 2 before it listens, naming the
+    settings that fix it (issue 40, item 6); ``check`` calls it a problem. Before, serve
+    logged a warning and served it to anyone sending ``Host: localhost``."""
+    env = environment(db_url, tmp_path, CALLWARDEN_SERVE_OPERATOR_HOST="10.0.0.5")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "serve", "--port", "0",
+        "--operator-port", "0", env=env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    said = " ".join(err.decode().split())
+    assert proc.returncode == 2, said
+    for named in ("binds 10.0.0.5 with no read token", "set CALLWARDEN_READ_TOKEN",
+                  "--open-operator"):
+        assert named in said, said
+    check = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "check", env=env, cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(check.communicate(), timeout=60)
+    assert check.returncode == 2
+    assert "[serve] operator listener: the operator listener" in " ".join(
+        err.decode().split())
+
+
 async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(
         db_url: str, conn: Conn, tmp_path: Path) -> None:
     """With the admin token, both actions on a job id this database does not have: 404,

@@ -390,6 +390,14 @@ MUTANTS: tuple[Mutant, ...] = (
               "        if name is not None:\n"),),
         (SERVICE,)),
     Mutant(
+        "operator-door-open",
+        "serve starts the operator listener on a non-loopback address with no read token "
+        "and open_operator unset (a warning only)",
+        (Edit("engine/service/app.py",
+              "    if not listen.open_operator:\n",
+              "    if False:\n"),),
+        ("tests/unit/test_operator_door.py", LISTENERS)),
+    Mutant(
         "webhook-encoding-accepted",
         "the webhook routes accept a compressed body (no 415 for a Content-Encoding)",
         (Edit("engine/service/webhooks.py",

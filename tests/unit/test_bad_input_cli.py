@@ -133,6 +133,14 @@ def expected(value: Any, tp: Any) -> Ok | None:
         return Ok(int(d), sure=isinstance(value, int))
     if tp is str:
         return Ok(value, sure=True) if isinstance(value, str) else REJECT
+    if tp is bool:  # msgspec's lax reading: true/false any case, 1/0 as number or text
+        if isinstance(value, bool):
+            return Ok(value, sure=True)
+        if isinstance(value, int) and value in (0, 1):
+            return Ok(bool(value), sure=True)
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return Ok(value.lower() in ("true", "1"), sure=False)
+        return REJECT
     if tp is dt.datetime:
         if isinstance(value, dt.datetime):
             return Ok(value, sure=True)
@@ -223,6 +231,8 @@ def good(tp: Any) -> st.SearchStrategy[Any]:
         return st.integers(1, 10**6)
     if tp is str:
         return st.text(max_size=8)
+    if tp is bool:
+        return st.booleans()
     if tp is dt.datetime:
         return st.datetimes(timezones=st.just(dt.UTC))
     if origin is Literal:

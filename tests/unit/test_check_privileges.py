@@ -37,3 +37,4 @@ def test_any_other_reach_or_public_is_a_problem_naming_it() -> None:
     assert [level for level, _ in found] == ["problem", "problem", "note"]
     assert "PUBLIC (every role) holds privileges on callwarden's function" in found[0][1]
     assert "authenticated is not callwarden's runtime" in found[1][1]
+
