@@ -48,7 +48,8 @@ from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
-__all__ = ["MEDIA_SETTINGS", "Settings", "configured_media", "load_settings", "named_media"]
+__all__ = ["MEDIA_SETTINGS", "Settings", "configured_media", "contradictions", "load_settings",
+           "named_media"]
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
@@ -80,6 +81,18 @@ class Settings:
                 "call_config": self.calls, "pricing": self.pricing}
 
 
+def contradictions(calls: CallConfig, reconcile: ReconcileConfig) -> None:
+    """Settings each valid alone that contradict each other: a
+    :class:`~callwarden.errors.ConfigError` naming both. A worker that heartbeats every
+    ``[calls] heartbeat_every_s`` looks dead to the reconciler between two beats once that
+    reaches ``[reconcile] heartbeat_timeout_s``: every live call would be swept."""
+    if calls.heartbeat_every_s >= reconcile.heartbeat_timeout_s:
+        raise ConfigError(
+            f"[calls] heartbeat_every_s ({calls.heartbeat_every_s:g} s) must be below "
+            f"[reconcile] heartbeat_timeout_s ({reconcile.heartbeat_timeout_s:g} s): "
+            "between two beats every live call would look dead and be swept")
+
+
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
                   ) -> Settings:
     """Every actor's settings from ``path`` (else ``CALLWARDEN_CONFIG``) and ``env``
@@ -87,11 +100,13 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     naming it."""
     env = dict(os.environ if env is None else env)
     path = config_path(path, env)
+    calls, reconcile = load_call_config(path, env), load_config(path, env)
+    contradictions(calls, reconcile)
     return Settings(
         path=path,
         providers=provider_settings(env),
-        calls=load_call_config(path, env),
-        reconcile=load_config(path, env),
+        calls=calls,
+        reconcile=reconcile,
         webhooks=load_webhook_config(path, env),
         listen=load_listen_config(path, env),
         pricing=pricing_from_env(env),

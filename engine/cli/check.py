@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from rich.console import Console
 from rich.text import Text
 
-from callwarden.calls.config import load_call_config
+from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.grant import privilege_findings
 from callwarden.config import provider_settings
@@ -35,10 +35,10 @@ from callwarden.database.write import execute
 from callwarden.errors import CallwardenError, ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
-from callwarden.reconciler.config import load_config
+from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.service.app import ListenConfig, load_listen_config, operator_exposure
 from callwarden.service.webhooks import load_webhook_config
-from callwarden.settings import configured_media
+from callwarden.settings import configured_media, contradictions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,6 +94,12 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
             read.append(None)
         else:
             found.append(("ok", what))
+    reconcile, calls = read[1], read[2]
+    if isinstance(reconcile, ReconcileConfig) and isinstance(calls, CallConfig):
+        try:
+            contradictions(calls, reconcile)
+        except ConfigError as exc:
+            found.append(("problem", f"settings that contradict: {exc}"))
     listen = read[4]
     if isinstance(listen, ListenConfig):
         try:

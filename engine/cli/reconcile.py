@@ -38,7 +38,7 @@ from callwarden.database.outage import configured_limit_s
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
-from callwarden.settings import configured_media
+from callwarden.settings import configured_media, contradictions
 
 __all__ = ["register"]
 
@@ -73,6 +73,7 @@ def _print(counts: Counts, as_json: bool) -> None:
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     call_config = load_call_config(args.config, os.environ)  # every setting before connecting
+    contradictions(call_config, config)
     pricing = pricing_from_env(os.environ)
     media = configured_media(os.environ, args.media_dir, "reconcile")
     setup_logging()

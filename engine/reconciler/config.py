@@ -55,6 +55,7 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     headroom_s: float = 600.0
     legacy_cutoff: datetime | None = None
     reserved_without_call_s: float | None = 86400.0
+    kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_positive(self)
@@ -64,6 +65,13 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def threshold_for(self, kind: str) -> float:
         """The stale threshold of a known ``kind`` (seconds)."""
         return self.thresholds_s.get(kind, KINDS[kind].stale_threshold_s)
+
+    @property
+    def deployed(self) -> tuple[str, ...]:
+        """The kinds this deployment runs (``kinds``; empty: every known kind): the
+        checks that bound one setting by every kind's threshold or URL lifetime (the
+        attempt budget, a threshold under its URL lifetime) look at these only."""
+        return self.kinds or tuple(KINDS)
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -112,14 +120,18 @@ def _check_positive(c: ReconcileConfig) -> None:
 
 
 def _check_kinds(c: ReconcileConfig) -> None:
+    unknown = [kind for kind in c.kinds if kind not in KINDS]
+    if unknown:
+        raise ConfigError(f"reconcile kinds names unknown provider_kind {unknown[0]!r} "
+                          f"(known: {', '.join(sorted(KINDS))})")
     for kind, value in c.thresholds_s.items():
         if kind not in KINDS:
             raise ConfigError(f"reconcile threshold for unknown provider_kind {kind!r} "
                               f"(known: {', '.join(sorted(KINDS))})")
         if value <= 0:
             raise ConfigError(f"reconcile threshold for {kind} must be positive, got {value}")
-    for kind, spec in KINDS.items():
-        lifetime = spec.result_url_lifetime_s
+    for kind in c.deployed:
+        lifetime = KINDS[kind].result_url_lifetime_s
         if lifetime is not None and c.threshold_for(kind) >= lifetime - c.url_buffer_s:
             raise ConfigError(
                 f"reconcile threshold for {kind} ({c.threshold_for(kind):g} s) must be below "
@@ -128,13 +140,15 @@ def _check_kinds(c: ReconcileConfig) -> None:
 
 
 def _check_horizon(c: ReconcileConfig) -> None:
-    longest = max(c.thresholds.values())
+    longest, kind = max((c.threshold_for(kind), kind) for kind in c.deployed)
     budget = c.attempt_cap * c.repoll_interval_s
     if budget < longest + c.headroom_s:
         raise ConfigError(
             f"reconcile attempt_cap x repoll_interval_s ({c.attempt_cap} x "
             f"{c.repoll_interval_s:g} s = {budget:g} s) must leave {c.headroom_s:g} s of "
-            f"headroom over the longest threshold ({longest:g} s)")
+            f"headroom over the longest threshold ({longest:g} s, {kind})"
+            + ("" if c.kinds else "; set kinds to the kinds this deployment runs to be "
+               "bounded by those alone"))
 
 
 register("reconcile", ReconcileConfig)

@@ -105,3 +105,20 @@ async def test_tables_found_through_the_search_path_are_the_ones_checked(
     code, out, err = await cli(["check"], environment(db_url, sim, tmp_path / "media"))
     assert code == 0, out + err
     assert "nothing missing" in out
+
+
+async def test_settings_that_contradict_each_other_are_refused(
+        db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
+    """A worker heartbeat as slow as the reconciler's heartbeat timeout (each valid
+    alone): ``check`` names both and exits 2, and ``reconcile`` refuses to start (exit 2)
+    instead of sweeping every live call between two beats (issue 40, item 4)."""
+    env = {**environment(db_url, sim, tmp_path / "media"),
+           "CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "60"}
+    code, out, err = await cli(["check"], env)
+    said = " ".join(err.split())
+    assert code == 2, out + err
+    assert ("settings that contradict: [calls] heartbeat_every_s (60 s) must be below "
+            "[reconcile] heartbeat_timeout_s (60 s)") in said, said
+    code, out, err = await cli(["reconcile", "--once"], env)
+    assert code == 2, out + err
+    assert "must be below [reconcile] heartbeat_timeout_s" in " ".join(err.split())

@@ -126,6 +126,7 @@ async def test_the_example_host_loses_nothing_when_its_workers_are_killed(
         reconciler = await host.start(
             "-m", "callwarden.cli", "reconcile",
             CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S="1",
+            CALLWARDEN_CALL_HEARTBEAT_EVERY_S="0.5",
             CALLWARDEN_RECONCILE_SCAN_INTERVAL_S="0.2")
 
         async def all_ended() -> bool:

@@ -105,6 +105,7 @@ async def test_a_fifth_provider_is_created_polled_and_recovered_through_the_host
         host_env(db_url, acme, media, PYTHONPATH=os.pathsep.join(filter(None, [
                      str(installed(tmp_path)), os.environ.get("PYTHONPATH")])),
                  CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S="1",
+                 CALLWARDEN_CALL_HEARTBEAT_EVERY_S="0.5",
                  CALLWARDEN_RECONCILE_SCAN_INTERVAL_S="0.2"), rec_log)
     try:
         async def settled() -> bool:

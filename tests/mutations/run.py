@@ -390,6 +390,22 @@ MUTANTS: tuple[Mutant, ...] = (
               "        if name is not None:\n"),),
         (SERVICE,)),
     Mutant(
+        "heartbeat-contradiction-passes",
+        "a worker heartbeat as slow as the reconciler's heartbeat timeout loads, and check "
+        "and reconcile say nothing (every live call swept between two beats)",
+        (Edit("engine/settings.py",
+              "    if calls.heartbeat_every_s >= reconcile.heartbeat_timeout_s:\n",
+              "    if False:\n"),),
+        (RECONCILE_CONFIG, "tests/acceptance/test_check.py")),
+    Mutant(
+        "attempt-budget-all-kinds",
+        "the attempt budget is bounded by every known kind's threshold, whatever kinds "
+        "the deployment runs",
+        (Edit("engine/reconciler/config.py",
+              "        return self.kinds or tuple(KINDS)\n",
+              "        return tuple(KINDS)\n"),),
+        (RECONCILE_CONFIG,)),
+    Mutant(
         "operator-door-open",
         "serve starts the operator listener on a non-loopback address with no read token "
         "and open_operator unset (a warning only)",

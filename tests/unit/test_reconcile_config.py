@@ -110,3 +110,37 @@ def test_reserved_without_call_is_bounded(value: float) -> None:
         ReconcileConfig(reserved_without_call_s=value)
     assert ReconcileConfig(reserved_without_call_s=0).reserved_without_call_s == 0
     assert ReconcileConfig(reserved_without_call_s=None).reserved_without_call_s is None
+
+
+def test_the_attempt_budget_is_bounded_only_by_the_kinds_a_deployment_runs() -> None:
+    """A re-poll every 30 s cannot cover the longest threshold of every kind (60 x 30 s
+    is under kie-lip-sync's 4,500 s), so it is refused naming that kind; a deployment that says
+    which kinds it runs (``kinds``) is bounded by those alone; an unknown one is named
+    (issue 40, item 4)."""
+    with pytest.raises(ConfigError, match=r"longest threshold \(4500 s, kie-lip-sync\); "
+                                          r"set kinds to the kinds this deployment runs"):
+        ReconcileConfig(repoll_interval_s=30, attempt_cap=60)
+    ours = ReconcileConfig(repoll_interval_s=30, attempt_cap=60,
+                           kinds=("kie-standard", "anthropic-sync"))
+    assert ours.deployed == ("kie-standard", "anthropic-sync")
+    with pytest.raises(ConfigError, match="kinds names unknown provider_kind 'kie-nope'"):
+        ReconcileConfig(kinds=("kie-nope",))
+    from_env = load_config(None, {"CALLWARDEN_RECONCILE_REPOLL_INTERVAL_S": "30",
+                                  "CALLWARDEN_RECONCILE_ATTEMPT_CAP": "60",
+                                  "CALLWARDEN_RECONCILE_KINDS": "kie-standard"})
+    assert (from_env.repoll_interval_s, from_env.kinds) == (30, ("kie-standard",))
+
+
+def test_a_heartbeat_as_slow_as_the_timeout_contradicts_it() -> None:
+    """Each valid alone, together every live call would look dead between two beats:
+    refused naming both settings; below the timeout, accepted (issue 40, item 4)."""
+    from callwarden.calls.config import CallConfig
+    from callwarden.settings import contradictions, load_settings
+
+    contradictions(CallConfig(heartbeat_every_s=59), ReconcileConfig())
+    with pytest.raises(ConfigError, match=r"\[calls\] heartbeat_every_s \(60 s\) must be "
+                                          r"below \[reconcile\] heartbeat_timeout_s \(60 s\)"):
+        contradictions(CallConfig(heartbeat_every_s=60), ReconcileConfig())
+    with pytest.raises(ConfigError, match="heartbeat_every_s"):
+        load_settings(None, {"CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "10",
+                             "CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S": "5"})
