@@ -38,6 +38,8 @@ import logging
 import math
 import tomllib
 from collections.abc import Mapping
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -177,9 +179,22 @@ def checked_charge(pricing: Pricing, kind: str, usage: Usage,
         return None
     if charge is None:
         return None
-    if isinstance(charge, bool) or not isinstance(charge, int | float) \
-            or not math.isfinite(charge) or charge < 0:
-        log.error("pricing hook answered %r for a %s call (not a finite number >= 0): "
-                  "charging the reservation", charge, kind)
+    value = _credits(charge)
+    if value is None:
+        log.error("pricing hook answered %r for a %s call (not a finite number >= 0 that "
+                  "fits a float): charging the reservation", charge, kind)
+    return value
+
+
+def _credits(charge: object) -> float | None:
+    """A hook's answer as credits: an int, float, ``Decimal`` (what psycopg returns for a
+    ``numeric`` price row) or ``Fraction``, finite and ``>= 0``; ``None`` for anything
+    else, an int too large for a float among them (the settlement caps a charge at the
+    reservation, which is what ``None`` charges)."""
+    if isinstance(charge, bool) or not isinstance(charge, int | float | Decimal | Fraction):
         return None
-    return float(charge)
+    try:
+        value = float(charge)
+    except (OverflowError, ArithmeticError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -131,3 +132,29 @@ async def test_hung_hooks_never_take_the_threads_the_process_needs(
         hook.release.set()
     for job in jobs:
         assert await charged(conn, job) == 10  # the reservation
+
+
+class Answers:
+    """A host's hook answering what its price service or a numeric column gave back."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def charge(self, kind: str, usage: Usage, reported_cost: float | None) -> object:
+        return self.value
+
+
+@pytest.mark.parametrize(("answer", "credits"), [(Decimal("0.003"), Decimal("0.003")),
+                                                  (10**400, Decimal(10))])
+async def test_a_decimal_is_charged_and_a_huge_int_charges_the_reservation(
+        pool: Pool, conn: Conn, tmp_path: Path, answer: object, credits: Decimal) -> None:
+    """A price from a ``numeric`` row (a ``Decimal``) is what the call is charged; an
+    int too large for a float charges the reservation; both complete the call, committed
+    once (issue 40, item 5: the Decimal charged the whole reservation, the int raised out
+    and left the call finalizing)."""
+    job = await succeeded_call(conn)
+    finalizer = Finalizer(pool, LocalFolderStore(tmp_path), ProviderSettings(), owner="w",
+                          pricing=cast(Any, Answers(answer)))
+    result = await finalizer.finalize(job)
+    assert result.outcome == "completed"
+    assert await charged(conn, job) == credits

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from callwarden.calls.pricing import (
     ChargeReservation,
     Rate,
     RateTable,
+    Usage,
     checked_charge,
     load_pricing,
     pricing_from_env,
@@ -179,3 +182,23 @@ def test_the_documented_price_list_matches_what_anthropic_reports(tmp_path: Path
     usage: dict[str, float | str] = {"output_tokens": 1000,
                                      "model": "claude-opus-4-1-20250805"}
     assert load_pricing(path).charge("anthropic-sync", usage, None) == 25
+
+
+@pytest.mark.parametrize(("answer", "charged"), [
+    (Decimal("0.003"), 0.003),  # a numeric price row, as psycopg returns it
+    (Fraction(1, 4), 0.25),
+    (7, 7.0),
+    (10**400, None),  # too large for a float: the reservation (the settlement's cap)
+    (Decimal("NaN"), None),
+    (Decimal("sNaN"), None),
+    (Decimal("-0.5"), None),
+    (Decimal("1e400"), None),
+    ("0.003", None),
+    (True, None),
+])
+def test_a_hooks_answer_is_credits_or_the_reservation_never_an_exception(
+        answer: object, charged: float | None) -> None:
+    """Any answer of a host's hook becomes a charge (a finite number >= 0, Decimal and
+    Fraction included) or the reservation, and never raises out of the finalization
+    (issue 40, item 5: a Decimal was refused, a huge int raised)."""
+    assert checked_charge(_Answers(answer), "kie-standard", Usage(), None) == charged
