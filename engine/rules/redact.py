@@ -7,17 +7,18 @@ included; a client's repr shows its headers), a media download. :func:`safe_erro
 applied to every error an event carries, once, in the write path
 (``callwarden.database.appending.recordable``), so no path can record one unredacted:
 
-* the text is read unescaped first (``\\/`` and percent-escapes), so an escaped URL or
-  header is judged as written;
+* the text is read unescaped first (``\\/``, ``\\"`` and percent-escapes), so an escaped
+  URL, header or JSON document inside a string is judged as written;
 * a URL (with a scheme or not: ``host.tld/path?...``) keeps its host and path; its query
   string and fragment become ``?[redacted]`` and its user info ``[redacted]@``;
 * the value of a credential header (``Authorization``, ``Proxy-Authorization``,
   ``Cookie``, ``Set-Cookie``, ``X-Api-Key``, ``Xi-Api-Key``, signature headers...) is
-  dropped whole, quoted or to the end of its line;
+  dropped whole, quoted or to the end of its line, and so is the value of such a header
+  or secret printed as a pair (``('xi-api-key', '...')``);
 * ``Bearer``/``Basic``/``Token`` credentials, and ``name=value`` / ``name: value`` pairs
   whose name says secret (``key``, ``token``, ``secret``, ``signature``, ``password``,
   ``pwd``, ``pass``, ``private``, ``credential``, ``session``...) keep the name only;
-* values that look like keys by their prefix (``sk-...``, ``r8_...``, ``AKIA...``,
+* values that look like keys by their prefix (``sk-...``, ``sk_...``, ``r8_...``, ``AKIA...``,
   ``AIza...``) and a long key-like word after ``key``/``token``/``secret`` are dropped;
 * the text is cut to :data:`MAX_ERROR` characters, saying how much was cut.
 
@@ -51,8 +52,13 @@ _SECRET_PAIR = re.compile(
     r"|passwd|pwd|pass|private|credential|session|sid|auth)[\w-]*[\"']?\s*[:=]\s*)"
     r"(?!\[redacted\])(?!(?:bearer|basic|token)\s)(\"[^\"]*\"|'[^']*'|[^\s,;&'\"}]+)")
 _KEY_LIKE = re.compile(
-    r"\b(?:sk-[A-Za-z0-9_-]{16,}|r8_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}"
-    r"|AIza[\w-]{30,})")
+    r"\b(?:sk-[A-Za-z0-9_-]{16,}|sk_[A-Za-z0-9]{16,}|r8_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{16}"
+    r"|ASIA[0-9A-Z]{16}|AIza[\w-]{30,})")
+# ('xi-api-key', '...') and ("api_key", "..."): a header or a secret printed as a tuple
+_TUPLE_PAIR = re.compile(
+    rf"(?i)([\"'](?:{_HEADERS}|(?![\w-]*(?:error|exception|warning)\b)[\w-]*(?:api[ _-]?key"
+    r"|apikey|key|token|secret|signature|sig|password|passwd|pwd|pass|private|credential"
+    r"|session|sid|auth)[\w-]*)[\"']\s*,\s*)(?!'\[redacted\]')(\"[^\"]*\"|'[^']*')")
 _AFTER_WORD = re.compile(r"(?i)\b(key|token|secret)\s+(?=[\w.-]*\d)(?=[\w.-]*[a-z])"
                          r"[\w.-]{12,}")
 
@@ -60,11 +66,12 @@ _AFTER_WORD = re.compile(r"(?i)\b(key|token|secret)\s+(?=[\w.-]*\d)(?=[\w.-]*[a-
 def safe_error(text: str, limit: int = MAX_ERROR) -> str:
     """``text`` with its credentials and query strings redacted, at most ``limit``
     characters (see the module)."""
-    out = unquote(text.replace("\\/", "/").replace("\\u0020", " "))
+    out = unquote(text.replace("\\/", "/").replace("\\u0020", " ").replace('\\"', '"'))
     out = _URL_USERINFO.sub(rf"\1{REDACTED}@", out)
     out = _URL_QUERY.sub(rf"\1?{REDACTED}", out)
     out = _BARE_QUERY.sub(rf"\1?{REDACTED}", out)
     out = _HEADER_VALUE.sub(rf"\1{REDACTED}", out)
+    out = _TUPLE_PAIR.sub(rf"\1'{REDACTED}'", out)
     out = _AUTH.sub(rf"\1 {REDACTED}", out)
     out = _TOKEN.sub(rf"\1 {REDACTED}", out)
     out = _SECRET_PAIR.sub(rf"\1{REDACTED}", out)

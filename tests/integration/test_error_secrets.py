@@ -81,3 +81,29 @@ async def test_a_huge_exception_message_is_bounded(pool: Pool, conn: Conn,
     assert 0 < len(message) <= MAX_ERROR + 100
     assert len(events) < 5_000
     assert "characters cut" in message
+
+
+@pytest.mark.parametrize("raised", [
+    f'provider said {{\\"api_key\\": \\"{SECRET}\\"}}',
+    f"request failed, headers=[('xi-api-key', '{SECRET}'), ('accept', '*/*')]",
+    "ElevenLabs refused sk_3f9a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d",
+])
+async def test_secrets_in_escaped_json_tuples_and_elevenlabs_keys_are_not_recorded(
+        pool: Pool, conn: Conn, tmp_path: Path, raised: str) -> None:
+    """A host's exception whose text carries a key as escaped JSON, as a printed header
+    tuple, or as an ElevenLabs ``sk_`` key (issue 40, item 3): neither ``call_events``
+    nor ``jobs.error_message`` keeps it."""
+    calls = OwnCalls(pool, media=LocalFolderStore(tmp_path))
+    job = await create_job(conn, credits=5)
+
+    async def the_hosts_call() -> None:
+        async with calls.sync_call(job, "anthropic-sync"):
+            raise RuntimeError(raised)
+
+    with pytest.raises(RuntimeError):
+        await the_hosts_call()
+    message, events = await recorded_errors(conn, job)
+    for text in (message, events):
+        assert SECRET not in text, text
+        assert "3f9a0c1e2b4d6f8a0c1e2b4d" not in text, text
+        assert "[redacted]" in text, text

@@ -87,3 +87,26 @@ def test_no_credential_shape_survives(text: str) -> None:
 ])
 def test_a_provider_error_reads_as_it_was_written(text: str) -> None:
     assert safe_error(text) == text
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    (r'upstream said {\"api_key\": \"abcd1234efgh5678\", \"x\": 1}', "abcd1234efgh5678"),
+    ("headers: [('xi-api-key', '0123456789abcdef0123456789abcdef'), ('accept', 'json')]",
+     "0123456789abcdef0123456789abcdef"),
+    ('headers=(("Authorization", "Bearer-less-opaque-value"),)', "Bearer-less-opaque-value"),
+    ("(('api_key', 'hunter2hunter2'),)", "hunter2hunter2"),
+    ("ElevenLabs refused sk_3f9a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d",
+     "sk_3f9a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d"),
+])
+def test_secrets_in_escaped_json_tuples_and_elevenlabs_shapes_are_dropped(
+        text: str, secret: str) -> None:
+    """JSON escaped inside a string, headers printed as tuples, ElevenLabs' ``sk_`` keys
+    (issue 40, item 3): the secret is gone, the rest of the text is kept."""
+    out = safe_error(text)
+    assert secret not in out, out
+    assert "[redacted]" in out
+
+
+def test_a_tuple_of_harmless_names_is_kept() -> None:
+    assert safe_error("[('accept', 'json'), ('task_id', 'abc')]") == (
+        "[('accept', 'json'), ('task_id', 'abc')]")
