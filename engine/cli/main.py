@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -28,7 +29,7 @@ from callwarden.providers.simulator.core import KEY_HELP
 from callwarden.providers.simulator.core import add_arguments as add_simulator_arguments
 from callwarden.replay.status import print_status
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "build_parser", "console", "main"]
 
 def _console() -> Console:
     """A console made per use, so COLUMNS and the terminal are read when it prints."""
@@ -109,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(sub)
     _with_environment(sub)
     return p
+
+
+def console() -> int:
+    """The ``callwarden`` console script: the working directory first on ``sys.path``, as
+    ``python -m callwarden.cli``, ``arq``, ``celery`` and ``uvicorn`` put it, so a host's
+    adapters load from its root (``CALLWARDEN_PROVIDERS=providers:PROVIDERS``); then
+    :func:`main`."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+    return main()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -98,3 +98,19 @@ def test_migrate_from_the_host_root_applies_callwardens_sql_only(
     assert "public.host_users" not in _host_tables(empty_db_url)
     assert {"public.jobs", "callwarden.call_events", "public.usage_logs"} <= _host_tables(
         empty_db_url)
+
+
+def test_the_console_script_loads_the_hosts_adapters_from_its_root(db_url: str) -> None:
+    """``callwarden`` (the console script, not ``python -m``) run from the example host's
+    root finds ``CALLWARDEN_PROVIDERS=providers:PROVIDERS`` there, as ``arq``, ``celery``
+    and ``uvicorn`` find the host's modules (issue 40, item 9: ModuleNotFoundError)."""
+    script = Path(sys.executable).parent / "callwarden"
+    root = Path(__file__).resolve().parents[2] / "docs" / "examples" / "acme_host"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CALLWARDEN_", "PYTHONPATH"))}
+    env.update({"DATABASE_URL": db_url, "CALLWARDEN_PROVIDERS": "providers:PROVIDERS",
+                "CALLWARDEN_ACME_URL": "http://127.0.0.1:9", "ACME_API_KEY": "k"})
+    out = subprocess.run([str(script), "status"], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ModuleNotFoundError" not in out.stderr
