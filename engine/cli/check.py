@@ -10,7 +10,7 @@ allows the statuses callwarden writes; and who can reach callwarden's schema (ev
 but its owner and the runtime roles is a problem: :mod:`callwarden.cli.grant`). Each
 finding is one line (a problem on stderr);
 exit 2 if any is a problem, 0 otherwise (notes, such as a provider with no API key, do not
-fail it). A problem in the settings stops it before it connects.
+fail it). One run names every problem: the settings' and the database's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column,
 from callwarden.database.db import connect
 from callwarden.database.migrate import available, pending
 from callwarden.database.write import execute
-from callwarden.errors import CallwardenError, ConfigError
+from callwarden.errors import CallwardenError, ConfigError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import ReconcileConfig, load_config
@@ -220,10 +220,11 @@ def _print(found: list[Finding]) -> int:
 
 
 async def handler(args: argparse.Namespace, url: str) -> int:
-    settings = _settings(args)
-    if _print(settings):  # the settings first: a bad one is fixed before connecting
-        Console(stderr=True).print("the database was not checked: fix the settings first")
-        return 2
-    problems = _print(await _database(url))
+    problems = _print(_settings(args))  # every problem in one run: the database too
+    try:
+        found = await _database(url)
+    except DatabaseUnavailable as exc:
+        found = [("problem", f"the database was not checked: {exc}")]
+    problems += _print(found)
     Console().print(f"{problems} problem(s)" if problems else "nothing missing")
     return 2 if problems else 0

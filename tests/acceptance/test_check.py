@@ -9,7 +9,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-from callwarden.database.db import Conn
+from callwarden.database.db import Conn, connect
 from callwarden.providers.simulator.core import RunningSimulator
 from tests.support.processes import cli, environment
 from tests.support.queues import value
@@ -46,16 +46,47 @@ async def test_every_gap_of_the_host_contract_is_named_and_exits_2(
     assert "4 problem(s)" in out
 
 
-async def test_a_settings_problem_is_named_before_connecting(
-        sim: RunningSimulator, tmp_path: Path) -> None:
-    env = environment("postgresql://nobody@127.0.0.1:1/none", sim, tmp_path / "media")
+async def test_one_run_names_the_settings_and_the_schemas_problems(
+        db_url: str, conn: Conn, sim: RunningSimulator, tmp_path: Path) -> None:
+    """A settings problem and a schema problem, both named by one run of ``check`` (issue
+    40, item 10: the schema's showed only once the settings were fixed); an unreachable
+    database is named as such beside the settings' problems."""
+    await conn.execute("ALTER TABLE jobs DROP COLUMN node_id")
+    env = environment(db_url, sim, tmp_path / "media")
     del env["CALLWARDEN_MEDIA_DIR"]
     code, out, err = await cli(["check"], env)
     assert code == 2, out + err
     said = " ".join(err.split())
     assert "media store: reconcile and serve: no media store configured" in said
-    assert "the database was not checked" in said
-    assert "database unavailable" not in said
+    assert "jobs.node_id is missing" in said
+    env["DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none"
+    code, out, err = await cli(["check"], env)
+    said = " ".join(err.split())
+    assert code == 2, out + err
+    assert "media store: reconcile and serve: no media store configured" in said
+    assert "the database was not checked: database unavailable" in said
+
+
+async def test_migrate_adds_the_contract_columns_a_hosts_own_jobs_lacks(
+        empty_db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
+    """A host whose jobs table predates callwarden and lacks workflow_execution_id,
+    node_id and is_public: after ``migrate``, ``check`` finds nothing missing (issue 40,
+    item 10: migrate left them absent and check exited 2)."""
+    async with await connect(empty_db_url) as c:
+        await c.execute("CREATE TABLE jobs (id uuid PRIMARY KEY, user_id text NOT NULL, "
+                        "job_type text NOT NULL DEFAULT 'image', status text NOT NULL "
+                        "DEFAULT 'pending', input_data jsonb NOT NULL DEFAULT '{}', "
+                        "output_data jsonb, error_message text, provider text, "
+                        "provider_cost numeric, progress integer NOT NULL DEFAULT 0, "
+                        "created_at timestamptz NOT NULL DEFAULT now(), started_at "
+                        "timestamptz, completed_at timestamptz, updated_at timestamptz "
+                        "NOT NULL DEFAULT now())")
+    env = environment(empty_db_url, sim, tmp_path / "media")
+    code, out, err = await cli(["migrate"], env)
+    assert code == 0, out + err
+    code, out, err = await cli(["check"], env)
+    assert code == 0, out + err
+    assert "the host tables hold every column callwarden uses" in out
 
 
 async def test_an_unmigrated_database_is_told_to_migrate(

@@ -100,7 +100,8 @@ async def test_an_earlier_releases_database_moves_and_finishes_its_calls(
         versions = await _rows(conn, "SELECT * FROM callwarden_migrations ORDER BY version")
 
         applied = await migrate(conn)
-        assert [m.version for m in applied] == [11, 12]
+        assert [m.version for m in applied] == [m.version for m in available()
+                                                if m.version > 10]
         assert await _rows(conn, LOG.format("callwarden.call_events")) == log
         assert (await _rows(conn, "SELECT * FROM callwarden.callwarden_migrations "
                             "WHERE version <= 10 ORDER BY version")) == versions
