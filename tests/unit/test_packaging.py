@@ -49,7 +49,7 @@ def test_sql_files_ship_with_the_packages() -> None:
 
 def test_console_script_points_at_the_cli() -> None:
     scripts = {e.name: e.value for e in md.entry_points(group="console_scripts")}
-    assert scripts.get("callwarden") == "callwarden.cli.main:main"
+    assert scripts.get("callwarden") == "callwarden.cli.main:console"
 
 
 def test_no_test_module_imports_another() -> None:
