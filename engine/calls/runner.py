@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import aiohttp
 import msgspec
@@ -71,6 +71,7 @@ from callwarden.rules.upstream import upstream_event
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome"]
 
 log = logging.getLogger("callwarden.calls")
+T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 Result = Literal["completed", "failed", "swept", "exhausted", "cancelled",
                  "left_for_reconciler", "still_running"]
@@ -176,8 +177,12 @@ class CallRunner(AsyncClosing):
                       request: Mapping[str, Any]) -> tuple[CallProjection, str | None]:
         failpoint("before_create")
         try:
-            task_id = await client.create(request, callback_url=self._callback(
-                job_id, client.kind))
+            task_id = await self._beating(job_id, client.create(
+                request, callback_url=self._callback(job_id, client.kind)))
+        except TimeoutError:  # cancelled in flight: the task may exist upstream
+            return p, (f"create did not answer within provider_call_timeout_s "
+                       f"({self.config.provider_call_timeout_s:g} s): left for the "
+                       "reconciler")
         except (RateLimited, NotSent) as exc:  # provably not created: fail now and refund
             code = "rate_limited" if isinstance(exc, RateLimited) else "not_sent"
             return await self._record(job_id, self._if_active(UpstreamFailed(
@@ -251,7 +256,11 @@ class CallRunner(AsyncClosing):
     async def _run_sync(self, job_id: uuid.UUID, kind: str, client: SyncKindClient,
                         request: Mapping[str, Any], p: CallProjection) -> CallOutcome:
         try:
-            outcome: PollOutcome = await client.call(request)
+            outcome: PollOutcome = await self._beating(job_id, client.call(request))
+        except TimeoutError:
+            outcome = Failed(error=f"the call did not answer within provider_call_timeout_s "
+                                   f"({self.config.provider_call_timeout_s:g} s)",
+                             code="timeout")
         except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
             outcome = Failed(error=str(exc), code=type(exc).__name__)
         failpoint("after_sync_call")
@@ -296,6 +305,15 @@ class CallRunner(AsyncClosing):
 
     async def _load(self, job_id: uuid.UUID) -> CallProjection:
         return await self.db.load(job_id)
+
+    async def _beating(self, job_id: uuid.UUID, work: Awaitable[T]) -> T:
+        """``work`` (a create or a sync call: the provider's code, a host adapter's
+        included) under the call's heartbeat, as an own call's body is, and within
+        ``provider_call_timeout_s`` (``TimeoutError`` past it): a slow create or model
+        is never taken for a dead worker and swept while it runs."""
+        async with (Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s),
+                    asyncio.timeout(self.config.provider_call_timeout_s)):
+            return await work
 
     async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:
         """A projection-only write: when it fails (the database blinked), the call keeps

@@ -6,6 +6,7 @@ Render (``docs/examples/acme_host/providers.py``), served over HTTP on 127.0.0.1
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 
 from callwarden.calls.callbacks import CallbackUrls, ensure_callback_token
+from callwarden.calls.config import CallConfig
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.own import OwnCalls
 from callwarden.calls.runner import CallRunner
@@ -30,6 +32,7 @@ from callwarden.replay.verify import verify_job
 from callwarden.service.app import ServiceConfig, build_webhook_app
 from tests.support import serving_app
 from tests.support.acme import KEY, Acme, load_example_adapter, registry_restored, running_acme
+from tests.support.queues import until
 from tests.support.rows import host_job, seen_by_host
 
 KIND = "acme-render"
@@ -132,3 +135,64 @@ async def test_a_callback_of_the_hosts_provider_is_polled_through_its_adapter(
             assert resp.status == 401
     assert acme.polls[task] == 1
     await completed_once(conn, job, acme)
+
+
+async def test_a_slow_create_in_a_host_adapter_heartbeats_and_is_not_swept(
+        pool: Pool, conn: Conn, http: aiohttp.ClientSession, acme: Acme, tmp_path: Path
+        ) -> None:
+    """A host adapter's create that runs past its kind's threshold (the call's start
+    moved back by SQL while the request waits upstream) heartbeats while it runs: the
+    reconciler's pass leaves the call alone, and once the create answers the call
+    completes, created once and committed once (issue 40, item 1: it was swept and
+    refunded while the create ran, and its task then belonged to no job)."""
+    acme.release()
+    acme.create_gate = asyncio.Event()
+    job = await host_job(conn)
+    runner = CallRunner(pool, http, settings_for(acme), LocalFolderStore(tmp_path / "m"),
+                        config=CallConfig(heartbeat_every_s=0.05))
+    running = asyncio.create_task(runner.run(job, KIND, {"prompt": "a slow lighthouse"}))
+    try:
+        await asyncio.wait_for(acme.creating.wait(), 10)
+
+        async def beating() -> bool:
+            row = await (await conn.execute(
+                "SELECT heartbeat_at IS NOT NULL AS beat FROM jobs WHERE id = %s",
+                (job,))).fetchone()
+            return bool(row and row["beat"])
+        await until("a heartbeat while the create runs", beating, deadline_s=10)
+        await conn.execute("UPDATE jobs SET provider_call_started_at = now() - "
+                           "interval '3 hours' WHERE id = %s", (job,))
+        reconciler = Reconciler(pool, http, settings_for(acme),
+                                LocalFolderStore(tmp_path / "rec"))
+        try:
+            counts = await reconciler.reconcile_once(datetime.now(UTC))
+        finally:
+            await reconciler.aclose()
+        assert (counts.swept, counts.exhausted, counts.failed) == (0, 0, 0), counts
+    finally:
+        acme.create_gate.set()
+    outcome = await asyncio.wait_for(running, 30)
+    assert outcome.result == "completed", outcome
+    await completed_once(conn, job, acme)
+
+
+async def test_a_create_past_its_time_limit_is_left_for_the_reconciler(
+        pool: Pool, conn: Conn, http: aiohttp.ClientSession, acme: Acme, tmp_path: Path
+        ) -> None:
+    """A host adapter's create that never answers is given up after
+    ``provider_call_timeout_s``: the call stays ``created`` (the task may exist upstream:
+    ambiguous, the reconciler's), nothing refunded by the runner (issue 40, item 1)."""
+    acme.create_gate = asyncio.Event()
+    job = await host_job(conn)
+    runner = CallRunner(pool, http, settings_for(acme), LocalFolderStore(tmp_path / "m"),
+                        config=CallConfig(provider_call_timeout_s=0.3))
+    try:
+        outcome = await asyncio.wait_for(runner.run(job, KIND, {"prompt": "hung"}), 30)
+    finally:
+        acme.create_gate.set()
+    assert outcome.result == "left_for_reconciler", outcome
+    assert outcome.projection.state is not None
+    assert outcome.projection.state.value == "created", outcome
+    assert "provider_call_timeout_s (0.3 s)" in (outcome.detail or ""), outcome
+    seen = await seen_by_host(conn, job)
+    assert seen["credits"] == "reserved", seen

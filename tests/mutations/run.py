@@ -390,6 +390,15 @@ MUTANTS: tuple[Mutant, ...] = (
               "        if name is not None:\n"),),
         (SERVICE,)),
     Mutant(
+        "slow-create-unbeaten",
+        "a create or sync call in the provider's code (a host adapter's) runs without the "
+        "call's heartbeat: a slow one is swept while it runs",
+        (Edit("engine/calls/runner.py",
+              "        async with (Beat(lambda: self._heartbeat(job_id, None), "
+              "self.config.heartbeat_every_s),\n",
+              "        async with (asyncio.timeout(None),\n"),),
+        ("tests/integration/test_host_adapter_paths.py",)),
+    Mutant(
         "heartbeat-contradiction-passes",
         "a worker heartbeat as slow as the reconciler's heartbeat timeout loads, and check "
         "and reconcile say nothing (every live call swept between two beats)",

@@ -8,6 +8,7 @@ counted per render; results are PNG files it serves itself."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import sys
@@ -42,6 +43,9 @@ class Acme:
     callbacks: dict[str, str | None] = field(default_factory=dict)  # id -> callback_url
     polls: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)  # prompts whose render ends in error
+    # a create waits on create_gate when one is set (a slow provider); creating: one came
+    create_gate: asyncio.Event | None = None
+    creating: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def release(self) -> None:
@@ -61,6 +65,9 @@ class Acme:
         if not self._authorized(request):
             return web.json_response({"error": "bad token"}, status=401)
         body = await request.json()
+        self.creating.set()
+        if self.create_gate is not None:
+            await self.create_gate.wait()
         render_id = f"r_{next(self._ids)}"
         self.renders[render_id] = str(body.get("prompt", ""))
         self.callbacks[render_id] = body.get("callback_url")
