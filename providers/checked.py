@@ -13,16 +13,25 @@ error (``aiohttp.ClientError``, ``OSError``, ``TimeoutError``) a
 :class:`~callwarden.providers.errors.TransientError` (retried), anything else (a
 ``KeyError`` from an answer of an unexpected shape) a ``MalformedResponse``; the original
 is kept as ``__cause__``.
+
+A poll is idempotent, so a transient answer to one (a 5xx, a timeout, a 429) is retried
+here with the built-in clients' bounded, jittered backoff (the settings' retry policy:
+attempts, total time, ``Retry-After``), on every path that polls (the runner, the
+reconciler, the webhook receiver): a host's adapter gets what the transport gives the
+built-in clients, and one 502 never parks a call until the next re-poll. A create is not
+retried (it is not idempotent upstream).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
 
-from callwarden.providers.base import AsyncKindClient, SyncKindClient
+from callwarden.providers.base import AsyncKindClient, RetryPolicy, SyncKindClient
 from callwarden.providers.errors import MalformedResponse, ProviderError, TransientError
 from callwarden.providers.outcomes import (
     Failed,
@@ -32,6 +41,7 @@ from callwarden.providers.outcomes import (
     Succeeded,
     SyncOutcome,
 )
+from callwarden.providers.transport import retry_delay
 
 __all__ = ["MAX_TASK_ID", "CheckedAsyncClient", "CheckedSyncClient"]
 
@@ -65,8 +75,11 @@ def _shown(value: object) -> str:
 class CheckedAsyncClient:
     """``client`` (a host's :class:`AsyncKindClient`) with its answers checked."""
 
-    def __init__(self, client: AsyncKindClient, provider: str) -> None:
+    def __init__(self, client: AsyncKindClient, provider: str, *,
+                 policy: RetryPolicy | None = None,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         self.client, self.provider, self.kind = client, provider, client.kind
+        self.policy, self.sleep = policy or RetryPolicy(), sleep
 
     async def create(self, request: Mapping[str, Any], *, callback_url: str | None = None) -> str:
         task_id: object = await _guarded(self.provider, "create()", lambda: self.client.create(
@@ -79,8 +92,21 @@ class CheckedAsyncClient:
         return task_id
 
     async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        outcome: object = await _guarded(self.provider, "poll()", lambda: self.client.poll(
-            task_id, created_at=created_at))
+        deadline = time.monotonic() + self.policy.max_total_s
+        attempt = 0
+        while True:
+            try:
+                outcome: object = await _guarded(self.provider, "poll()",
+                                                 lambda: self.client.poll(
+                                                     task_id, created_at=created_at))
+                break
+            except TransientError as err:
+                attempt += 1
+                delay = retry_delay(self.policy, attempt, err)
+                if attempt >= self.policy.max_attempts or \
+                        time.monotonic() + delay > deadline:
+                    raise
+                await self.sleep(delay)
         if not isinstance(outcome, Running | Succeeded | Failed | NotFound):
             raise MalformedResponse(
                 f"{self.provider} adapter's poll() returned {_shown(outcome)}: expected "

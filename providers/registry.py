@@ -239,7 +239,8 @@ def client_for(
     # a host's adapter: what it answers is checked before the engine acts on it
     if is_sync_call(kind, operation):
         return CheckedSyncClient(cast(SyncKindClient, client), provider.name)
-    return CheckedAsyncClient(cast(AsyncKindClient, client), provider.name)
+    return CheckedAsyncClient(cast(AsyncKindClient, client), provider.name,
+                              policy=settings.retry, sleep=sleep)
 
 
 def _kie(r: ClientRequest) -> AsyncKindClient | SyncKindClient:

@@ -80,6 +80,16 @@ def _backoff(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
     return rng.uniform(0, cap)
 
 
+def retry_delay(policy: RetryPolicy, attempt: int, err: ProviderError,
+                rng: random.Random | None = None) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...) after ``err``: full-jitter
+    exponential backoff, at least a rate limit's ``Retry-After``."""
+    delay = _backoff(policy, attempt, rng or _JITTER)
+    if isinstance(err, RateLimited) and err.retry_after is not None:
+        delay = max(delay, err.retry_after)
+    return delay
+
+
 def _retryable(err: ProviderError, idempotent: bool) -> bool:
     if isinstance(err, RateLimited):
         return True

@@ -196,3 +196,23 @@ async def test_a_create_past_its_time_limit_is_left_for_the_reconciler(
     assert "provider_call_timeout_s (0.3 s)" in (outcome.detail or ""), outcome
     seen = await seen_by_host(conn, job)
     assert seen["credits"] == "reserved", seen
+
+
+async def test_a_transient_poll_answer_of_an_adapter_is_retried_at_once(
+        pool: Pool, conn: Conn, http: aiohttp.ClientSession, acme: Acme, tmp_path: Path
+        ) -> None:
+    """One 502 to the reconciler's recovery poll through a host's adapter is retried with
+    backoff within the pass, as the built-in clients' transport retries: the call
+    completes in that pass (issue 40, item 2: it waited repoll_interval_s, 300 s)."""
+    settings = settings_for(acme)
+    job, _ = await own_render(pool, conn, http, settings, "a windmill")
+    acme.release()
+    acme.poll_failures = 1
+    reconciler = Reconciler(pool, http, settings, LocalFolderStore(tmp_path / "m"))
+    try:
+        counts = await reconciler.reconcile_once(datetime.now(UTC) + timedelta(hours=1))
+    finally:
+        await reconciler.aclose()
+    assert counts.completed == 1, counts
+    assert acme.polls["r_0"] == 2  # the 502, then the answer
+    await completed_once(conn, job, acme)

@@ -399,6 +399,14 @@ MUTANTS: tuple[Mutant, ...] = (
               "        async with (asyncio.timeout(None),\n"),),
         ("tests/integration/test_host_adapter_paths.py",)),
     Mutant(
+        "adapter-poll-not-retried",
+        "a transient poll answer of a host's adapter is not retried (the call waits for the "
+        "next re-poll)",
+        (Edit("providers/checked.py",
+              "                if attempt >= self.policy.max_attempts or \\\n",
+              "                if True or \\\n"),),
+        ("tests/integration/test_host_adapter_paths.py",)),
+    Mutant(
         "heartbeat-contradiction-passes",
         "a worker heartbeat as slow as the reconciler's heartbeat timeout loads, and check "
         "and reconcile say nothing (every live call swept between two beats)",

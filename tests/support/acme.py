@@ -46,6 +46,7 @@ class Acme:
     # a create waits on create_gate when one is set (a slow provider); creating: one came
     create_gate: asyncio.Event | None = None
     creating: asyncio.Event = field(default_factory=asyncio.Event)
+    poll_failures: int = 0  # the next polls answered 502 (an overloaded gateway)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def release(self) -> None:
@@ -81,6 +82,9 @@ class Acme:
         if render_id not in self.renders:
             return web.json_response({"error": "no such render"}, status=404)
         self.polls[render_id] += 1
+        if self.poll_failures > 0:
+            self.poll_failures -= 1
+            return web.Response(status=502, text="bad gateway")
         render: dict[str, object] = {"id": render_id, "state": "rendering"}
         if not self.held and self.renders[render_id] in self.failing:
             render.update(state="error", error={"message": "the scene would not render"})
