@@ -83,13 +83,19 @@ class Settings:
 
 def contradictions(calls: CallConfig, reconcile: ReconcileConfig) -> None:
     """Settings each valid alone that contradict each other: a
-    :class:`~callwarden.errors.ConfigError` naming both. A worker that heartbeats every
-    ``[calls] heartbeat_every_s`` looks dead to the reconciler between two beats once that
-    reaches ``[reconcile] heartbeat_timeout_s``: every live call would be swept."""
-    if calls.heartbeat_every_s >= reconcile.heartbeat_timeout_s:
+    :class:`~callwarden.errors.ConfigError` naming them. A worker beats every
+    ``[calls] heartbeat_every_s``, and while it polls once a poll (its kind's poll
+    interval): once the longer of the two reaches ``[reconcile] heartbeat_timeout_s``, every
+    live call looks dead between two beats and would be swept. The kinds weighed are
+    those the deployment runs (``[reconcile] kinds``)."""
+    gap, what = calls.heartbeat_every_s, "[calls] heartbeat_every_s"
+    for kind in reconcile.deployed:
+        if calls.interval_for(kind) > gap:
+            gap, what = calls.interval_for(kind), f"[calls] poll_interval_s for {kind}"
+    if gap >= reconcile.heartbeat_timeout_s:
         raise ConfigError(
-            f"[calls] heartbeat_every_s ({calls.heartbeat_every_s:g} s) must be below "
-            f"[reconcile] heartbeat_timeout_s ({reconcile.heartbeat_timeout_s:g} s): "
+            f"{what} ({gap:g} s) must be below [reconcile] heartbeat_timeout_s "
+            f"({reconcile.heartbeat_timeout_s:g} s): a worker beats at most that often, and "
             "between two beats every live call would look dead and be swept")
 
 

@@ -255,16 +255,20 @@ class CallRunner(AsyncClosing):
 
     async def _run_sync(self, job_id: uuid.UUID, kind: str, client: SyncKindClient,
                         request: Mapping[str, Any], p: CallProjection) -> CallOutcome:
-        try:
-            outcome: PollOutcome = await self._beating(job_id, client.call(request))
-        except TimeoutError:
-            outcome = Failed(error=f"the call did not answer within provider_call_timeout_s "
-                                   f"({self.config.provider_call_timeout_s:g} s)",
-                             code="timeout")
-        except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
-            outcome = Failed(error=str(exc), code=type(exc).__name__)
-        failpoint("after_sync_call")
-        outcome, keys = await self.inline(job_id, kind, outcome)
+        # the call's heartbeat runs through the call and the storing of its inline media:
+        # once it has beaten, the reconciler judges it by the heartbeat timeout
+        async with Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s):
+            try:
+                outcome: PollOutcome = await self._timed(client.call(request))
+            except TimeoutError:
+                outcome = Failed(error=f"the call did not answer within "
+                                       f"provider_call_timeout_s "
+                                       f"({self.config.provider_call_timeout_s:g} s)",
+                                 code="timeout")
+            except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
+                outcome = Failed(error=str(exc), code=type(exc).__name__)
+            failpoint("after_sync_call")
+            outcome, keys = await self.inline(job_id, kind, outcome)
         event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         assert event is not None
         p = await self._record(job_id, self._if_active(event), p)
@@ -311,8 +315,11 @@ class CallRunner(AsyncClosing):
         included) under the call's heartbeat, as an own call's body is, and within
         ``provider_call_timeout_s`` (``TimeoutError`` past it): a slow create or model
         is never taken for a dead worker and swept while it runs."""
-        async with (Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s),
-                    asyncio.timeout(self.config.provider_call_timeout_s)):
+        async with Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s):
+            return await self._timed(work)
+
+    async def _timed(self, work: Awaitable[T]) -> T:
+        async with asyncio.timeout(self.config.provider_call_timeout_s):
             return await work
 
     async def _heartbeat(self, job_id: uuid.UUID, progress: float | None) -> None:

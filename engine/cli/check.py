@@ -70,6 +70,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
     p.add_argument("--media-dir", type=Path, default=None,
                    help="the media folder reconcile and serve would be given")
+    p.add_argument("--read-token-env", default="CALLWARDEN_READ_TOKEN", metavar="VAR",
+                   help="the variable serve reads its operator read token from (as "
+                        "serve's --read-token-env)")
     p.set_defaults(handler=handler)
 
 
@@ -103,8 +106,8 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
     listen = read[4]
     if isinstance(listen, ListenConfig):
         try:
-            exposed = operator_exposure(listen, env.get("CALLWARDEN_READ_TOKEN"),
-                                        "CALLWARDEN_READ_TOKEN")
+            exposed = operator_exposure(listen, env.get(args.read_token_env),
+                                        args.read_token_env)
         except ConfigError as exc:
             found.append(("problem", f"[serve] operator listener: {exc}"))
         else:

@@ -113,13 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def console() -> int:
-    """The ``callwarden`` console script: the working directory first on ``sys.path``, as
+    """The ``callwarden`` console script: the working directory on ``sys.path``, as
     ``python -m callwarden.cli``, ``arq``, ``celery`` and ``uvicorn`` put it, so a host's
-    adapters load from its root (``CALLWARDEN_PROVIDERS=providers:PROVIDERS``); then
-    :func:`main`."""
+    adapters load from its root (``CALLWARDEN_PROVIDERS=providers:PROVIDERS``); last, not
+    first, so a stray ``secrets.py`` or ``statistics.py`` there never stands in for the
+    standard library or an installed package. Then :func:`main`."""
     here = os.getcwd()
     if "" not in sys.path and here not in sys.path:
-        sys.path.insert(0, here)
+        sys.path.append(here)
     return main()
 
 

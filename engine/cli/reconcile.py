@@ -35,6 +35,7 @@ from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
 from callwarden.database.db import open_pool
 from callwarden.database.outage import configured_limit_s
+from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
 from callwarden.reconciler.config import load_config
 from callwarden.reconciler.loop import Counts, Reconciler
@@ -73,7 +74,10 @@ def _print(counts: Counts, as_json: bool) -> None:
 async def handler(args: argparse.Namespace, url: str) -> int:
     config = load_config(args.config, os.environ)
     call_config = load_call_config(args.config, os.environ)  # every setting before connecting
-    contradictions(call_config, config)
+    try:  # the workers' [calls] may be set apart from this process's: said, not refused
+        contradictions(call_config, config)
+    except ConfigError as exc:
+        logging.getLogger("callwarden.reconciler").error("settings that contradict: %s", exc)
     pricing = pricing_from_env(os.environ)
     media = configured_media(os.environ, args.media_dir, "reconcile")
     setup_logging()

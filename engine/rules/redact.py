@@ -56,9 +56,9 @@ _KEY_LIKE = re.compile(
     r"|ASIA[0-9A-Z]{16}|AIza[\w-]{30,})")
 # ('xi-api-key', '...') and ("api_key", "..."): a header or a secret printed as a tuple
 _TUPLE_PAIR = re.compile(
-    rf"(?i)([\"'](?:{_HEADERS}|(?![\w-]*(?:error|exception|warning)\b)[\w-]*(?:api[ _-]?key"
+    rf"(?i)(b?[\"'](?:{_HEADERS}|(?![\w-]*(?:error|exception|warning)\b)[\w-]*(?:api[ _-]?key"
     r"|apikey|key|token|secret|signature|sig|password|passwd|pwd|pass|private|credential"
-    r"|session|sid|auth)[\w-]*)[\"']\s*,\s*)(?!'\[redacted\]')(\"[^\"]*\"|'[^']*')")
+    r"|session|sid|auth)[\w-]*)[\"']\s*,\s*b?)(?!'\[redacted\]')(\"[^\"]*\"|'[^']*')")
 _AFTER_WORD = re.compile(r"(?i)\b(key|token|secret)\s+(?=[\w.-]*\d)(?=[\w.-]*[a-z])"
                          r"[\w.-]{12,}")
 

@@ -141,8 +141,8 @@ async def test_tables_found_through_the_search_path_are_the_ones_checked(
 async def test_settings_that_contradict_each_other_are_refused(
         db_url: str, sim: RunningSimulator, tmp_path: Path) -> None:
     """A worker heartbeat as slow as the reconciler's heartbeat timeout (each valid
-    alone): ``check`` names both and exits 2, and ``reconcile`` refuses to start (exit 2)
-    instead of sweeping every live call between two beats (issue 40, item 4)."""
+    alone): ``check`` names both and exits 2; ``reconcile``, whose own environment may not
+    hold the workers' ``[calls]``, says so as an error and runs (issue 40, item 4)."""
     env = {**environment(db_url, sim, tmp_path / "media"),
            "CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "60"}
     code, out, err = await cli(["check"], env)
@@ -151,5 +151,6 @@ async def test_settings_that_contradict_each_other_are_refused(
     assert ("settings that contradict: [calls] heartbeat_every_s (60 s) must be below "
             "[reconcile] heartbeat_timeout_s (60 s)") in said, said
     code, out, err = await cli(["reconcile", "--once"], env)
-    assert code == 2, out + err
-    assert "must be below [reconcile] heartbeat_timeout_s" in " ".join(err.split())
+    assert code == 0, out + err
+    assert ("settings that contradict: [calls] heartbeat_every_s (60 s) must be below "
+            "[reconcile] heartbeat_timeout_s") in " ".join(err.split())

@@ -100,12 +100,20 @@ def test_migrate_from_the_host_root_applies_callwardens_sql_only(
         empty_db_url)
 
 
-def test_the_console_script_loads_the_hosts_adapters_from_its_root(db_url: str) -> None:
+def test_the_console_script_loads_the_hosts_adapters_from_its_root(
+        db_url: str, tmp_path: Path) -> None:
     """``callwarden`` (the console script, not ``python -m``) run from the example host's
     root finds ``CALLWARDEN_PROVIDERS=providers:PROVIDERS`` there, as ``arq``, ``celery``
-    and ``uvicorn`` find the host's modules (issue 40, item 9: ModuleNotFoundError)."""
+    and ``uvicorn`` find the host's modules (issue 40, item 9: ModuleNotFoundError); a
+    stray ``secrets.py`` there never stands in for the standard library's."""
     script = Path(sys.executable).parent / "callwarden"
-    root = Path(__file__).resolve().parents[2] / "docs" / "examples" / "acme_host"
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "acme_host"
+    root = tmp_path / "host"
+    root.mkdir()
+    for module in example.glob("*.py"):
+        (root / module.name).write_text(module.read_text(encoding="utf-8"), encoding="utf-8")
+    (root / "secrets.py").write_text("raise SystemExit('the host root shadowed secrets')\n",
+                                     encoding="utf-8")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CALLWARDEN_", "PYTHONPATH"))}
     env.update({"DATABASE_URL": db_url, "CALLWARDEN_PROVIDERS": "providers:PROVIDERS",

@@ -338,6 +338,13 @@ async def test_an_open_operator_door_is_refused_unless_said(db_url: str,
     assert check.returncode == 2
     assert "[serve] operator listener: the operator listener" in " ".join(
         err.decode().split())
+    # a read token in the variable serve is told to read: no problem
+    check = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callwarden.cli", "check", "--read-token-env", "OPS_TOKEN",
+        env={**env, "OPS_TOKEN": "t0ken"}, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(check.communicate(), timeout=60)
+    assert check.returncode == 0, err.decode()
 
 
 async def test_an_admin_action_on_a_job_that_does_not_exist_is_a_404(

@@ -394,9 +394,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a create or sync call in the provider's code (a host adapter's) runs without the "
         "call's heartbeat: a slow one is swept while it runs",
         (Edit("engine/calls/runner.py",
-              "        async with (Beat(lambda: self._heartbeat(job_id, None), "
-              "self.config.heartbeat_every_s),\n",
-              "        async with (asyncio.timeout(None),\n"),),
+              "        async with Beat(lambda: self._heartbeat(job_id, None), "
+              "self.config.heartbeat_every_s):\n            return await self._timed(work)\n",
+              "        if True:\n            return await self._timed(work)\n"),),
         ("tests/integration/test_host_adapter_paths.py",)),
     Mutant(
         "adapter-poll-not-retried",

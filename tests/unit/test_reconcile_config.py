@@ -141,6 +141,11 @@ def test_a_heartbeat_as_slow_as_the_timeout_contradicts_it() -> None:
     with pytest.raises(ConfigError, match=r"\[calls\] heartbeat_every_s \(60 s\) must be "
                                           r"below \[reconcile\] heartbeat_timeout_s \(60 s\)"):
         contradictions(CallConfig(heartbeat_every_s=60), ReconcileConfig())
+    # a worker polling a kind every 30 s beats no more often than that
+    with pytest.raises(ConfigError, match=r"poll_interval_s for kie-luma \(30 s\) must be"):
+        contradictions(CallConfig(), ReconcileConfig(heartbeat_timeout_s=20))
+    contradictions(CallConfig(), ReconcileConfig(heartbeat_timeout_s=20,
+                                                 kinds=("anthropic-sync",)))
     with pytest.raises(ConfigError, match="heartbeat_every_s"):
-        load_settings(None, {"CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "10",
-                             "CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S": "5"})
+        load_settings(None, {"CALLWARDEN_CALL_HEARTBEAT_EVERY_S": "40",
+                             "CALLWARDEN_RECONCILE_HEARTBEAT_TIMEOUT_S": "35"})

@@ -95,6 +95,7 @@ def test_a_provider_error_reads_as_it_was_written(text: str) -> None:
      "0123456789abcdef0123456789abcdef"),
     ('headers=(("Authorization", "Bearer-less-opaque-value"),)', "Bearer-less-opaque-value"),
     ("(('api_key', 'hunter2hunter2'),)", "hunter2hunter2"),
+    ("[(b'xi-api-key', b'0123456789abcdef0123')]", "0123456789abcdef0123"),
     ("ElevenLabs refused sk_3f9a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d",
      "sk_3f9a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d6f8a0c1e2b4d"),
 ])
