@@ -411,7 +411,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a worker heartbeat as slow as the reconciler's heartbeat timeout loads, and check "
         "and reconcile say nothing (every live call swept between two beats)",
         (Edit("engine/settings.py",
-              "    if calls.heartbeat_every_s >= reconcile.heartbeat_timeout_s:\n",
+              "    if gap >= reconcile.heartbeat_timeout_s:\n",
               "    if False:\n"),),
         (RECONCILE_CONFIG, "tests/acceptance/test_check.py")),
     Mutant(
