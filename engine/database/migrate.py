@@ -107,7 +107,8 @@ async def _distribute_late(conn: Conn, path: str) -> None:
     async with conn.transaction():
         await execute(conn, "migrations_set_search_path", {"path": _with_own(path, first=True)})
         for name in ("migrations_drop_guards", "migrations_drop_guards_insert",
-                     "migrations_drop_guards_settlement"):
+                     "migrations_drop_guards_settlement",
+                     "migrations_drop_guards_settlement_insert"):
             await execute(conn, name, {})
         for mig in again:
             for statement in statements(mig.sql):

@@ -315,6 +315,9 @@ DROP TRIGGER IF EXISTS callwarden_guard_insert ON jobs;
 -- name: migrations_drop_guards_settlement
 DROP TRIGGER IF EXISTS callwarden_guard_settlement ON usage_logs;
 
+-- name: migrations_drop_guards_settlement_insert
+DROP TRIGGER IF EXISTS callwarden_guard_settlement_insert ON usage_logs;
+
 -- name: task_claim_citus
 -- On Citus, where no unique index spans shards: the upstream task's one job, kept in
 -- callwarden_tasks (distributed by the task id, migration 0010) in the transaction that
