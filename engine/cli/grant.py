@@ -24,7 +24,7 @@ from callwarden.database.write import execute
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
-__all__ = ["classify", "privilege_findings", "register"]
+__all__ = ["classify", "privilege_findings", "register", "runtime_roles"]
 
 Level = Literal["ok", "note", "problem"]
 
@@ -59,7 +59,7 @@ def classify(roles: list[dict[str, object]], public: list[str]
     own, or for PUBLIC holding anything; a note for a role that reaches them only through
     pg_read_all_data / pg_write_all_data."""
     found: list[tuple[Level, str]] = []
-    runtime = [str(r["role"]) for r in roles if r["usage"] and r["appends"]]
+    runtime = runtime_roles(roles)
     if public:
         found.append(("problem", f"PUBLIC (every role) holds privileges on callwarden's "
                                  f"{', '.join(public)}: run callwarden migrate, or revoke "
@@ -82,6 +82,12 @@ def classify(roles: list[dict[str, object]], public: list[str]
     return found
 
 
+def runtime_roles(roles: list[dict[str, object]]) -> list[str]:
+    """The roles of ``privileges_roles`` rows that are callwarden's runtime: schema USAGE
+    and INSERT on the log, granted to them or a role they belong to."""
+    return [str(r["role"]) for r in roles if r["usage"] and r["appends"]]
+
+
 def _names(values: object) -> list[str]:
     return [str(v) for v in values] if isinstance(values, list) else []
 
@@ -92,12 +98,10 @@ async def privilege_findings(conn: Conn) -> list[tuple[Level, str]]:
     owner = await execute(conn, "privileges_owner", {})
     if not owner:
         return []
-    found = classify(await execute(conn, "privileges_roles", {}),
-                     [str(r["name"]) for r in await execute(conn, "privileges_public", {})])
-    runtime = [text.removeprefix("runtime role(s): ") for level, text in found
-               if level == "ok" and text.startswith("runtime role(s): ")]
-    roles = runtime[0].split(", ") if runtime else []
-    for gap in await execute(conn, "privileges_rls_gaps", {"roles": roles}):
+    roles = await execute(conn, "privileges_roles", {})
+    found = classify(roles, [str(r["name"])
+                             for r in await execute(conn, "privileges_public", {})])
+    for gap in await execute(conn, "privileges_rls_gaps", {"roles": runtime_roles(roles)}):
         found.append(("problem", f"runtime role {gap['role']} sees no row of {gap['tbl']} "
                                  f"under its row-level security: run callwarden grant "
                                  f"{gap['role']} again (docs/security.md)"))
