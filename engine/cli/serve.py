@@ -44,7 +44,7 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import port, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import open_pool
+from callwarden.database.db import open_pool, preflight
 from callwarden.errors import ConfigError
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
@@ -130,6 +130,7 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     exposed = operator_exposure(listen, config.read_token, args.read_token_env)
     if exposed is not None:
         logging.getLogger("callwarden.service").warning("%s", exposed)
+    await preflight(url, "serve")  # refused for good: exit 2; down: /readyz says so
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -148,8 +149,9 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         await public.setup()
         await operator.setup()
         try:
-            await web.TCPSite(public, listen.host, listen.port).start()
-            await web.TCPSite(operator, listen.operator_host, listen.operator_port).start()
+            await _listen(public, listen.host, listen.port, "--port")
+            await _listen(operator, listen.operator_host, listen.operator_port,
+                          "--operator-port")
             print(f"callwarden serve on {_url(listen.host, public)} (webhooks, health); "
                   f"operator on {_url(listen.operator_host, operator)} (dashboard, /metrics, "
                   f"admin {'enabled' if config.admin_token else 'disabled'}, read token "
@@ -160,6 +162,17 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
             await public.cleanup()
             await finalizer.aclose()
     return 0
+
+
+async def _listen(app_runner: web.AppRunner, host: str, port: int, flag: str) -> None:
+    """Listen on ``host:port``; one taken or not ours is a ``ConfigError`` naming it and
+    the flag that moves it (exit 2, the pool and the other listener closed on the way)."""
+    try:
+        await web.TCPSite(app_runner, host, port).start()
+    except OSError as exc:
+        raise ConfigError(f"serve: cannot listen on {host}:{port}: "
+                          f"{exc.strerror or exc} (another process holds it? choose "
+                          f"another with {flag})") from exc
 
 
 def _url(host: str, app_runner: web.AppRunner) -> str:

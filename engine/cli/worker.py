@@ -26,7 +26,7 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.args import count, nonnegative_float, port, positive_float, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
-from callwarden.database.db import connect
+from callwarden.database.db import connect, preflight
 from callwarden.database.jobs import create_job
 from callwarden.errors import ConfigError
 from callwarden.observe.metrics import start_metrics_server
@@ -150,6 +150,7 @@ async def _worker(args: argparse.Namespace, url: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await preflight(url, "worker")  # a wrong password: exit 2 now, not retried forever
     return await run_worker(url, settings, media,
                             concurrency=args.concurrency, visibility_s=args.visibility,
                             poll_empty_s=args.poll_empty, stop=stop, config=config,

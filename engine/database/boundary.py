@@ -1,7 +1,9 @@
 """The one error boundary: where driver errors become engine errors.
 
 Every exception psycopg or its pool raises is translated by :func:`translate` (by class,
-SQLSTATE and constraint name, never by message text) before it leaves ``engine/database``;
+SQLSTATE and constraint name; by message text only where libpq gives no SQLSTATE: a
+connection the server refused at its start, see :func:`refused_for_good`) before it
+leaves ``engine/database``;
 nothing outside this package catches a driver error (``tests/unit/test_architecture.py``
 checks). The tree it translates into is drawn in :mod:`callwarden.errors`.
 
@@ -37,8 +39,8 @@ from callwarden.errors import (
     WriteConflict,
 )
 
-__all__ = ["connection", "is_lost_append_race", "is_read_only", "transaction", "translate",
-           "translated"]
+__all__ = ["connection", "is_lost_append_race", "is_read_only", "refused_for_good",
+           "transaction", "translate", "translated"]
 
 # SQLSTATEs after which the statement did nothing and may be decided again.
 _RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
@@ -75,6 +77,29 @@ def _violates(exc: BaseException, name: str) -> bool:
 
 
 _NO_PRIVILEGE = "42501"  # insufficient_privilege
+
+
+#: What the server answers at a connection's start when it will never accept this URL
+#: as it is (libpq reports a refused connection with no SQLSTATE, only its message: 28P01
+#: invalid_password, 28000 no pg_hba.conf entry or a role that may not log in, 3D000 an
+#: unknown database, 42501 no CONNECT privilege). A server starting up, shutting down or
+#: full (57P03, 53300) is not among them: that is an outage, ridden through.
+_REFUSED = re.compile(r'password authentication failed|authentication failed for user|'
+                      r'no pg_hba\.conf entry|role ".*" (?:does not exist|is not permitted '
+                      r'to log in)|database ".*" does not exist|permission denied for database')
+_FATAL = re.compile(r"FATAL: +(.*)")
+
+
+def refused_for_good(exc: BaseException) -> str | None:
+    """The server's reason when ``exc`` is a connection it refused for good (a wrong
+    password, an unknown role or database, no ``pg_hba.conf`` entry); ``None`` for
+    anything else (a server that is down is an outage: the actors wait it out)."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    for reason in _FATAL.findall(str(exc)):
+        if _REFUSED.search(reason):
+            return str(reason).strip()
+    return None
 
 
 def _unavailable(exc: psycopg.Error) -> bool:

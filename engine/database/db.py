@@ -22,10 +22,11 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool
 
-from callwarden.errors import ConfigError, EmbeddedPostgresMissing
+from callwarden.errors import ConfigError, DatabaseRefused, EmbeddedPostgresMissing
 
 __all__ = ["POOLER_ENV", "Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure",
-           "connect", "default_data_dir", "open_pool", "resolve_database_url"]
+           "connect", "default_data_dir", "embedded_server_pid", "open_pool", "preflight",
+           "resolve_database_url"]
 
 #: A connection whose rows are dicts, and a pool of them: the two connection types every
 #: actor uses (defined here once).
@@ -122,6 +123,23 @@ class EmbeddedServer:
         self.start()
 
 
+def embedded_server_pid(data_dir: Path) -> int | None:
+    """The pid of a Postgres server running on ``data_dir``'s embedded data folder (a
+    ``callwarden --data-dir DIR serve`` reading it, or an orphan), else ``None``: the
+    first line of its ``postmaster.pid``, if that process lives."""
+    try:
+        pid = int((data_dir / "pgdata" / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, as the server's own system user
+        return pid
+    return pid
+
+
 _embedded: dict[Path, EmbeddedServer] = {}
 
 
@@ -177,6 +195,30 @@ async def connect(url: str) -> AsyncConnection[DictRow]:
                                              row_factory=dict_row, **_connection_kwargs())
     configure(conn)
     return conn
+
+
+async def preflight(url: str, command: str) -> None:
+    """One connection attempt before a long-running ``command`` opens its pool: a server
+    that refuses the URL for good (:func:`callwarden.database.boundary.refused_for_good`)
+    is :class:`DatabaseRefused` naming the reason (exit 2, where the pool would retry it
+    forever); a server that is down is left to the pool (the command rides the outage
+    through, as documented). A malformed URL is a ``ConfigError``."""
+    from callwarden.database.boundary import refused_for_good  # it imports this module
+
+    try:
+        conn = await AsyncConnection.connect(network_defaults(url), autocommit=True,
+                                             **_connection_kwargs())
+    except psycopg.ProgrammingError as exc:  # libpq could not parse the URL
+        raise ConfigError(f"{command}: DATABASE_URL is not a valid connection string: "
+                          f"{str(exc).strip()}") from exc
+    except psycopg.OperationalError as exc:
+        reason = refused_for_good(exc)
+        if reason is None:
+            return  # down or unreachable: an outage, ridden through by the pool
+        raise DatabaseRefused(f"{command}: the database refused the connection: {reason} "
+                              "(check DATABASE_URL's user, password and database name)"
+                              ) from exc
+    await conn.close()
 
 
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 10,
