@@ -46,11 +46,13 @@ from callwarden.events.types import (
     UpstreamSucceeded,
 )
 
-__all__ = ["EMPTY", "OBSERVED_FIELDS", "CallProjection", "apply", "fold", "fold_from"]
+__all__ = ["EMPTY", "OBSERVED_FIELDS", "STATE_STATUS", "CallProjection", "apply", "fold",
+           "fold_from"]
 
 ERROR_EXHAUSTED = "reconcile_exhausted"
 
-_STATUS: dict[CallState, str | None] = {
+#: The host status each state projects to (``None``: left as the host set it).
+STATE_STATUS: dict[CallState, str | None] = {
     CallState.CREATED: None,  # pending or processing: left as the host set it
     CallState.POLLING: "processing",
     CallState.UPSTREAM_SUCCEEDED: "processing",
@@ -270,7 +272,7 @@ _BY_CLASS: dict[type, tuple[dict[CallState | None, CallState], _Handler]] = {
 }
 # Per state entered: (status it projects to, settlement if terminal).
 _ENTER: dict[CallState, tuple[str | None, str | None]] = {
-    s: (_STATUS[s], SETTLEMENT.get(s)) for s in CallState
+    s: (STATE_STATUS[s], SETTLEMENT.get(s)) for s in CallState
 }
 
 

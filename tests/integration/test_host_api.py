@@ -1,0 +1,243 @@
+"""The host API (migration 0014): every step a host takes on a call as an SQL function, driven
+by plain SQL as a Node or psql host would, and mixed with callwarden's own Python actors on
+the same calls. After every step the row's columns and settlement must equal the fold of
+the log (``verify_job``), so the functions and the Python write path cannot drift apart;
+the transition table they consult is compared with the declaration on every pair."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from callwarden import OwnCalls
+from callwarden.database.clock import utcnow
+from callwarden.database.db import Conn, Pool, connect
+from callwarden.database.write import cancel, load
+from callwarden.events.states import LEGAL, CallState
+from callwarden.events.types import EVENT_TYPES
+from callwarden.providers.outcomes import Failed
+from callwarden.replay.verify import verify_job
+
+KIND = "kie-standard"
+MEDIA = ('[{"key": "jobs/a/0.png", "url": "file:///srv/a/0.png", '
+         '"content_type": "image/png", "size": 3}]')
+
+
+async def one(conn: Conn, sql: str, *args: Any) -> dict[str, Any]:
+    cur = await conn.execute(sql, args)
+    row = await cur.fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def new_job(conn: Conn, credits: str | None = "10") -> uuid.UUID:
+    row = await one(conn, "SELECT callwarden.create_job('u1', %s::numeric) AS id", credits)
+    return uuid.UUID(str(row["id"]))
+
+
+async def clean(conn: Conn, job: uuid.UUID) -> None:
+    assert await verify_job(conn, job) == []
+
+
+async def settled(conn: Conn, job: uuid.UUID) -> list[tuple[str, Decimal | None]]:
+    cur = await conn.execute("SELECT status, credits_charged FROM usage_logs WHERE job_id = %s "
+                             "ORDER BY id", (job,))
+    return [(r["status"], r["credits_charged"]) for r in await cur.fetchall()]
+
+
+async def test_the_transition_table_in_sql_is_the_declaration_on_every_pair(conn: Conn) -> None:
+    states: list[CallState | None] = [None, *CallState]
+    for state in states:
+        for event in EVENT_TYPES:
+            row = await one(conn, "SELECT callwarden.next_state(%s, %s) AS dest",
+                            state.value if state is not None else None, event)
+            expected = LEGAL.get((state, event))
+            assert row["dest"] == (expected.value if expected else None), (state, event)
+
+
+async def test_an_async_call_from_sql_end_to_end(conn: Conn) -> None:
+    job = await new_job(conn)
+    start = await one(conn, "SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", job, KIND)
+    assert (start["action"], start["state"], start["version"]) == ("create", "created", 1)
+    again = await one(conn, "SELECT * FROM callwarden.start_call(%s, %s, 'node:2')", job, KIND)
+    assert again["action"] == "ambiguous"  # a second delivery is never told to create
+    made = await one(conn, "SELECT * FROM callwarden.task_created(%s, 't-1', 'node:1')", job)
+    assert (made["ok"], made["state"]) == (True, "polling")
+    twice = await one(conn, "SELECT * FROM callwarden.task_created(%s, 't-1', 'node:1')", job)
+    assert twice["ok"] is False
+    resume = await one(conn, "SELECT * FROM callwarden.start_call(%s, %s, 'node:2')", job, KIND)
+    assert (resume["action"], resume["task_id"]) == ("resume", "t-1")
+    beat = await one(conn, "SELECT callwarden.heartbeat(%s, 'node:2', 50) AS alive", job)
+    assert beat["alive"] is True
+    done = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:2', %s::jsonb, NULL, 4)",
+                     job, MEDIA)
+    assert (done["ok"], done["state"], done["settlement"]) == (True, "completed", "settled")
+    assert await settled(conn, job) == [("committed", Decimal(4))]
+    late = await one(conn, "SELECT * FROM callwarden.failed(%s, 'node:1', 'late')", job)
+    assert (late["ok"], late["state"]) == (False, "completed")
+    assets = await one(conn, "SELECT count(*) AS n FROM assets WHERE job_id = %s", job)
+    assert assets["n"] == 1
+    stopped = await one(conn, "SELECT callwarden.heartbeat(%s, 'node:2') AS alive", job)
+    assert stopped["alive"] is False
+    await clean(conn, job)
+
+
+async def test_bad_input_is_a_typed_error_and_writes_nothing(conn: Conn) -> None:
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-1', 'node:1')", (job,))
+    with pytest.raises(psycopg.Error) as other_task:
+        await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-2', 'node:1')", (job,))
+    assert other_task.value.sqlstate == "CW001"
+    with pytest.raises(psycopg.Error) as wrong_kind:
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, 'replicate', 'node:1')",
+                           (job,))
+    assert wrong_kind.value.sqlstate == "CW002"
+    for media in ['{"not": "an array"}', '[{"key": "k"}]', '[{"key": "k", "url": "u", '
+                  '"content_type": "image/png", "size": -1}]']:
+        with pytest.raises(psycopg.Error) as bad:
+            await conn.execute("SELECT * FROM callwarden.succeeded(%s, 'node:1', %s::jsonb)",
+                               (job, media))
+        assert bad.value.sqlstate == "22023"
+    with pytest.raises(psycopg.Error) as missing:
+        await conn.execute("SELECT * FROM callwarden.cancel(%s, 'user:1')", (uuid.uuid4(),))
+    assert missing.value.sqlstate == "P0002"
+    other = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (other, KIND))
+    with pytest.raises(psycopg.errors.UniqueViolation):  # another job holds t-1
+        await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-1', 'node:1')",
+                           (other,))
+    p = await load(conn, job)
+    assert (p.state, p.version, p.provider_task_id) == (CallState.POLLING, 2, "t-1")
+    await clean(conn, job)
+    await clean(conn, other)
+
+
+async def test_two_deliveries_racing_the_claim_make_one_create(db_url: str) -> None:
+    conns = [await connect(db_url) for _ in range(4)]
+    try:
+        job = await new_job(conns[0])
+        answers = await asyncio.gather(*(
+            one(c, "SELECT * FROM callwarden.start_call(%s, %s, %s)", job, KIND, f"node:{i}")
+            for i, c in enumerate(conns)))
+        assert sorted(a["action"] for a in answers) == ["ambiguous"] * 3 + ["create"]
+        await clean(conns[0], job)
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_a_call_started_in_sql_is_finished_by_python_and_the_other_way(
+        conn: Conn, pool: Pool) -> None:
+    calls = OwnCalls(pool)
+    try:
+        from_sql = await new_job(conn)
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')",
+                           (from_sql, KIND))
+        await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-sql', 'node:1')",
+                           (from_sql,))
+        resumed = await calls.start(from_sql, KIND)  # Python's face of the same claim
+        assert (resumed.action, resumed.resume_task_id) == ("resume", "t-sql")
+        failed = await calls.record(from_sql, KIND, Failed(error="upstream said no"))
+        assert failed.ok
+        assert await settled(conn, from_sql) == [("refunded", Decimal(0))]
+        await clean(conn, from_sql)
+
+        from_python = await new_job(conn)
+        call = await calls.start(from_python, KIND)
+        assert call.action == "create"
+        await call.task_created("t-py")
+        sql_view = await one(conn, "SELECT * FROM callwarden.start_call(%s, %s, 'node:1')",
+                             from_python, KIND)
+        assert (sql_view["action"], sql_view["task_id"]) == ("resume", "t-py")
+        done = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:1', %s::jsonb)",
+                         from_python, MEDIA)
+        assert done["settlement"] == "settled"
+        assert await settled(conn, from_python) == [("committed", Decimal(10))]
+        await clean(conn, from_python)
+    finally:
+        await calls.aclose()
+
+
+async def test_the_hosts_decision_wins_as_in_python(conn: Conn) -> None:
+    """A host that wrote a terminal status first: HostEnded, as Python's transition
+    records it (completed: the host's to commit; failed: refunded)."""
+    for status, settlement, reservation in [("completed", None, "reserved"),
+                                            ("failed", "settled", "refunded")]:
+        job = await new_job(conn)
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+        await conn.execute("UPDATE jobs SET status = %s WHERE id = %s", (status, job))
+        ended = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:1')", job)
+        assert (ended["ok"], ended["state"], ended["settlement"]) == (False, status, settlement)
+        row = await one(conn, "SELECT status, call_settlement FROM jobs WHERE id = %s", job)
+        assert row["status"] == status  # the host's word stays
+        assert [s for s, _ in await settled(conn, job)] == [reservation]
+        await clean(conn, job)
+
+
+STEPS = ["start", "start_sync", "task", "task_other", "beat", "succeeded", "succeeded_cost",
+         "failed", "not_found", "cancel_sql", "cancel_python", "host_completed",
+         "host_failed", "host_settles"]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(STEPS), min_size=1, max_size=8),
+       credits=st.sampled_from([None, "10", "0.5"]))
+async def test_any_order_of_host_steps_keeps_the_log_and_the_credits_true(
+        conn: Conn, steps: list[str], credits: str | None) -> None:
+    """Invariant: whatever order a host (SQL functions, its own plain SQL) and callwarden's
+    Python actors take steps in on one job, the row equals the fold of its log after every
+    step, and the job's reservation is settled at most once: never committed and
+    refunded, never charged more than it reserved."""
+    job = await new_job(conn, credits)
+    for step in steps:
+        refused = await _step(conn, job, step)
+        assert refused in (None, "CW001", "CW002")  # the typed refusals only
+        await clean(conn, job)
+    rows = await settled(conn, job)
+    assert len(rows) == (0 if credits is None else 1)
+    for status, charged in rows:
+        assert status in ("reserved", "committed", "refunded")
+        if charged is not None:
+            assert charged <= Decimal(credits or 0)
+
+
+async def _step(conn: Conn, job: uuid.UUID, step: str) -> str | None:
+    """Take ``step``; the SQLSTATE it was refused with, if it was."""
+    sql = {
+        "start": "SELECT * FROM callwarden.start_call(%s, 'kie-standard', 'node:1')",
+        "start_sync": "SELECT * FROM callwarden.start_call(%s, 'kie-standard', 'node:1', true)",
+        "task": "SELECT * FROM callwarden.task_created(%s, 'task-a', 'node:1')",
+        "task_other": "SELECT * FROM callwarden.task_created(%s, 'task-b', 'node:2')",
+        "beat": "SELECT callwarden.heartbeat(%s, 'node:1')",
+        "succeeded": "SELECT * FROM callwarden.succeeded(%s, 'node:1')",
+        "succeeded_cost": "SELECT * FROM callwarden.succeeded(%s, 'node:1', '[]', 'hi', 0.25)",
+        "failed": "SELECT * FROM callwarden.failed(%s, 'node:1', 'no')",
+        "not_found": "SELECT * FROM callwarden.not_found(%s, 'node:1')",
+        "cancel_sql": "SELECT * FROM callwarden.cancel(%s, 'user:1')",
+        # the host's own writes, fenced as docs/node.md says a host must (never over an
+        # ended job: verify reports a terminal row rewritten)
+        "host_completed": "UPDATE jobs SET status = 'completed' WHERE id = %s "
+                          "AND status IN ('pending', 'processing')",
+        "host_failed": "UPDATE jobs SET status = 'failed' WHERE id = %s "
+                       "AND status IN ('pending', 'processing')",
+        "host_settles": "UPDATE usage_logs SET status = 'committed', "
+                        "credits_charged = credits_reserved "
+                        "WHERE job_id = %s AND status = 'reserved'",
+    }.get(step)
+    try:
+        if sql is not None:
+            await conn.execute(sql, (job,))
+        else:  # cancel_python: callwarden's own actor on the same call
+            await cancel(conn, job, by="admin", now=utcnow())
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
