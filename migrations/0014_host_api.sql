@@ -310,6 +310,7 @@ LANGUAGE plpgsql SET search_path = '' AS $body$
 DECLARE
     j @host@.jobs := callwarden.locked_job(start_call.job_id);
     at timestamptz := now();
+    ended record;
 BEGIN
     IF kind IS NULL OR kind = '' OR actor IS NULL OR actor = '' THEN
         RAISE EXCEPTION 'start_call: kind and actor are required' USING ERRCODE = '22023';
@@ -337,6 +338,12 @@ BEGIN
     IF j.provider_kind IS DISTINCT FROM kind THEN
         RAISE EXCEPTION 'job % has a % call, not %', j.id, j.provider_kind, kind
             USING ERRCODE = 'CW002';
+    END IF;
+    SELECT * INTO ended FROM callwarden.host_ended(j, actor);
+    IF FOUND THEN  -- the host ended the job: its decision is recorded, nothing to do
+        RETURN QUERY SELECT 'done'::text, j.provider_task_id, ended.state,
+                            j.call_version + 1;
+        RETURN;
     END IF;
     RETURN QUERY SELECT
         CASE WHEN callwarden.state_settlement(j.call_state) IS NOT NULL THEN 'done'

@@ -174,6 +174,13 @@ async def test_the_hosts_decision_wins_as_in_python(conn: Conn) -> None:
         job = await new_job(conn)
         await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
         await conn.execute("UPDATE jobs SET status = %s WHERE id = %s", (status, job))
+        if status == "failed":  # a redelivery's start meets the host's decision first
+            again = await one(conn, "SELECT * FROM callwarden.start_call(%s, %s, 'node:2')",
+                              job, KIND)
+            assert (again["action"], again["state"]) == ("done", "failed")
+            assert [s for s, _ in await settled(conn, job)] == [reservation]
+            await clean(conn, job)
+            continue
         ended = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:1')", job)
         assert (ended["ok"], ended["state"], ended["settlement"]) == (False, status, settlement)
         row = await one(conn, "SELECT status, call_settlement FROM jobs WHERE id = %s", job)
