@@ -157,7 +157,7 @@ class Cancelled(_Base, frozen=True, kw_only=True, tag=True):
     by: str
 
 
-class HostEnded(_Base, frozen=True, kw_only=True, tag=True):
+class HostEnded(_Base, frozen=True, kw_only=True, tag=True, omit_defaults=True):
     """any non-terminal (or no call) → completed | cancelled | failed, as host code decided.
 
     The host wrote a terminal ``status`` on the row (``completed``, ``cancelled``, or any
@@ -166,9 +166,16 @@ class HostEnded(_Base, frozen=True, kw_only=True, tag=True):
     ``error_message`` stay as the host wrote them. A job the host cancelled or failed has
     what it left ``reserved`` refunded (what the host's own refund would do); one it
     *completed* is the host's to commit (settlement ``"host"``: only it knows the amount),
-    and callwarden moves nothing. Never a reservation the host settled itself."""
+    and callwarden moves nothing. Never a reservation the host settled itself.
+
+    ``commit_left``: the host completed the job and still left a reservation ``reserved``
+    once ``[reconcile] host_left_after_s`` had passed (its commit failed, or it never
+    commits); the reconciler's policy (``host_completed_reserved = "commit"``) commits it
+    at the reservation in this event's transaction. Absent (``False``) in every payload
+    written before it existed."""
 
     status: str
+    commit_left: bool = False
 
 
 class ReconcileAttempted(_Base, frozen=True, kw_only=True, tag=True):

@@ -302,8 +302,9 @@ def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
             _enter(a, e, a.state or dest)
         if type(e) is HostEnded:
             a.status = e.status  # the host's own word stays on the row
-            if a.state is CallState.COMPLETED:
-                a.settlement = HOST_SETTLES  # the host commits its own amount
+            if a.state is CallState.COMPLETED:  # the host commits its own amount, unless
+                # it left it reserved past the grace and the policy commits it
+                a.settlement = "committed" if e.commit_left else HOST_SETTLES
     return a.freeze()
 
 

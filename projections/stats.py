@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 __all__ = [
+    "HostLeft",
     "KindStale",
     "KindState",
     "Latency",
@@ -86,6 +87,14 @@ class Latency(msgspec.Struct, frozen=True, kw_only=True):
     p99_s: float | None
 
 
+class HostLeft(msgspec.Struct, frozen=True, kw_only=True):
+    """Reservations still ``reserved`` on jobs the host ended more than ``after_s`` ago."""
+
+    reservations: int = 0
+    credits: float = 0.0
+    after_s: float = 300.0
+
+
 class StatsReport(msgspec.Struct, frozen=True, kw_only=True):
     now: datetime
     window_s: float
@@ -98,6 +107,9 @@ class StatsReport(msgspec.Struct, frozen=True, kw_only=True):
     # In-flight jobs with credits reserved and no call, newer than the legacy cutoff and
     # older than the legacy threshold: the host's, never swept — reported here.
     jobs_without_call: int = 0
+    # Reservations still held on jobs the host ended (its commit or refund never came),
+    # past host_left_after_s: the reconciler's policy settles them, what stays is here.
+    host_left: HostLeft = msgspec.field(default_factory=lambda: HostLeft())
 
 
 def recoveries(counts: Iterable[TerminalCount]) -> dict[str, int]:

@@ -161,7 +161,8 @@ async def _stats(args: argparse.Namespace, url: str) -> int:
         await clock.sync(conn)
         report = await stats(conn, now=clock(), window=args.window,
                              stale=config.stale,
-                             legacy_cutoff=config.legacy_cutoff)
+                             legacy_cutoff=config.legacy_cutoff,
+                             host_left_after_s=config.host_left_after_s)
     if args.json:
         _emit_json(report)
     else:

@@ -29,13 +29,14 @@ from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.grant import privilege_findings
 from callwarden.config import provider_settings
 from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
-from callwarden.database.db import connect
+from callwarden.database.db import Conn, connect
 from callwarden.database.migrate import available, pending
 from callwarden.database.write import execute
 from callwarden.errors import CallwardenError, ConfigError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import ReconcileConfig, load_config
+from callwarden.replay.audit import host_left
 from callwarden.service.app import ListenConfig, load_listen_config, operator_exposure
 from callwarden.service.webhooks import load_webhook_config
 from callwarden.settings import configured_media, contradictions
@@ -194,7 +195,7 @@ def _status_checks(rows: list[dict[str, object]]) -> list[Finding]:
     return found
 
 
-async def _database(url: str) -> list[Finding]:
+async def _database(url: str, host_left_after_s: float) -> list[Finding]:
     found: list[Finding] = []
     conn = await connect(url)
     async with conn:
@@ -209,7 +210,22 @@ async def _database(url: str) -> list[Finding]:
         found += columns or [("ok", "the host tables hold every column callwarden uses")]
         found += _status_checks(await execute(conn, "check_status_constraints", {}))
         found += await privilege_findings(conn)
+        if not waiting:
+            found += await _host_left(conn, host_left_after_s)
     return found
+
+
+async def _host_left(conn: Conn, after_s: float) -> list[Finding]:
+    """What the host left reserved on jobs it ended (a note: data, not a setting)."""
+    now = (await execute(conn, "clock_now", {}))[0]["now"]
+    left = await host_left(conn, now=now, after_s=after_s)
+    if not left.reservations:
+        return [("ok", f"no reservation left reserved on a job the host ended over "
+                       f"{after_s:g} s ago")]
+    return [("note", f"{left.reservations} reservation(s) ({left.credits:g} credits) still "
+                     f"reserved on jobs the host ended over {after_s:g} s ago: the host's "
+                     "commit or refund never came (docs/reconciler.md, \"Jobs ended outside "
+                     "callwarden\"; callwarden stats)")]
 
 
 def _print(found: list[Finding]) -> int:
@@ -222,10 +238,17 @@ def _print(found: list[Finding]) -> int:
     return sum(1 for level, _ in found if level == "problem")
 
 
+def _host_left_after(args: argparse.Namespace) -> float:
+    try:
+        return load_config(args.config, os.environ).host_left_after_s
+    except (CallwardenError, ValueError):  # already reported with the settings
+        return ReconcileConfig().host_left_after_s
+
+
 async def handler(args: argparse.Namespace, url: str) -> int:
     problems = _print(_settings(args))  # every problem in one run: the database too
     try:
-        found = await _database(url)
+        found = await _database(url, _host_left_after(args))
     except DatabaseUnavailable as exc:
         found = [("problem", f"the database was not checked: {exc}")]
     problems += _print(found)

@@ -113,7 +113,8 @@ def service_config(args: argparse.Namespace, listen: ListenConfig) -> ServiceCon
                          allowed_hosts=listen.operator_names,
                          stale=reconcile.stale, attempt_cap=reconcile.attempt_cap,
                          repoll_interval_s=reconcile.repoll_interval_s,
-                         legacy_cutoff=reconcile.legacy_cutoff)
+                         legacy_cutoff=reconcile.legacy_cutoff,
+                         host_left_after_s=reconcile.host_left_after_s)
 
 
 async def _serve(args: argparse.Namespace, url: str) -> int:

@@ -126,6 +126,11 @@ class ReconcilerDatabase(Database, Protocol):
     async def release(self, job_id: uuid.UUID, owner: str) -> None: ...
 
     async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None: ...
+    async def ended_outside(self, since: datetime, before: datetime,
+                            batch_size: int) -> list[Row]:
+        """Jobs the host ended with no call recorded, created since ``since``, last
+        written before ``before`` (``reconcile_outside``'s rows)."""
+        ...
 
 
 class WebhookDatabase(Database, Protocol):

@@ -114,6 +114,12 @@ class PostgresDatabase:
             await _execute(conn, "reconcile_park",
                            {"job_id": job_id, "owner": owner, "until": until})
 
+    async def ended_outside(self, since: datetime, before: datetime,
+                            batch_size: int) -> list[Row]:
+        async with connection(self.pool) as conn:
+            return list(await _execute(conn, "reconcile_outside", {
+                "since": since, "before": before, "batch_size": batch_size}))
+
     # -- WebhookDatabase -------------------------------------------------------------------
 
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -39,7 +40,16 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     that long ago that still holds a ``reserved`` reservation (its queue message was lost,
     or its worker died before the call started) is swept and refunded — never reserved
     forever. ``0`` (or ``null`` in JSON and the environment) turns that off; otherwise it
-    must be at least ``legacy_threshold_s``."""
+    must be at least ``legacy_threshold_s``.
+
+    Jobs the host ended on its own (docs/reconciler.md, "Jobs ended outside callwarden"):
+    ``host_left_after_s`` is how long the host may take to settle what it reserved after
+    it wrote a terminal status (its job update and its commit are two statements); past
+    it a reservation the host *completed* and left ``reserved`` is committed at the
+    reservation (``host_completed_reserved = "commit"``, the default) or left and reported
+    (``"leave"``), and one it failed or cancelled is refunded. A job that ended with no
+    call at all gets its ``HostEnded`` event then too, if it was created within the last
+    ``outside_window_s`` (``0``/``null``: never), so ``verify`` and ``audit`` see it."""
 
     thresholds_s: Mapping[str, float] = msgspec.field(default_factory=dict)
     scan_interval_s: float = 30.0
@@ -56,6 +66,9 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     legacy_cutoff: datetime | None = None
     reserved_without_call_s: float | None = 86400.0
     kinds: tuple[str, ...] = ()
+    host_left_after_s: float = 300.0
+    host_completed_reserved: Literal["commit", "leave"] = "commit"
+    outside_window_s: float | None = 7 * 86400.0
 
     def __post_init__(self) -> None:
         _check_positive(self)
@@ -97,7 +110,8 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 _TEN_YEARS_S = 10 * 365 * 86400.0
 _POSITIVE = ("scan_interval_s", "repoll_interval_s", "attempt_cap", "batch_size",
-             "concurrency", "heartbeat_timeout_s", "legacy_threshold_s", "claim_lease_s")
+             "concurrency", "heartbeat_timeout_s", "legacy_threshold_s", "claim_lease_s",
+             "host_left_after_s")
 
 
 def _check_positive(c: ReconcileConfig) -> None:
@@ -115,6 +129,12 @@ def _check_positive(c: ReconcileConfig) -> None:
             f"reconcile reserved_without_call_s ({c.reserved_without_call_s:g} s) must be at "
             f"least legacy_threshold_s ({c.legacy_threshold_s:g} s) and at most ten years, "
             "or 0 (never)")
+    if c.outside_window_s and not (
+            c.host_left_after_s <= c.outside_window_s <= _TEN_YEARS_S):
+        raise ConfigError(
+            f"reconcile outside_window_s ({c.outside_window_s:g} s) must be at least "
+            f"host_left_after_s ({c.host_left_after_s:g} s) and at most ten years, or 0 "
+            "(never)")
     if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
         raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00:00Z)")
 

@@ -82,6 +82,7 @@ from callwarden.reconciler.decide import (
     decide,
     next_scan_delay,
 )
+from callwarden.reconciler.outside import ended_outside
 from callwarden.rules.fold import fold_for_row
 from callwarden.rules.host import host_status_ended
 from callwarden.rules.upstream import upstream_event
@@ -114,6 +115,7 @@ class Counts(msgspec.Struct, kw_only=True):
     adopted: int = 0
     cancelled: int = 0
     host_ended: int = 0
+    ended_outside: int = 0  # jobs the host ended with no call, recorded (outside.py)
     skipped: int = 0
     lost_race: int = 0
     errors: int = 0
@@ -196,7 +198,17 @@ class Reconciler(AsyncClosing):
         async with asyncio.TaskGroup() as group:
             for item in batch:
                 group.create_task(one(item))
+        await self._ended_outside(now, counts)
         return counts
+
+    async def _ended_outside(self, now: datetime, counts: Counts) -> None:
+        """The jobs the host ended with no call (:mod:`callwarden.reconciler.outside`); a
+        database error is counted and left to the next pass."""
+        try:
+            counts.ended_outside = await ended_outside(self.db, now, self.owner, self.config)
+        except DatabaseError as exc:
+            log.warning("jobs ended outside callwarden: not recorded this pass (%s)", exc)
+            counts.errors += 1
 
     def claim_request(self, now: datetime) -> ClaimRequest:
         """This owner's claim at ``now``."""
@@ -315,7 +327,8 @@ class Reconciler(AsyncClosing):
         elif isinstance(action, Finalize):
             await self._finalize(job, counts, p, final=action.final)
         elif isinstance(action, RecordHostEnded):
-            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
+            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status,
+                                                commit_left=action.commit_left),
                               counts, "host_ended", f"ended by the host ({action.status})")
         else:
             await self._poll(job, p, action, now, counts)

@@ -17,6 +17,7 @@ from callwarden.errors import JobNotFound
 from callwarden.events.codec import EventDecodeError
 from callwarden.projections.columns import as_float
 from callwarden.projections.stats import (
+    HostLeft,
     KindStale,
     KindState,
     Latency,
@@ -28,7 +29,8 @@ from callwarden.projections.stats import (
 from callwarden.projections.timeline import IllegalHistory, TimelineRow, timeline
 from callwarden.rules.stale import StaleRule
 
-__all__ = ["AuditReport", "Reservation", "audit_job", "jobs_without_call", "stats"]
+__all__ = ["AuditReport", "Reservation", "audit_job", "host_left", "jobs_without_call",
+           "stats"]
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,7 +99,8 @@ def _latency(row: DictRow) -> Latency:
 
 
 async def stats(conn: Conn, *, now: datetime, window: timedelta,
-                stale: StaleRule, legacy_cutoff: datetime | None = None) -> StatsReport:
+                stale: StaleRule, legacy_cutoff: datetime | None = None,
+                host_left_after_s: float = 300.0) -> StatsReport:
     """Calls by kind and state, stale counts per kind (by the reconciler's ``stale`` rule),
     and, over ``window`` before ``now``: recoveries, sweeps, time-to-terminal; and the
     host's jobs waiting without a call with credits reserved."""
@@ -111,7 +114,16 @@ async def stats(conn: Conn, *, now: datetime, window: timedelta,
         time_to_terminal=[_latency(r) for r in latency],
         jobs_without_call=await jobs_without_call(
             conn, now=now, legacy_threshold_s=stale.legacy_threshold_s,
-            legacy_cutoff=legacy_cutoff))
+            legacy_cutoff=legacy_cutoff),
+        host_left=await host_left(conn, now=now, after_s=host_left_after_s))
+
+
+async def host_left(conn: Conn, *, now: datetime, after_s: float) -> HostLeft:
+    """Reservations still held on jobs the host ended more than ``after_s`` ago."""
+    rows = await execute(conn, "audit_host_left",
+                         {"before": now - timedelta(seconds=after_s)})
+    return HostLeft(reservations=int(rows[0]["reservations"]),
+                    credits=float(rows[0]["credits"]), after_s=after_s)
 
 
 async def jobs_without_call(conn: Conn, *, now: datetime, legacy_threshold_s: float,

@@ -158,4 +158,7 @@ def stats_tables(s: StatsReport) -> list[Table]:
                 for x in s.time_to_terminal)),
         _table("jobs waiting without a call, credits reserved (the host's; never swept)",
                ["jobs"], [[str(s.jobs_without_call)]]),
+        _table(f"reservations the host left on jobs it ended (over "
+               f"{s.host_left.after_s:g} s ago)", ["reservations", "credits"],
+               [[str(s.host_left.reservations), f"{s.host_left.credits:g}"]]),
     ]

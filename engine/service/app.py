@@ -78,9 +78,10 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     listener reads it, but only under a ``Host`` that is a loopback name or address or one
     of ``allowed_hosts`` — host names or addresses, no port — so that a DNS-rebinding page
     reads nothing; ``callwarden serve`` puts its ``operator_host`` there). ``stale``,
-    ``legacy_cutoff``, ``attempt_cap`` and ``repoll_interval_s`` are the reconciler's
-    (``callwarden serve`` reads its settings): what ``/metrics`` and the dashboard call
-    stale, and the cap a failed webhook-triggered finalization counts towards."""
+    ``legacy_cutoff``, ``host_left_after_s``, ``attempt_cap`` and ``repoll_interval_s``
+    are the reconciler's (``callwarden serve`` reads its settings): what ``/metrics`` and
+    the dashboard call stale (and a reservation the host left), and the cap a failed
+    webhook-triggered finalization counts towards."""
 
     webhooks: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
     admin_token: str | None = None
@@ -88,6 +89,8 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     allowed_hosts: tuple[str, ...] = ()
     stale: StaleRule = msgspec.field(default_factory=lambda: ReconcileConfig().stale)
     legacy_cutoff: datetime | None = None
+    host_left_after_s: float = msgspec.field(
+        default_factory=lambda: ReconcileConfig().host_left_after_s)
     attempt_cap: int = msgspec.field(default_factory=lambda: ReconcileConfig().attempt_cap)
     repoll_interval_s: float = msgspec.field(
         default_factory=lambda: ReconcileConfig().repoll_interval_s)
@@ -207,7 +210,8 @@ def runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
 
 def _probes(pool: Pool, config: ServiceConfig, now: Clock, outage: Outage) -> Probes:
     return Probes(pool, config.stale, config.legacy_cutoff, now, outage,
-                  timeout_s=config.ready_timeout_s)
+                  timeout_s=config.ready_timeout_s,
+                  host_left_after_s=config.host_left_after_s)
 
 
 def _outage() -> Outage:

@@ -8,7 +8,9 @@ service runs it: N workers reporting the same global gauge would be N copies of 
 number. Names: ``callwarden_calls{kind,state}`` (open calls),
 ``callwarden_calls_ended_recent{kind,state}`` (calls that ended in the last
 ``recent_window_s``), ``callwarden_calls_stale{kind}``,
-``callwarden_reservations_leaked_recent{kind}``, ``callwarden_jobs_without_call``.
+``callwarden_reservations_leaked_recent{kind}``, ``callwarden_jobs_without_call``,
+``callwarden_reservations_host_left`` (reservations still held on jobs the host ended
+longer than ``host_left_after_s`` ago: its commit or refund never came).
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ class CallGauges:
     than the legacy threshold, newer than the legacy cutoff: never swept, so reported)."""
 
     def __init__(self, stale: StaleRule, *, recent_window_s: float = 3600.0,
-                 legacy_cutoff: datetime | None = None) -> None:
+                 legacy_cutoff: datetime | None = None,
+                 host_left_after_s: float = 300.0) -> None:
         self.stale, self.recent_window_s = stale, recent_window_s
-        self.legacy_cutoff = legacy_cutoff
+        self.legacy_cutoff, self.host_left_after_s = legacy_cutoff, host_left_after_s
 
     async def families(self, conn: Conn, now: datetime) -> list[Metric]:
         open_rows = await execute(conn, "metrics_open_calls", {})
@@ -67,7 +70,13 @@ class CallGauges:
         waiting = await execute(conn, "audit_stats_jobs_without_call", {
             "older_than": now - timedelta(seconds=self.stale.legacy_threshold_s),
             "legacy_cutoff": self.legacy_cutoff})
+        left = await execute(conn, "audit_host_left", {
+            "before": now - timedelta(seconds=self.host_left_after_s)})
         return [
+            _family("callwarden_reservations_host_left",
+                    f"Reservations still reserved on jobs the host ended over "
+                    f"{self.host_left_after_s:g} s ago (its commit or refund never came)",
+                    [], [([], float(left[0]["reservations"]))]),
             _family("callwarden_calls", "Open calls by kind and state", ["kind", "state"],
                     (([r["kind"], r["state"]], r["calls"]) for r in open_rows)),
             _family("callwarden_calls_ended_recent",

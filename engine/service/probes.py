@@ -33,9 +33,11 @@ class Probes:
     (it can name hosts and ports)."""
 
     def __init__(self, pool: Pool, stale: StaleRule, legacy_cutoff: datetime | None,
-                 now: Callable[[], datetime], outage: Outage, *, timeout_s: float) -> None:
+                 now: Callable[[], datetime], outage: Outage, *, timeout_s: float,
+                 host_left_after_s: float = 300.0) -> None:
         self.pool, self.now, self.outage, self.timeout_s = pool, now, outage, timeout_s
-        self.gauges = CallGauges(stale, legacy_cutoff=legacy_cutoff)
+        self.gauges = CallGauges(stale, legacy_cutoff=legacy_cutoff,
+                                 host_left_after_s=host_left_after_s)
 
     def routes(self, *, detail: bool) -> list[web.RouteDef]:
         async def readyz(request: web.Request) -> web.Response:

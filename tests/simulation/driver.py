@@ -254,6 +254,11 @@ class Gated:
         await self.sched.gate("park")
         await self.inner.park(job_id, owner, until)
 
+    async def ended_outside(self, since: datetime, before: datetime,
+                            batch_size: int) -> list[Row]:
+        await self.sched.gate("ended_outside")
+        return await self.inner.ended_outside(since, before, batch_size)
+
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
         await self.sched.gate("find_job")
         return await self.inner.find_job(kinds, task_id)
