@@ -205,3 +205,17 @@ WITH upd AS (
 )
 SELECT (SELECT count(*) FROM ev) AS events, (SELECT count(*) FROM settle) AS settled,
        (SELECT count(*) FROM assets_in) AS assets;
+
+-- name: host_api_start
+-- bench/lifecycle.py, the host API (migration 0014): the three calls a Node host makes
+-- through clients/node, sent from Python over the same wire. First the claim...
+SELECT action FROM callwarden.start_call(%(job_id)s::uuid, %(kind)s::text, %(actor)s::text);
+
+-- name: host_api_task
+-- ...then the task id...
+SELECT ok FROM callwarden.task_created(%(job_id)s::uuid, %(task_id)s::text, %(actor)s::text);
+
+-- name: host_api_succeeded
+-- ...then the outcome with what the host stored: events, row, assets and settlement.
+SELECT ok, settlement
+FROM callwarden.succeeded(%(job_id)s::uuid, %(actor)s::text, %(media)s::jsonb);

@@ -20,6 +20,10 @@ simulator in process on 127.0.0.1 (``kie-standard``, one ``running`` poll then s
   the same commits costs with no code of its own, fences, guards or hooks. ``callwarden /
   raw-SQL floor`` is the engine's own overhead; ``raw-SQL floor / DBOS`` is the most such
   an engine could show.
+- ``host API``: the same provider and media work with callwarden's three commits made by
+  its SQL functions (migration 0014: ``start_call``, ``task_created``, ``succeeded``), as a
+  Node host calls them through ``clients/node``: the write path every non-Python host
+  gets, its fences, declaration checks and settlement included, three round trips.
 - ``dbos``: the same lifecycle as a DBOS workflow of three async steps (create, poll,
   finalize) with the same provider client, the same download and storage write, and in
   ``finalize`` one application transaction (job completed, reservation committed, asset
@@ -266,6 +270,34 @@ async def run_floor3(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> Non
     }, expect={"events": 3, "settled": 1, "assets": len(stored)})
 
 
+async def host_api_call(pool: Pool, name: str, params: dict[str, Any],
+                        expect: dict[str, object]) -> None:
+    async with pool.connection() as conn:
+        row = await (await conn.execute(SQL[name], params)).fetchone()
+    if row is None or any(row.get(k) != v for k, v in expect.items()):
+        raise RuntimeError(f"{name} for job {params['job_id']} answered {row}, not {expect}")
+
+
+async def run_host_api(peer: Peer, sessions: MediaSessions, job: uuid.UUID) -> None:
+    """The lifecycle through the host API's three functions (what clients/node sends)."""
+    actor = "host-api"
+    await host_api_call(peer.pool, "host_api_start",
+                        {"job_id": job, "kind": KIND, "actor": actor}, {"action": "create"})
+    client = cast(AsyncKindClient, client_for(KIND, peer.http, peer.settings))
+    task_id = await client.create(REQUEST)
+    await host_api_call(peer.pool, "host_api_task",
+                        {"job_id": job, "task_id": task_id, "actor": actor}, {"ok": True})
+    done = await polled(client, task_id)
+    fetch = media_fetch_for(KIND, peer.settings)
+    stored = await stored_media(peer, sessions.session(fetch.policy), str(job),
+                                done.media_urls)
+    await host_api_call(peer.pool, "host_api_succeeded", {
+        "job_id": job, "actor": actor,
+        "media": _json([{"key": o.key, "url": o.uri, "content_type": o.content_type,
+                         "size": o.size} for o in stored])},
+        {"ok": True, "settlement": "settled"})
+
+
 def _json(value: object) -> str:
     return msgspec.json.encode(value).decode()
 
@@ -371,14 +403,17 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
         drop_database(db.admin, f"{db.name}_dbos")
 
 
-Cell = tuple[Measured, Measured, Measured, Measured]  # callwarden, DBOS, floor, raw-SQL floor
+# callwarden, DBOS, floor, raw-SQL floor, host API
+Cell = tuple[Measured, Measured, Measured, Measured, Measured]
 
 
-async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, args: argparse.Namespace,
-               concurrency: int) -> Cell:
-    """The four at one concurrency, in alternating rounds (same machine noise); ``sql``:
-    the raw-SQL floor's peer (its own media folder, as callwarden has)."""
-    ours, theirs, floor, floor3 = Measured(), Measured(), Measured(), Measured()
+async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
+               args: argparse.Namespace, concurrency: int) -> Cell:
+    """The five at one concurrency, in alternating rounds (same machine noise); ``sql``
+    and ``host``: the raw-SQL floor's and the host API's peers (each its own media
+    folder, as callwarden has)."""
+    ours, theirs, floor, floor3, api = (Measured(), Measured(), Measured(), Measured(),
+                                        Measured())
     async with MediaSessions() as sessions:
         def run_bare(job: uuid.UUID) -> Awaitable[None]:
             return run_floor(peer, sessions, job)
@@ -386,14 +421,18 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, args: argparse
         def run_sql(job: uuid.UUID) -> Awaitable[None]:
             return run_floor3(sql, sessions, job)
 
-        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(3)]
+        def run_api(job: uuid.UUID) -> Awaitable[None]:
+            return run_host_api(host, sessions, job)
+
+        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(4)]
         await timed(lambda j: run_callwarden(runner, j), warm[0], concurrency)
         await timed(run_dbos, warm[1], concurrency)
         await timed(run_bare, [uuid.uuid4() for _ in range(args.warmup)], concurrency)
         await timed(run_sql, warm[2], concurrency)
+        await timed(run_api, warm[3], concurrency)
         size = max(concurrency, args.jobs // args.rounds)
         for _ in range(max(1, args.jobs // size)):
-            jobs = [await make_jobs(peer.pool, size) for _ in range(3)]
+            jobs = [await make_jobs(peer.pool, size) for _ in range(4)]
             await callwarden_round(db, runner, peer.pool, jobs[0], concurrency, ours)
             theirs.seconds += await timed(run_dbos, jobs[1], concurrency)
             theirs.jobs += size
@@ -402,9 +441,11 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, args: argparse
             floor.jobs += size
             floor3.seconds += await timed(run_sql, jobs[2], concurrency)
             floor3.jobs += size
+            api.seconds += await timed(run_api, jobs[3], concurrency)
+            api.jobs += size
             if not all([await all_completed(peer.pool, j) for j in jobs]):
                 raise RuntimeError("a job was not completed")
-    return ours, theirs, floor, floor3
+    return ours, theirs, floor, floor3, api
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
@@ -416,9 +457,10 @@ async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
                                                              max_size=POOL_SIZE) as peer_pool):
             peer = Peer(http, sim.settings, LocalFolderStore(Path(tmp, "dbos")), peer_pool)
             sql = replace(peer, store=LocalFolderStore(Path(tmp, "floor3")))
+            host = replace(peer, store=LocalFolderStore(Path(tmp, "host-api")))
             async with make_runner(pool, http, sim.settings, Path(tmp, "cw")) as runner, \
                     launched_dbos(db, peer):
-                return {c: await cell(db, runner, peer, sql, args, c) for c in (1, 8)}
+                return {c: await cell(db, runner, peer, sql, host, args, c) for c in (1, 8)}
 
 
 def report(console: Console, results: dict[int, Cell]) -> None:
@@ -432,6 +474,8 @@ def report(console: Console, results: dict[int, Cell]) -> None:
     table.add_row("DBOS (3 steps)", *(f"{rate[c][1]:,.0f}" for c in (1, 8)))
     table.add_row("raw-SQL floor: the same three commits, bare statements",
                   *(f"{rate[c][3]:,.0f}" for c in (1, 8)))
+    table.add_row("host API: the same three commits, callwarden's SQL functions",
+                  *(f"{rate[c][4]:,.0f}" for c in (1, 8)))
     table.add_row("floor: provider + media alone, no database",
                   *(f"{rate[c][2]:,.0f}" for c in (1, 8)))
     table.add_row("ratio (goal: 3x at c=1, 4x at c=8)",
@@ -442,6 +486,8 @@ def report(console: Console, results: dict[int, Cell]) -> None:
                   *(f"{rate[c][2] / rate[c][1]:.2f}x" for c in (1, 8)))
     table.add_row("callwarden / raw-SQL floor",
                   *(f"{rate[c][0] / rate[c][3]:.2f}x" for c in (1, 8)))
+    table.add_row("host API / raw-SQL floor",
+                  *(f"{rate[c][4] / rate[c][3]:.2f}x" for c in (1, 8)))
     ours = {c: results[c][0] for c in (1, 8)}
     table.add_row("callwarden transactions/call (goal <= 3)",
                   *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))
