@@ -22,8 +22,10 @@
 -- in flight under this release finishes under the next (its state is the row and the log,
 -- which every release reads); a change a client must know of raises the version.
 --
--- SECURITY INVOKER (the caller's own privileges: callwarden grant ROLE), search_path ''.
--- The host's tables are named with the schema this migration finds jobs in (@host@).
+-- SECURITY INVOKER (the caller's own privileges: callwarden grant ROLE), search_path '',
+-- and #variable_conflict error with every parameter and local qualified: a column the host
+-- adds to its tables can never stand in for one. The host's tables are named with the
+-- schema this migration finds jobs in, user_id cast to the host's own column types.
 
 -- BEGIN GENERATED (python -m callwarden.database.declared)
 
@@ -52,6 +54,7 @@ SELECT CASE
     WHEN state = 'finalizing' AND event = 'HostEnded' THEN 'failed'
     WHEN state = 'polling' AND event = 'HostEnded' THEN 'failed'
     WHEN state = 'upstream_succeeded' AND event = 'HostEnded' THEN 'failed'
+    WHEN state = 'completed' AND event = 'LeftoverSettled' THEN 'completed'
     WHEN state = 'created' AND event = 'ReconcileAttempted' THEN 'created'
     WHEN state = 'finalizing' AND event = 'ReconcileAttempted' THEN 'finalizing'
     WHEN state = 'polling' AND event = 'ReconcileAttempted' THEN 'polling'
@@ -81,6 +84,7 @@ SELECT CASE
     WHEN event = 'FinalizeClaimed' THEN 1
     WHEN event = 'FinalizeFailed' THEN 1
     WHEN event = 'HostEnded' THEN 1
+    WHEN event = 'LeftoverSettled' THEN 1
     WHEN event = 'ReconcileAttempted' THEN 1
     WHEN event = 'Swept' THEN 1
     WHEN event = 'TaskCreated' THEN 1
@@ -123,13 +127,58 @@ SELECT CASE
     ELSE NULL END
 $body$;
 
+CREATE OR REPLACE FUNCTION callwarden.safe_error(message text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = ''
+AS $body$
+#variable_conflict error
+DECLARE
+    v_out text := message;
+    v_hex text;
+BEGIN
+    IF v_out IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_out := replace(v_out,  E'\\/', '/');
+    v_out := replace(v_out,  E'\\u0020', ' ');
+    v_out := replace(v_out,  E'\\"', '"');
+    LOOP  -- percent-escapes, as urllib's unquote (a NUL becomes U+FFFD)
+        v_hex := substring(v_out FROM '%([0-9A-Fa-f]{2})');
+        EXIT WHEN v_hex IS NULL;
+        v_out := replace(v_out, '%' || v_hex, CASE WHEN v_hex = '00' THEN chr(65533)
+                         ELSE chr(get_byte(decode(v_hex, 'hex'), 0)) END);
+    END LOOP;
+    v_out := regexp_replace(v_out,  E'\\y([a-z][a-z0-9+.-]*://)[^/\\s@''\\"<>]+@',  E'\\1[redacted]@', 'gi');
+    v_out := regexp_replace(v_out,  E'\\y([a-z][a-z0-9+.-]*://[^\\s?#''\\"<>]*)[?#][^\\s''\\"<>]*',  E'\\1?[redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'\\y([\\w-]+(?:\\.[\\w-]+)+(?::\\d+)?/[^\\s?#''\\"<>]*)\\?[^\\s''\\"<>]*',  E'\\1?[redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'([\\"'']?\\y(?:(?:proxy-)?authorization|set-cookie|cookie|x-api-key|xi-api-key|x-goog-api-key|api-key|x-amz-security-token|[\\w-]*signature|x-kie-[\\w-]+|webhook-id)\\y[\\"'']?\\s*[:=]\\s*)(\\"[^\\"]*\\"|''[^'']*''|[^\\r\\n]+)',  E'\\1[redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'(b?[\\"''](?:(?:proxy-)?authorization|set-cookie|cookie|x-api-key|xi-api-key|x-goog-api-key|api-key|x-amz-security-token|[\\w-]*signature|x-kie-[\\w-]+|webhook-id|(?![\\w-]*(?:error|exception|warning)\\y)[\\w-]*(?:api[ _-]?key|apikey|key|token|secret|signature|sig|password|passwd|pwd|pass|private|credential|session|sid|auth)[\\w-]*)[\\"'']\\s*,\\s*b?)(?!''\\[redacted\\]'')(\\"[^\\"]*\\"|''[^'']*'')',  E'\\1''[redacted]''', 'gi');
+    v_out := regexp_replace(v_out,  E'\\y(bearer|basic)\\s+(?!\\[redacted\\])[A-Za-z0-9._~+/=-]+',  E'\\1 [redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'\\y(token)\\s+(?=[\\w.-]*\\d)[\\w.-]{16,}',  E'\\1 [redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'([\\"'']?\\y(?![\\w-]*(?:error|exception|warning)\\y)[\\w-]*(?:api[ _-]?key|apikey|key|token|secret|signature|sig|password|passwd|pwd|pass|private|credential|session|sid|auth)[\\w-]*[\\"'']?\\s*[:=]\\s*)(?!\\[redacted\\])(?!(?:bearer|basic|token)\\s)(\\"[^\\"]*\\"|''[^'']*''|[^\\s,;&''\\"}]+)',  E'\\1[redacted]', 'gi');
+    v_out := regexp_replace(v_out,  E'\\y(?:sk-[A-Za-z0-9_-]{16,}|sk_[A-Za-z0-9]{16,}|r8_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}|AIza[\\w-]{30,})', '[redacted]', 'g');
+    v_out := regexp_replace(v_out,  E'\\y(key|token|secret)\\s+(?=[\\w.-]*\\d)(?=[\\w.-]*[a-z])[\\w.-]{12,}',  E'\\1 [redacted]', 'gi');
+    IF length(v_out) > 1000 THEN
+        v_out := left(v_out, 1000) || '... (' || (length(v_out) - 1000) || ' characters cut)';
+    END IF;
+    RETURN v_out;
+END
+$body$;
+
 -- END GENERATED
 
--- The functions that name the host's tables, made with its schema (@host@ below).
+-- The functions that name the host's tables, made with its schema and its user_id types.
 DO $host_api$
 DECLARE
     host text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.oid = to_regclass('jobs'));
+    jobs_user text := (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                       WHERE a.attrelid = to_regclass('jobs') AND a.attname = 'user_id');
+    usage_user text := (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                        WHERE a.attrelid = to_regclass('usage_logs') AND a.attname = 'user_id');
+    assets_user text := (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                         WHERE a.attrelid = to_regclass('assets') AND a.attname = 'user_id');
     body text := $fns$
 CREATE OR REPLACE FUNCTION callwarden.host_api_version() RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = '' AS $body$ SELECT 1 $body$;
@@ -137,55 +186,57 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = '' AS $body$ SELECT 1 $bo
 -- The job's row, locked for this transaction; no_data_found (P0002) if there is none.
 CREATE OR REPLACE FUNCTION callwarden.locked_job(job_id uuid) RETURNS @host@.jobs
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs;
+    v_job @host@.jobs;
 BEGIN
-    SELECT * INTO j FROM @host@.jobs WHERE id = locked_job.job_id FOR UPDATE;
+    SELECT * INTO v_job FROM @host@.jobs j WHERE j.id = locked_job.job_id FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no job %', job_id USING ERRCODE = 'P0002';
+        RAISE EXCEPTION 'no job %', locked_job.job_id USING ERRCODE = 'P0002';
     END IF;
-    RETURN j;
+    RETURN v_job;
 END
 $body$;
 
 -- Append events (a jsonb array of payloads, each with its type, at and actor) to a call
--- read at version from_version, each checked against the declaration; the state after.
+-- read in state from_state at version from_version, each checked against the declaration;
+-- the state after.
 CREATE OR REPLACE FUNCTION callwarden.append_events(job_id uuid, from_state text,
                                                     from_version int, events jsonb)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    st text := from_state;
-    e jsonb;
-    n int := 0;
+    v_state text := append_events.from_state;
+    v_event jsonb;
+    v_n int := 0;
 BEGIN
-    FOR e IN SELECT * FROM jsonb_array_elements(events) LOOP
-        st := callwarden.next_state(st, e->>'type');
-        IF st IS NULL THEN
-            RAISE EXCEPTION '% may not follow state %', e->>'type',
-                COALESCE(from_state, 'none') USING ERRCODE = 'CW003';
+    FOR v_event IN SELECT e.value FROM jsonb_array_elements(append_events.events) e LOOP
+        v_state := callwarden.next_state(v_state, v_event->>'type');
+        IF v_state IS NULL THEN
+            RAISE EXCEPTION '% may not follow state %', v_event->>'type',
+                COALESCE(append_events.from_state, 'none') USING ERRCODE = 'CW003';
         END IF;
-        n := n + 1;
+        v_n := v_n + 1;
         INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
-        VALUES (append_events.job_id, from_version + n, e->>'type',
-                callwarden.event_version(e->>'type'), e, e->>'actor');
+        VALUES (append_events.job_id, append_events.from_version + v_n, v_event->>'type',
+                callwarden.event_version(v_event->>'type'), v_event, v_event->>'actor');
     END LOOP;
-    RETURN st;
+    RETURN v_state;
 END
 $body$;
 
 -- Settle the job's reservations still 'reserved' to committed (charging min(cost, what
 -- was reserved) in total, split over them in id order; NULL cost: the reservations) or
--- refunded, by the event at seq; the settlement word the Python write path answers.
+-- refunded, by the event at seq: settle_ctes of engine/database/queries.sql. The word
+-- the Python write path answers: settled, no_reservation or already_settled.
 CREATE OR REPLACE FUNCTION callwarden.settle(job_id uuid, settle_to text, seq int,
                                              cost numeric)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    moved int;
+    v_moved int;
 BEGIN
     WITH host_charged AS (
         SELECT COALESCE(sum(COALESCE(u.credits_charged, u.credits_reserved)), 0) AS charged
@@ -193,17 +244,17 @@ BEGIN
         WHERE u.job_id = settle.job_id AND u.status = 'committed'
     ), open_rows AS (
         SELECT u.id, u.credits_reserved,
-               (SELECT charged FROM host_charged) + COALESCE(sum(u.credits_reserved) OVER (
+               (SELECT h.charged FROM host_charged h) + COALESCE(sum(u.credits_reserved) OVER (
                    ORDER BY u.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
                    AS before
         FROM @host@.usage_logs u
         WHERE u.job_id = settle.job_id AND u.status = 'reserved'
     ), moved_rows AS (
         UPDATE @host@.usage_logs u SET
-            status = settle_to,
+            status = settle.settle_to,
             settled_at = now(),
             settled_by_seq = settle.seq,
-            credits_charged = CASE WHEN settle_to = 'committed'
+            credits_charged = CASE WHEN settle.settle_to = 'committed'
                 THEN LEAST(o.credits_reserved, GREATEST(0, COALESCE(
                          settle.cost, o.credits_reserved + o.before) - o.before))
                 ELSE 0 END
@@ -211,73 +262,79 @@ BEGIN
         WHERE u.job_id = settle.job_id AND u.id = o.id AND u.status = 'reserved'
         RETURNING u.id
     )
-    SELECT count(*) INTO moved FROM moved_rows;
-    IF moved > 0 THEN
+    SELECT count(*) INTO v_moved FROM moved_rows;
+    IF v_moved > 0 THEN
         RETURN 'settled';
     END IF;
-    RETURN CASE WHEN EXISTS (SELECT 1 FROM @host@.usage_logs u WHERE u.job_id = settle.job_id)
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM @host@.usage_logs u
+                             WHERE u.job_id = settle.job_id)
                 THEN 'already_settled' ELSE 'no_reservation' END;
 END
 $body$;
 
--- The call ends in state `dest` by the last of `events` (already appended): the
--- projection's terminal columns, and the settlement the state declares ('host': none).
+-- The call ends in state `dest` by the last of its `n_events` events (appended): the
+-- projection's terminal columns (as the fold's _enter: the host status, the finish time,
+-- no next attempt; the finalization lease is the events' own business), and the
+-- settlement the state declares ('host': none moved).
 CREATE OR REPLACE FUNCTION callwarden.end_call(j @host@.jobs, dest text, n_events int,
-                                               at timestamptz, error text,
+                                               at timestamptz, error_text text,
                                                settle_to text, cost numeric)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 BEGIN
-    UPDATE @host@.jobs SET
-        call_state = dest,
-        call_version = j.call_version + n_events,
-        status = COALESCE(callwarden.state_status(dest), status),
-        error_message = COALESCE(error, error_message),
+    UPDATE @host@.jobs t SET
+        call_state = end_call.dest,
+        call_version = (end_call.j).call_version + end_call.n_events,
+        status = COALESCE(callwarden.state_status(end_call.dest), t.status),
+        error_message = COALESCE(end_call.error_text, t.error_message),
         reconcile_next_at = NULL,
-        finalize_owner = NULL,
-        finalize_lease_until = NULL,
-        call_finished_at = at,
-        call_settlement = settle_to,
+        call_finished_at = end_call.at,
+        call_settlement = end_call.settle_to,
         updated_at = now()
-    WHERE id = j.id;
-    IF settle_to IN ('committed', 'refunded') THEN
-        RETURN callwarden.settle(j.id, settle_to, j.call_version + n_events, cost);
+    WHERE t.id = (end_call.j).id;
+    IF end_call.settle_to IN ('committed', 'refunded') THEN
+        RETURN callwarden.settle((end_call.j).id, end_call.settle_to,
+                                 (end_call.j).call_version + end_call.n_events, end_call.cost);
     END IF;
     RETURN NULL;
 END
 $body$;
 
 -- The host wrote a terminal status on an open call first: HostEnded, as the Python write
--- path records it (a job it completed is the host's to commit; else what it left
--- reserved is refunded). NULL when the row is not such a call.
+-- path records it (a job it completed is the host's to commit; what it left reserved on
+-- one it failed or cancelled is refunded). No row when the job is not such a call.
 CREATE OR REPLACE FUNCTION callwarden.host_ended(j @host@.jobs, actor text)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    at timestamptz := now();
-    dest text;
-    word text;
+    v_at timestamptz := now();
+    v_dest text;
+    v_word text;
 BEGIN
-    IF j.call_state IS NULL OR callwarden.state_settlement(j.call_state) IS NOT NULL
-       OR COALESCE(j.status, 'pending') IN ('pending', 'processing') THEN
+    IF (host_ended.j).call_state IS NULL
+       OR callwarden.state_settlement((host_ended.j).call_state) IS NOT NULL
+       OR COALESCE((host_ended.j).status, 'pending') IN ('pending', 'processing') THEN
         RETURN;
     END IF;
-    PERFORM callwarden.append_events(j.id, j.call_state, j.call_version, jsonb_build_array(
-        jsonb_build_object('type', 'HostEnded', 'at', at, 'actor', actor,
-                           'status', j.status)));
-    dest := CASE j.status WHEN 'completed' THEN 'completed' WHEN 'cancelled' THEN 'cancelled'
-                          ELSE 'failed' END;
-    word := callwarden.end_call(j, dest, 1, at, NULL,
-                                CASE WHEN dest = 'completed' THEN 'host' ELSE 'refunded' END,
-                                NULL);
-    UPDATE @host@.jobs SET status = j.status WHERE id = j.id;  -- the host's word stays
-    RETURN QUERY SELECT false, dest, word;
+    PERFORM callwarden.append_events((host_ended.j).id, (host_ended.j).call_state,
+                                     (host_ended.j).call_version, jsonb_build_array(
+        jsonb_build_object('type', 'HostEnded', 'at', v_at, 'actor', host_ended.actor,
+                           'status', (host_ended.j).status)));
+    v_dest := CASE (host_ended.j).status WHEN 'completed' THEN 'completed'
+                                         WHEN 'cancelled' THEN 'cancelled' ELSE 'failed' END;
+    v_word := callwarden.end_call(host_ended.j, v_dest, 1, v_at, NULL,
+                                  CASE WHEN v_dest = 'completed' THEN 'host' ELSE 'refunded' END,
+                                  NULL);
+    UPDATE @host@.jobs t SET status = (host_ended.j).status  -- the host's word stays
+    WHERE t.id = (host_ended.j).id;
+    RETURN QUERY SELECT false, v_dest, v_word;
 END
 $body$;
 
--- A job row and its credit reservation (none when credits is NULL), in one statement.
+-- A job row and its credit reservation (none when credits is NULL), in one statement;
+-- user_id is cast to the host's own column types (text or uuid).
 CREATE OR REPLACE FUNCTION callwarden.create_job(user_id text, credits numeric,
                                                  input jsonb DEFAULT '{}',
                                                  job_type text DEFAULT 'image',
@@ -286,205 +343,258 @@ RETURNS uuid
 LANGUAGE sql SET search_path = '' AS $body$
     WITH j AS (
         INSERT INTO @host@.jobs (id, user_id, job_type, status, input_data)
-        VALUES (COALESCE(create_job.job_id, gen_random_uuid()), create_job.user_id,
-                create_job.job_type, 'pending', COALESCE(create_job.input, '{}'))
+        VALUES (COALESCE(create_job.job_id, gen_random_uuid()),
+                create_job.user_id::@jobs_user_type@, create_job.job_type, 'pending',
+                COALESCE(create_job.input, '{}'))
         RETURNING id, user_id
     ), r AS (
         INSERT INTO @host@.usage_logs (job_id, user_id, status, credits_reserved)
-        SELECT j.id, j.user_id, 'reserved', create_job.credits FROM j
+        SELECT j.id, j.user_id::text::@usage_user_type@, 'reserved', create_job.credits
+        FROM j
         WHERE create_job.credits IS NOT NULL
     )
-    SELECT id FROM j
+    SELECT j.id FROM j
 $body$;
 
--- The claim before the create (OwnCalls.start, markProviderCallStart for a sync call):
--- records CallStarted on a job with no call, then answers `create`; on a job whose call
--- started before, what its holder must do (see the client's docs: resume with the task
--- id, ambiguous, finalize, done, not_started; a sync call answers `already_started`).
+-- The claim before the create (OwnCalls.start; markProviderCallStart for a sync call):
+-- records CallStarted on a job with no call and answers `create`; on a job whose call
+-- started before, what its holder must do (docs/node.md: resume with the task id,
+-- ambiguous, finalize, done, not_started; a sync call answers `already_started`).
 CREATE OR REPLACE FUNCTION callwarden.start_call(job_id uuid, kind text, actor text,
                                                  sync boolean DEFAULT false,
                                                  recreate boolean DEFAULT false)
 RETURNS TABLE (action text, task_id text, state text, version int)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs := callwarden.locked_job(start_call.job_id);
-    at timestamptz := now();
-    ended record;
+    v_job @host@.jobs;
+    v_at timestamptz := now();
+    v_ended record;
 BEGIN
-    IF kind IS NULL OR kind = '' OR actor IS NULL OR actor = '' THEN
+    IF start_call.kind IS NULL OR start_call.kind = ''
+       OR start_call.actor IS NULL OR start_call.actor = '' THEN
         RAISE EXCEPTION 'start_call: kind and actor are required' USING ERRCODE = '22023';
     END IF;
-    IF j.call_state IS NULL THEN
-        IF j.provider_task_id IS NOT NULL
-           OR COALESCE(j.status, 'pending') NOT IN ('pending', 'processing') THEN
-            RETURN QUERY SELECT 'not_started', j.provider_task_id, NULL::text, j.call_version;
+    v_job := callwarden.locked_job(start_call.job_id);
+    IF v_job.call_state IS NULL THEN
+        IF v_job.provider_task_id IS NOT NULL
+           OR COALESCE(v_job.status, 'pending') NOT IN ('pending', 'processing') THEN
+            RETURN QUERY SELECT 'not_started'::text, v_job.provider_task_id, NULL::text,
+                                v_job.call_version;
             RETURN;
         END IF;
-        PERFORM callwarden.append_events(j.id, NULL, j.call_version, jsonb_build_array(
-            jsonb_build_object('type', 'CallStarted', 'at', at, 'actor', actor,
-                               'kind', kind, 'sync', sync)));
-        UPDATE @host@.jobs SET
-            call_state = 'created', call_version = j.call_version + 1,
-            provider_kind = kind, provider_task_id = NULL, provider_call_started_at = at,
-            call_sync = sync, reconcile_attempts = 0, reconcile_last_error = NULL,
-            reconcile_next_at = NULL, finalize_owner = NULL, finalize_lease_until = NULL,
-            upstream_result = NULL, call_output = NULL, provider_cost = NULL,
-            call_finished_at = NULL, call_settlement = NULL, updated_at = now()
-        WHERE id = j.id;
-        RETURN QUERY SELECT 'create', NULL::text, 'created', j.call_version + 1;
+        PERFORM callwarden.append_events(v_job.id, NULL, v_job.call_version,
+                                         jsonb_build_array(jsonb_build_object(
+            'type', 'CallStarted', 'at', v_at, 'actor', start_call.actor,
+            'kind', start_call.kind, 'sync', start_call.sync)));
+        UPDATE @host@.jobs t SET
+            call_state = 'created', call_version = v_job.call_version + 1,
+            provider_kind = start_call.kind, provider_task_id = NULL,
+            provider_call_started_at = v_at, call_sync = start_call.sync,
+            reconcile_attempts = 0, reconcile_last_error = NULL, reconcile_next_at = NULL,
+            finalize_owner = NULL, finalize_lease_until = NULL, upstream_result = NULL,
+            call_output = NULL, call_finished_at = NULL, call_settlement = NULL,
+            updated_at = now()
+        WHERE t.id = v_job.id;
+        RETURN QUERY SELECT 'create'::text, NULL::text, 'created'::text, v_job.call_version + 1;
         RETURN;
     END IF;
-    IF j.provider_kind IS DISTINCT FROM kind THEN
-        RAISE EXCEPTION 'job % has a % call, not %', j.id, j.provider_kind, kind
-            USING ERRCODE = 'CW002';
+    IF v_job.provider_kind IS DISTINCT FROM start_call.kind THEN
+        RAISE EXCEPTION 'job % has a % call, not %', v_job.id, v_job.provider_kind,
+            start_call.kind USING ERRCODE = 'CW002';
     END IF;
-    SELECT * INTO ended FROM callwarden.host_ended(j, actor);
+    SELECT * INTO v_ended FROM callwarden.host_ended(v_job, start_call.actor);
     IF FOUND THEN  -- the host ended the job: its decision is recorded, nothing to do
-        RETURN QUERY SELECT 'done'::text, j.provider_task_id, ended.state,
-                            j.call_version + 1;
+        RETURN QUERY SELECT 'done'::text, v_job.provider_task_id, v_ended.state,
+                            v_job.call_version + 1;
         RETURN;
     END IF;
     RETURN QUERY SELECT
-        CASE WHEN callwarden.state_settlement(j.call_state) IS NOT NULL THEN 'done'
-             WHEN sync THEN 'already_started'
-             WHEN j.call_state = 'created' THEN
-                 CASE WHEN recreate THEN 'create' ELSE 'ambiguous' END
-             WHEN j.call_state = 'polling' THEN 'resume'
+        CASE WHEN callwarden.state_settlement(v_job.call_state) IS NOT NULL THEN 'done'
+             WHEN start_call.sync THEN 'already_started'
+             WHEN v_job.call_state = 'created' THEN
+                 CASE WHEN start_call.recreate THEN 'create' ELSE 'ambiguous' END
+             WHEN v_job.call_state = 'polling' THEN 'resume'
              ELSE 'finalize' END,
-        j.provider_task_id, j.call_state, j.call_version;
+        v_job.provider_task_id, v_job.call_state, v_job.call_version;
 END
 $body$;
 
 -- The upstream task id, persisted (TaskCreated: created -> polling; the call's first
--- heartbeat). Another id than the job holds: CW001; one another job holds: 23505.
+-- heartbeat). Another id than the job holds: CW001; one another job holds: 23505 (on
+-- Citus, where no unique index spans the shards, callwarden_tasks holds the claim as the
+-- Python write path's does).
 CREATE OR REPLACE FUNCTION callwarden.task_created(job_id uuid, task_id text, actor text)
 RETURNS TABLE (ok boolean, state text, version int)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs := callwarden.locked_job(task_created.job_id);
-    at timestamptz := now();
-    ended record;
+    v_job @host@.jobs;
+    v_at timestamptz := now();
+    v_ended record;
+    v_holder uuid;
 BEGIN
-    IF task_id IS NULL OR task_id = '' THEN
+    IF task_created.task_id IS NULL OR task_created.task_id = '' THEN
         RAISE EXCEPTION 'task_created: a task id is required' USING ERRCODE = '22023';
     END IF;
-    IF j.provider_task_id IS NOT NULL AND j.provider_task_id <> task_id THEN
-        RAISE EXCEPTION 'job % holds task %, not %', j.id, j.provider_task_id, task_id
-            USING ERRCODE = 'CW001';
+    v_job := callwarden.locked_job(task_created.job_id);
+    IF v_job.provider_task_id IS NOT NULL AND v_job.provider_task_id <> task_created.task_id
+    THEN
+        RAISE EXCEPTION 'job % holds task %, not %', v_job.id, v_job.provider_task_id,
+            task_created.task_id USING ERRCODE = 'CW001';
     END IF;
-    SELECT * INTO ended FROM callwarden.host_ended(j, actor);
+    SELECT * INTO v_ended FROM callwarden.host_ended(v_job, task_created.actor);
     IF FOUND THEN
-        RETURN QUERY SELECT false, ended.state, j.call_version + 1;
+        RETURN QUERY SELECT false, v_ended.state, v_job.call_version + 1;
         RETURN;
     END IF;
-    IF j.call_state IS DISTINCT FROM 'created' THEN
-        RETURN QUERY SELECT false, j.call_state, j.call_version;
+    IF v_job.call_state IS DISTINCT FROM 'created' THEN
+        RETURN QUERY SELECT false, v_job.call_state, v_job.call_version;
         RETURN;
     END IF;
-    PERFORM callwarden.append_events(j.id, j.call_state, j.call_version, jsonb_build_array(
-        jsonb_build_object('type', 'TaskCreated', 'at', at, 'actor', actor,
-                           'task_id', task_id)));
-    UPDATE @host@.jobs SET
-        call_state = 'polling', call_version = j.call_version + 1, status = 'processing',
-        provider_task_id = task_created.task_id, heartbeat_at = at, heartbeat_owner = actor,
-        updated_at = now()
-    WHERE id = j.id;
-    RETURN QUERY SELECT true, 'polling'::text, j.call_version + 1;
+    IF to_regclass('callwarden.callwarden_tasks') IS NOT NULL THEN  -- Citus
+        INSERT INTO callwarden.callwarden_tasks (provider_kind, provider_task_id, job_id)
+        VALUES (v_job.provider_kind, task_created.task_id, v_job.id)
+        ON CONFLICT (provider_task_id, provider_kind) DO NOTHING;
+        SELECT c.job_id INTO v_holder FROM callwarden.callwarden_tasks c
+        WHERE c.provider_task_id = task_created.task_id
+          AND c.provider_kind = v_job.provider_kind;
+        IF v_holder IS DISTINCT FROM v_job.id THEN
+            RAISE EXCEPTION 'upstream task already claimed by another job: % %',
+                v_job.provider_kind, task_created.task_id USING ERRCODE = '23505';
+        END IF;
+    END IF;
+    PERFORM callwarden.append_events(v_job.id, v_job.call_state, v_job.call_version,
+                                     jsonb_build_array(jsonb_build_object(
+        'type', 'TaskCreated', 'at', v_at, 'actor', task_created.actor,
+        'task_id', task_created.task_id)));
+    UPDATE @host@.jobs t SET
+        call_state = 'polling', call_version = v_job.call_version + 1, status = 'processing',
+        provider_task_id = task_created.task_id, heartbeat_at = v_at,
+        heartbeat_owner = task_created.actor, updated_at = now()
+    WHERE t.id = v_job.id;
+    RETURN QUERY SELECT true, 'polling'::text, v_job.call_version + 1;
 END
 $body$;
 
 -- Projection-only (never an event): the call's holder is alive. False when the call is
--- no longer one to poll (it ended, or its result is recorded): stop polling.
+-- no longer one to poll (it ended, or its result is recorded), or there is no such job:
+-- stop polling.
 CREATE OR REPLACE FUNCTION callwarden.heartbeat(job_id uuid, owner text,
                                                 progress int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql SET search_path = '' AS $body$
     WITH beat AS (
-        UPDATE @host@.jobs
+        UPDATE @host@.jobs t
         SET heartbeat_at = now(), heartbeat_owner = heartbeat.owner,
-            progress = GREATEST(progress, COALESCE(heartbeat.progress, progress))
-        WHERE id = heartbeat.job_id AND call_state IN ('created', 'polling')
-        RETURNING id
+            progress = GREATEST(t.progress, COALESCE(heartbeat.progress, t.progress))
+        WHERE t.id = heartbeat.job_id AND t.call_state IN ('created', 'polling')
+        RETURNING t.id
     )
     SELECT EXISTS (SELECT 1 FROM beat)
 $body$;
 
--- An upstream failure or a vanished task (created|polling -> failed or swept, refunded).
+-- An upstream failure or a vanished task (-> failed or swept, refunded): `event` is the
+-- payload, `error_text` what goes on the row.
 CREATE OR REPLACE FUNCTION callwarden.fail_call(job_id uuid, actor text, event jsonb,
-                                                error text)
+                                                error_text text)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs := callwarden.locked_job(fail_call.job_id);
-    ended record;
-    dest text;
+    v_job @host@.jobs := callwarden.locked_job(fail_call.job_id);
+    v_ended record;
+    v_dest text;
 BEGIN
-    SELECT * INTO ended FROM callwarden.host_ended(j, actor);
+    SELECT * INTO v_ended FROM callwarden.host_ended(v_job, fail_call.actor);
     IF FOUND THEN
-        RETURN QUERY SELECT ended.ok, ended.state, ended.settlement;
+        RETURN QUERY SELECT v_ended.ok, v_ended.state, v_ended.settlement;
         RETURN;
     END IF;
-    IF callwarden.next_state(j.call_state, event->>'type') IS NULL
-       OR (event->>'type' = 'UpstreamFailed' AND j.call_state NOT IN ('created', 'polling'))
-    THEN
-        RETURN QUERY SELECT false, j.call_state, j.call_settlement;
+    IF callwarden.next_state(v_job.call_state, fail_call.event->>'type') IS NULL
+       OR (fail_call.event->>'type' = 'UpstreamFailed'
+           AND v_job.call_state NOT IN ('created', 'polling')) THEN
+        RETURN QUERY SELECT false, v_job.call_state, v_job.call_settlement;
         RETURN;
     END IF;
-    dest := callwarden.append_events(j.id, j.call_state, j.call_version,
-                                     jsonb_build_array(event));
-    RETURN QUERY SELECT true, dest,
-        callwarden.end_call(j, dest, 1, (event->>'at')::timestamptz, error,
-                            callwarden.state_settlement(dest), NULL);
+    v_dest := callwarden.append_events(v_job.id, v_job.call_state, v_job.call_version,
+                                       jsonb_build_array(fail_call.event));
+    RETURN QUERY SELECT true, v_dest,
+        callwarden.end_call(v_job, v_dest, 1, (fail_call.event->>'at')::timestamptz,
+                            fail_call.error_text, callwarden.state_settlement(v_dest), NULL);
 END
 $body$;
 
+-- The error text is recorded as callwarden.safe_error makes it (no credentials, no query
+-- strings, bounded), as every error the Python write path records.
 CREATE OR REPLACE FUNCTION callwarden.failed(job_id uuid, actor text, error text,
                                              code text DEFAULT NULL)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE sql SET search_path = '' AS $body$
-    SELECT * FROM callwarden.fail_call(failed.job_id, failed.actor, jsonb_build_object(
-        'type', 'UpstreamFailed', 'at', now(), 'actor', failed.actor,
-        'error', left(COALESCE(failed.error, 'failed'), 2000), 'code', failed.code),
-        left(COALESCE(failed.error, 'failed'), 2000))
+    SELECT f.ok, f.state, f.settlement
+    FROM (SELECT callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), 'failed')) AS e) s,
+         callwarden.fail_call(failed.job_id, failed.actor, jsonb_build_object(
+             'type', 'UpstreamFailed', 'at', now(), 'actor', failed.actor,
+             'error', s.e, 'code', failed.code), s.e) f
 $body$;
 
 CREATE OR REPLACE FUNCTION callwarden.not_found(job_id uuid, actor text)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE sql SET search_path = '' AS $body$
-    SELECT * FROM callwarden.fail_call(not_found.job_id, not_found.actor, jsonb_build_object(
+    SELECT f.ok, f.state, f.settlement
+    FROM callwarden.fail_call(not_found.job_id, not_found.actor, jsonb_build_object(
         'type', 'Swept', 'at', now(), 'actor', not_found.actor,
-        'reason', 'upstream_task_not_found'), 'upstream_task_not_found')
+        'reason', 'upstream_task_not_found'), 'upstream_task_not_found') f
 $body$;
 
 -- A cancel (any open call, or a job whose call never started; refunded).
 CREATE OR REPLACE FUNCTION callwarden.cancel(job_id uuid, by text)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs := callwarden.locked_job(cancel.job_id);
-    at timestamptz := now();
-    ended record;
+    v_job @host@.jobs := callwarden.locked_job(cancel.job_id);
+    v_at timestamptz := now();
+    v_ended record;
 BEGIN
-    SELECT * INTO ended FROM callwarden.host_ended(j, by);
+    SELECT * INTO v_ended FROM callwarden.host_ended(v_job, cancel.by);
     IF FOUND THEN
-        RETURN QUERY SELECT ended.ok, ended.state, ended.settlement;
+        RETURN QUERY SELECT v_ended.ok, v_ended.state, v_ended.settlement;
         RETURN;
     END IF;
-    IF callwarden.state_settlement(j.call_state) IS NOT NULL
-       OR (j.call_state IS NULL AND COALESCE(j.status, 'pending') NOT IN ('pending', 'processing'))
-    THEN
-        RETURN QUERY SELECT false, j.call_state, j.call_settlement;
+    IF callwarden.state_settlement(v_job.call_state) IS NOT NULL
+       OR (v_job.call_state IS NULL
+           AND COALESCE(v_job.status, 'pending') NOT IN ('pending', 'processing')) THEN
+        RETURN QUERY SELECT false, v_job.call_state, v_job.call_settlement;
         RETURN;
     END IF;
-    PERFORM callwarden.append_events(j.id, j.call_state, j.call_version, jsonb_build_array(
-        jsonb_build_object('type', 'Cancelled', 'at', at, 'actor', by, 'by', by)));
+    PERFORM callwarden.append_events(v_job.id, v_job.call_state, v_job.call_version,
+                                     jsonb_build_array(jsonb_build_object(
+        'type', 'Cancelled', 'at', v_at, 'actor', cancel.by, 'by', cancel.by)));
     RETURN QUERY SELECT true, 'cancelled'::text,
-        callwarden.end_call(j, 'cancelled', 1, at, NULL, 'refunded', NULL);
+        callwarden.end_call(v_job, 'cancelled', 1, v_at, NULL, 'refunded', NULL);
 END
+$body$;
+
+-- The asset rows of a completion (append_completion's assets_in): a SQL function, where
+-- the conflict target's names are the table's columns.
+CREATE OR REPLACE FUNCTION callwarden.insert_assets(j @host@.jobs, media jsonb)
+RETURNS void
+LANGUAGE sql SET search_path = '' AS $body$
+    INSERT INTO @host@.assets (job_id, user_id, storage_key, url, content_type, size_bytes,
+                               is_public)
+    SELECT (insert_assets.j).id, (insert_assets.j).user_id::text::@assets_user_type@, a.key,
+           a.url, a.content_type, a.size, COALESCE((insert_assets.j).is_public, true)
+    FROM jsonb_to_recordset(insert_assets.media)
+         AS a(key text, url text, content_type text, size bigint)
+    ON CONFLICT (job_id, storage_key) DO NOTHING
+$body$;
+
+-- Whether a number a payload carries decodes as a float in Python (finite, in range).
+CREATE OR REPLACE FUNCTION callwarden.float_ok(value jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = '' AS $body$
+    SELECT jsonb_typeof(float_ok.value) <> 'number'
+           OR abs((float_ok.value #>> '{}')::numeric) < 1e300
 $body$;
 
 -- The outcome: upstream succeeded with what the host stored (media: [{key, url,
@@ -499,95 +609,110 @@ CREATE OR REPLACE FUNCTION callwarden.succeeded(job_id uuid, actor text,
                                                 result jsonb DEFAULT NULL)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE plpgsql SET search_path = '' AS $body$
-#variable_conflict use_column
+#variable_conflict error
 DECLARE
-    j @host@.jobs := callwarden.locked_job(succeeded.job_id);
-    at timestamptz := now();
-    ended record;
-    m jsonb := COALESCE(media, '[]');
-    r jsonb := COALESCE(result, '{}');
-    upstream jsonb;
-    output jsonb;
-    word text;
+    v_job @host@.jobs;
+    v_at timestamptz := now();
+    v_ended record;
+    v_media jsonb := COALESCE(succeeded.media, '[]');
+    v_result jsonb := COALESCE(succeeded.result, '{}');
+    v_upstream jsonb;
+    v_output jsonb;
+    v_word text;
 BEGIN
-    IF jsonb_typeof(m) <> 'array' OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements(m) a
-        WHERE jsonb_typeof(a) <> 'object' OR jsonb_typeof(a->'key') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(a->'url') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(a->'content_type') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(a->'size') IS DISTINCT FROM 'number'
-           OR (a->>'size')::numeric <> trunc((a->>'size')::numeric) OR (a->>'size')::numeric < 0)
-    THEN
+    IF jsonb_typeof(v_media) <> 'array' OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements(v_media) a
+        WHERE jsonb_typeof(a.value) <> 'object'
+           OR jsonb_typeof(a.value->'key') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(a.value->'url') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(a.value->'content_type') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(a.value->'size') IS DISTINCT FROM 'number'
+           OR (a.value->>'size')::numeric <> trunc((a.value->>'size')::numeric)
+           OR (a.value->>'size')::numeric NOT BETWEEN 0 AND 9223372036854775807) THEN
         RAISE EXCEPTION 'succeeded: media must be an array of {key, url, content_type, size}'
             USING ERRCODE = '22023';
     END IF;
-    IF jsonb_typeof(r) <> 'object' OR cost < 0 OR cost = 'NaN'::numeric THEN
-        RAISE EXCEPTION 'succeeded: result must be an object and cost >= 0'
+    IF jsonb_typeof(v_result) <> 'object' OR succeeded.cost < 0
+       OR succeeded.cost >= 1e300 OR succeeded.cost = 'NaN'::numeric THEN
+        RAISE EXCEPTION 'succeeded: result must be an object and cost finite, >= 0'
             USING ERRCODE = '22023';
     END IF;
-    SELECT * INTO ended FROM callwarden.host_ended(j, actor);
-    IF FOUND THEN
-        RETURN QUERY SELECT ended.ok, ended.state, ended.settlement;
-        RETURN;
-    END IF;
-    IF j.call_state IS NULL OR j.call_state NOT IN ('created', 'polling') THEN
-        RETURN QUERY SELECT false, j.call_state, j.call_settlement;
-        RETURN;
-    END IF;
-    upstream := jsonb_build_object(
-        'media_urls', CASE WHEN jsonb_typeof(r->'media_urls') = 'array'
-                           THEN r->'media_urls' ELSE '[]' END,
-        'text', CASE WHEN jsonb_typeof(r->'text') = 'string' THEN r->'text' END,
-        'cost', CASE WHEN jsonb_typeof(r->'cost') = 'number' THEN r->'cost' END,
-        'raw', CASE WHEN jsonb_typeof(r->'raw') = 'object' THEN r->'raw' ELSE '{}' END,
+    v_upstream := jsonb_build_object(
+        'media_urls', CASE WHEN jsonb_typeof(v_result->'media_urls') = 'array'
+                           THEN v_result->'media_urls' ELSE '[]' END,
+        'text', CASE WHEN jsonb_typeof(v_result->'text') = 'string' THEN v_result->'text' END,
+        'cost', CASE WHEN jsonb_typeof(v_result->'cost') = 'number' THEN v_result->'cost' END,
+        'raw', CASE WHEN jsonb_typeof(v_result->'raw') = 'object'
+                    THEN v_result->'raw' ELSE '{}' END,
         'stored_keys', '[]'::jsonb,
-        'usage', CASE WHEN jsonb_typeof(r->'usage') = 'object' THEN r->'usage' ELSE '{}' END,
-        'stop_reason', CASE WHEN jsonb_typeof(r->'stop_reason') = 'string'
-                            THEN r->'stop_reason' END);
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(upstream->'media_urls') u
-               WHERE jsonb_typeof(u) <> 'string')
-       OR EXISTS (SELECT 1 FROM jsonb_each(upstream->'usage') u
-                  WHERE jsonb_typeof(u.value) NOT IN ('number', 'string')) THEN
-        RAISE EXCEPTION 'succeeded: result.media_urls must be strings, result.usage values '
-            'numbers or strings' USING ERRCODE = '22023';
+        'usage', CASE WHEN jsonb_typeof(v_result->'usage') = 'object'
+                      THEN v_result->'usage' ELSE '{}' END,
+        'stop_reason', CASE WHEN jsonb_typeof(v_result->'stop_reason') = 'string'
+                            THEN v_result->'stop_reason' END);
+    IF NOT callwarden.float_ok(v_upstream->'cost')
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_upstream->'media_urls') u
+                  WHERE jsonb_typeof(u.value) <> 'string')
+       OR EXISTS (SELECT 1 FROM jsonb_each(v_upstream->'usage') u
+                  WHERE jsonb_typeof(u.value) NOT IN ('number', 'string')
+                     OR NOT callwarden.float_ok(u.value)) THEN
+        RAISE EXCEPTION 'succeeded: result.media_urls must be strings, result.cost and '
+            'result.usage values finite numbers (usage: or strings)' USING ERRCODE = '22023';
     END IF;
-    output := jsonb_build_object('media', m)
-        || CASE WHEN text IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('text', text) END
-        || CASE WHEN upstream->'stop_reason' = 'null'::jsonb THEN '{}'::jsonb
-                ELSE jsonb_build_object('stop_reason', upstream->'stop_reason') END;
-    PERFORM callwarden.append_events(j.id, j.call_state, j.call_version, jsonb_build_array(
-        jsonb_build_object('type', 'UpstreamSucceeded', 'at', at, 'actor', actor,
-                           'result', upstream),
-        jsonb_build_object('type', 'FinalizeClaimed', 'at', at, 'actor', actor,
-                           'owner', actor, 'lease_until', at + interval '60 seconds'),
-        jsonb_build_object('type', 'Completed', 'at', at, 'actor', actor, 'media', m,
-                           'cost', cost, 'text', text,
-                           'stop_reason', upstream->'stop_reason')));
-    UPDATE @host@.jobs SET
-        upstream_result = upstream,
-        call_output = output,
-        output_data = CASE WHEN jsonb_typeof(output_data) = 'object' THEN output_data || output
-                           ELSE output END,
-        provider_cost = succeeded.cost,
-        completed_at = at,
+    v_job := callwarden.locked_job(succeeded.job_id);
+    SELECT * INTO v_ended FROM callwarden.host_ended(v_job, succeeded.actor);
+    IF FOUND THEN
+        RETURN QUERY SELECT v_ended.ok, v_ended.state, v_ended.settlement;
+        RETURN;
+    END IF;
+    IF v_job.call_state IS NULL OR v_job.call_state NOT IN ('created', 'polling') THEN
+        RETURN QUERY SELECT false, v_job.call_state, v_job.call_settlement;
+        RETURN;
+    END IF;
+    v_output := jsonb_build_object('media', v_media)
+        || CASE WHEN succeeded.text IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('text', succeeded.text) END
+        || CASE WHEN v_upstream->'stop_reason' = 'null'::jsonb THEN '{}'::jsonb
+                ELSE jsonb_build_object('stop_reason', v_upstream->'stop_reason') END;
+    PERFORM callwarden.append_events(v_job.id, v_job.call_state, v_job.call_version,
+                                     jsonb_build_array(
+        jsonb_build_object('type', 'UpstreamSucceeded', 'at', v_at, 'actor', succeeded.actor,
+                           'result', v_upstream),
+        jsonb_build_object('type', 'FinalizeClaimed', 'at', v_at, 'actor', succeeded.actor,
+                           'owner', succeeded.actor,
+                           'lease_until', v_at + interval '60 seconds'),
+        jsonb_build_object('type', 'Completed', 'at', v_at, 'actor', succeeded.actor,
+                           'media', v_media, 'cost', succeeded.cost, 'text', succeeded.text,
+                           'stop_reason', v_upstream->'stop_reason')));
+    UPDATE @host@.jobs t SET
+        upstream_result = v_upstream,
+        call_output = v_output,
+        output_data = CASE WHEN jsonb_typeof(t.output_data) = 'object'
+                           THEN t.output_data || v_output ELSE v_output END,
+        provider_cost = COALESCE(succeeded.cost, t.provider_cost),
+        finalize_owner = NULL,
+        finalize_lease_until = NULL,
+        completed_at = v_at,
         progress = 100
-    WHERE id = j.id;
-    word := callwarden.end_call(j, 'completed', 3, at, NULL, 'committed', cost);
-    INSERT INTO @host@.assets (job_id, user_id, storage_key, url, content_type, size_bytes,
-                               is_public)
-    SELECT j.id, j.user_id, a.key, a.url, a.content_type, a.size, COALESCE(j.is_public, true)
-    FROM jsonb_to_recordset(m) AS a(key text, url text, content_type text, size bigint)
-    ON CONFLICT (job_id, storage_key) DO NOTHING;
-    UPDATE @host@.workflow_executions w
-    SET status = 'completed', failed_nodes = '{}', error_message = NULL, updated_at = now()
-    WHERE w.id = j.workflow_execution_id AND w.status = 'failed'
-      AND w.failed_nodes = ARRAY[j.node_id]::text[];
-    RETURN QUERY SELECT true, 'completed'::text, word;
+    WHERE t.id = v_job.id;
+    v_word := callwarden.end_call(v_job, 'completed', 3, v_at, NULL, 'committed',
+                                  succeeded.cost);
+    PERFORM callwarden.insert_assets(v_job, v_media);
+    IF v_job.workflow_execution_id IS NOT NULL THEN  -- a reference table on Citus
+        UPDATE @host@.workflow_executions w
+        SET status = 'completed', failed_nodes = '{}', error_message = NULL,
+            updated_at = now()
+        WHERE w.id = v_job.workflow_execution_id AND w.status = 'failed'
+          AND w.failed_nodes = ARRAY[v_job.node_id]::text[];
+    END IF;
+    RETURN QUERY SELECT true, 'completed'::text, v_word;
 END
 $body$;
 $fns$;
 BEGIN
-    EXECUTE replace(body, '@host@', quote_ident(host));
+    EXECUTE replace(replace(replace(replace(body, '@host@', quote_ident(host)),
+                                    '@jobs_user_type@', jobs_user),
+                            '@usage_user_type@', usage_user),
+                    '@assets_user_type@', assets_user);
 END
 $host_api$;
 
@@ -601,6 +726,7 @@ BEGIN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = 'callwarden'::regnamespace
           AND p.proname IN ('next_state', 'event_version', 'state_status', 'state_settlement',
+                            'safe_error', 'float_ok', 'insert_assets',
                             'host_api_version', 'locked_job', 'append_events', 'settle',
                             'end_call', 'host_ended', 'create_job', 'start_call',
                             'task_created', 'heartbeat', 'fail_call', 'failed', 'not_found',

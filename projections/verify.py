@@ -13,9 +13,10 @@ from callwarden.projections.fold import OBSERVED_FIELDS, CallProjection
 __all__ = ["OPTIONAL_FIELDS", "SEED_FIELDS", "Mismatch", "compare", "compare_settlement"]
 
 # Fields the fold leaves to the host when it has nothing to say (None = "not set"): the
-# host's own columns. (The media are read from call_output, callwarden's own since
+# host's own columns (provider_cost: the original design's host writes it when it
+# completes a job itself). (The media are read from call_output, callwarden's own since
 # migration 0006: media on a call its log never completed are a lie, not the host's.)
-OPTIONAL_FIELDS = frozenset({"status", "error_message"})
+OPTIONAL_FIELDS = frozenset({"status", "error_message", "provider_cost"})
 # The original design's columns: the host's own until a call owns them (CallStarted or Adopted set
 # provider_kind); a log that never did (a cancel of a job whose call never started) leaves
 # them as the host wrote them.

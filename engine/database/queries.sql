@@ -392,7 +392,8 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
         WHEN %(call_output)s::jsonb IS NULL THEN output_data
         WHEN jsonb_typeof(output_data) = 'object' THEN output_data || %(call_output)s::jsonb
         ELSE %(call_output)s::jsonb END,
-    provider_cost = %(provider_cost)s::numeric,
+    -- the host's own until a Completed says (its markJobCompleted writes it)
+    provider_cost = COALESCE(%(provider_cost)s::numeric, provider_cost),
     call_finished_at = %(call_finished_at)s::timestamptz,
     call_settlement = %(call_settlement)s::text,
     completed_at = CASE WHEN %(is_completion)s::boolean

@@ -13,10 +13,7 @@ no events, stale                                      Adopt (record ``Adopted``)
                                                       decision for the adopted call
 terminal                                              Skip
 open, but the host ended the job (``status`` not      RecordHostEnded (the call ends as the
-pending/processing)                                   host decided; a job it *completed* only
-                                                      once ``host_left_after_s`` passed since
-                                                      it wrote the row, then with the
-                                                      policy for what it left reserved)
+pending/processing)                                   host decided)
 ``reconcile_next_at`` in the future, heartbeat        Skip — or Exhaust once past its
 fresh (within ``heartbeat_timeout_s``), or            horizon (threshold + cap x re-poll):
 finalizing with a live finalization lease             nothing holds a call open past it
@@ -72,7 +69,6 @@ __all__ = [
     "Sweep",
     "adopted_event",
     "decide",
-    "host_left",
     "is_legacy",
     "is_stale",
     "next_scan_delay",
@@ -93,7 +89,6 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime | None = None
     created_at: datetime | None = None
     legacy_cutoff: datetime | None = None
-    host_touched_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], call: CallProjection | None = None) -> Candidate:
@@ -101,13 +96,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         (``call``: the projection when the caller already has it, e.g. from the log)."""
         return cls(id=row["id"], call=call if call is not None else from_row(row),
                    heartbeat_at=row.get("heartbeat_at"), started_at=row.get("started_at"),
-                   created_at=row.get("created_at"), legacy_cutoff=row.get("legacy_cutoff"),
-                   host_touched_at=_latest(row.get("updated_at"), row.get("completed_at")))
-
-
-def _latest(*times: datetime | None) -> datetime | None:
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
+                   created_at=row.get("created_at"), legacy_cutoff=row.get("legacy_cutoff"))
 
 
 class Skip(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -131,11 +120,9 @@ class PollUpstream(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class RecordHostEnded(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The host ended the job on its row: record ``HostEnded`` with the status it wrote
-    (``commit_left``: commit what it left reserved, the policy for a completed job)."""
+    """The host ended the job on its row: record ``HostEnded`` with the status it wrote."""
 
     status: str
-    commit_left: bool = False
 
 
 class Finalize(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -216,7 +203,7 @@ def decide(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:
         return Skip(reason="terminal")
     if host_status_ended(row.call):
         assert row.call.status is not None
-        return host_left(row.call.status, row.host_touched_at, now, config)
+        return RecordHostEnded(status=row.call.status)
     held = _held(row, now, config)
     if held is not None:
         return _exhaust(row) if past_horizon(row, now, config) else Skip(reason=held)
@@ -228,22 +215,6 @@ def decide(row: Candidate, now: datetime, config: ReconcileConfig) -> Action:
     if row.call.state in (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING):
         return Finalize(final=final)
     return _recover(row, final)
-
-
-def host_left(status: str, touched_at: datetime | None, now: datetime,
-              config: ReconcileConfig) -> RecordHostEnded | Skip:
-    """How a job the host ended is recorded. Failed or cancelled: at once (what it left
-    reserved is refunded). Completed: only once ``host_left_after_s`` has passed since the
-    host last wrote the row (``updated_at``/``completed_at``: its commit is its next
-    statement, and only it knows the amount), then committing what it still left
-    reserved at the reservation if the policy says ``commit``."""
-    if status != "completed":
-        return RecordHostEnded(status=status)
-    grace = timedelta(seconds=config.host_left_after_s)
-    if touched_at is not None and now - touched_at < grace:
-        return Skip(reason="host completed the job: its own commit may follow")
-    return RecordHostEnded(status=status,
-                           commit_left=config.host_completed_reserved == "commit")
 
 
 def _held(row: Candidate, now: datetime, config: ReconcileConfig) -> str | None:

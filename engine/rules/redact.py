@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["MAX_ERROR", "safe_error"]
+__all__ = ["MAX_ERROR", "REDACTED", "STEPS", "safe_error", "unescaped"]
 
 #: The longest error text recorded (characters).
 MAX_ERROR = 1000
@@ -63,20 +63,40 @@ _AFTER_WORD = re.compile(r"(?i)\b(key|token|secret)\s+(?=[\w.-]*\d)(?=[\w.-]*[a-
                          r"[\w.-]{12,}")
 
 
+#: The substitutions, in order: each pattern and what replaces a match (``\1``: its first
+#: group). The one list: :func:`safe_error` applies it, and the host API's SQL
+#: ``callwarden.safe_error`` is rendered from it (engine/database/declared.py).
+STEPS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (_URL_USERINFO, rf"\1{REDACTED}@"),
+    (_URL_QUERY, rf"\1?{REDACTED}"),
+    (_BARE_QUERY, rf"\1?{REDACTED}"),
+    (_HEADER_VALUE, rf"\1{REDACTED}"),
+    (_TUPLE_PAIR, rf"\1'{REDACTED}'"),
+    (_AUTH, rf"\1 {REDACTED}"),
+    (_TOKEN, rf"\1 {REDACTED}"),
+    (_SECRET_PAIR, rf"\1{REDACTED}"),
+    (_KEY_LIKE, REDACTED),
+    (_AFTER_WORD, rf"\1 {REDACTED}"),
+)
+
+#: Escapes read before the patterns (then percent-escapes): a JSON-escaped slash, space
+#: and quote.
+UNESCAPE: tuple[tuple[str, str], ...] = (("\\/", "/"), ("\\u0020", " "), ('\\"', '"'))
+
+
+def unescaped(text: str) -> str:
+    """``text`` as written: :data:`UNESCAPE`, then percent-escapes."""
+    for escaped, plain in UNESCAPE:
+        text = text.replace(escaped, plain)
+    return unquote(text)
+
+
 def safe_error(text: str, limit: int = MAX_ERROR) -> str:
     """``text`` with its credentials and query strings redacted, at most ``limit``
     characters (see the module)."""
-    out = unquote(text.replace("\\/", "/").replace("\\u0020", " ").replace('\\"', '"'))
-    out = _URL_USERINFO.sub(rf"\1{REDACTED}@", out)
-    out = _URL_QUERY.sub(rf"\1?{REDACTED}", out)
-    out = _BARE_QUERY.sub(rf"\1?{REDACTED}", out)
-    out = _HEADER_VALUE.sub(rf"\1{REDACTED}", out)
-    out = _TUPLE_PAIR.sub(rf"\1'{REDACTED}'", out)
-    out = _AUTH.sub(rf"\1 {REDACTED}", out)
-    out = _TOKEN.sub(rf"\1 {REDACTED}", out)
-    out = _SECRET_PAIR.sub(rf"\1{REDACTED}", out)
-    out = _KEY_LIKE.sub(REDACTED, out)
-    out = _AFTER_WORD.sub(rf"\1 {REDACTED}", out)
+    out = unescaped(text)
+    for pattern, replacement in STEPS:
+        out = pattern.sub(replacement, out)
     if len(out) > limit:
         cut = len(out) - limit
         out = f"{out[:limit]}... ({cut} characters cut)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -19,11 +20,20 @@ from hypothesis import strategies as st
 from callwarden import OwnCalls
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, Pool, connect
-from callwarden.database.write import cancel, load
+from callwarden.database.migrate import available, migrate
+from callwarden.database.write import append, cancel, load
 from callwarden.events.states import LEGAL, CallState
-from callwarden.events.types import EVENT_TYPES
+from callwarden.events.types import (
+    EVENT_TYPES,
+    FinalizeClaimed,
+    UpstreamResult,
+    UpstreamSucceeded,
+)
 from callwarden.providers.outcomes import Failed
 from callwarden.replay.verify import verify_job
+from callwarden.rules.redact import safe_error
+from tests.support.leaks import LEAKS
+from tests.support.leaks import S as SECRET
 
 KIND = "kie-standard"
 MEDIA = ('[{"key": "jobs/a/0.png", "url": "file:///srv/a/0.png", '
@@ -248,3 +258,123 @@ async def _step(conn: Conn, job: uuid.UUID, step: str) -> str | None:
     except psycopg.Error as exc:
         return exc.sqlstate
     return None
+
+
+# -- what a review of the functions found (each failed before its fix) ---------------------
+
+async def test_a_host_with_uuid_user_ids_migrates_and_creates_jobs(empty_db_url: str) -> None:
+    """docs/embedding.md: ``user_id`` may be text or uuid (0014 failed to install)."""
+    async with await connect(empty_db_url) as conn:
+        baseline = available()[0].sql  # jobs.user_id uuid; usage_logs' and assets' text
+        await conn.execute(baseline.replace("user_id               text NOT NULL",
+                                            "user_id               uuid NOT NULL").encode())
+        await migrate(conn)
+        user = str(uuid.uuid4())
+        job = await one(conn, "SELECT callwarden.create_job(%s, 5) AS id", user)
+        types = await one(conn, "SELECT pg_typeof(j.user_id)::text AS j, "
+                                "pg_typeof(u.user_id)::text AS u FROM jobs j "
+                                "JOIN usage_logs u ON u.job_id = j.id WHERE j.id = %s",
+                          job["id"])
+        assert types == {"j": "uuid", "u": "text"}
+
+
+async def test_host_columns_named_like_the_functions_words_change_nothing(conn: Conn) -> None:
+    """A host column called kind, output, error, actor or at never stands in for the
+    function's own parameter (each qualified with the function's name). Locals are
+    v_-prefixed, and #variable_conflict error makes a host column of such a name a loud
+    error, never a silent substitution."""
+    await conn.execute("ALTER TABLE jobs ADD COLUMN kind text DEFAULT 'video', "
+                       "ADD COLUMN output jsonb DEFAULT '{\"host\": 1}', "
+                       "ADD COLUMN error text DEFAULT 'host error', "
+                       "ADD COLUMN actor text DEFAULT 'host', ADD COLUMN at timestamptz, "
+                       "ADD COLUMN dest text DEFAULT 'x', ADD COLUMN media jsonb")
+    ok, failed = await new_job(conn), await new_job(conn)
+    for job in (ok, failed):
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+        await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-' || %s, 'node:1')",
+                           (job, str(job)))
+    await conn.execute("SELECT * FROM callwarden.succeeded(%s, 'node:1', %s::jsonb, 'hi')",
+                       (ok, MEDIA))
+    await conn.execute("SELECT * FROM callwarden.failed(%s, 'node:1', 'upstream said no')",
+                       (failed,))
+    row = await one(conn, "SELECT provider_kind, call_output->>'text' AS text FROM jobs "
+                          "WHERE id = %s", ok)
+    assert row == {"provider_kind": KIND, "text": "hi"}
+    assert (await one(conn, "SELECT error_message FROM jobs WHERE id = %s",
+                      failed))["error_message"] == "upstream said no"
+    await clean(conn, ok)
+    await clean(conn, failed)
+
+
+async def test_a_cancel_during_finalization_matches_the_fold(conn: Conn) -> None:
+    """Python's worker holds the finalization lease; a SQL cancel keeps the lease columns
+    the fold keeps (only Completed clears them)."""
+    job = await new_job(conn)
+    calls_sql = [("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND)),
+                 ("SELECT * FROM callwarden.task_created(%s, 't-fin', 'node:1')", (job,))]
+    for sql, args in calls_sql:
+        await conn.execute(sql, args)
+    now = utcnow()
+    p = await load(conn, job)
+    p = (await append(conn, job, p, UpstreamSucceeded(
+        at=now, actor="worker:py", result=UpstreamResult(media_urls=("u",))))).projection
+    await append(conn, job, p, FinalizeClaimed(at=now, actor="worker:py", owner="worker:py",
+                                               lease_until=now + timedelta(seconds=60)))
+    done = await one(conn, "SELECT * FROM callwarden.cancel(%s, 'user:1')", job)
+    assert (done["ok"], done["state"]) == (True, "cancelled")
+    await clean(conn, job)
+
+
+@pytest.mark.parametrize("name", sorted(LEAKS))
+async def test_an_error_text_is_recorded_without_its_credentials(conn: Conn,
+                                                                 name: str) -> None:
+    """callwarden.failed records the error as callwarden.safe_error makes it: rendered
+    from the one list of substitutions safe_error applies (rules/redact.py)."""
+    text = LEAKS[name].replace("$S", SECRET)
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("SELECT * FROM callwarden.failed(%s, 'node:1', %s)", (job, text))
+    row = await one(conn, "SELECT j.error_message, e.payload->>'error' AS logged FROM jobs j "
+                          "JOIN callwarden.call_events e ON e.job_id = j.id AND e.seq = 2 "
+                          "WHERE j.id = %s", job)
+    assert SECRET not in row["error_message"]
+    assert row["logged"] == row["error_message"]
+    await clean(conn, job)
+
+
+async def test_the_sql_redaction_keeps_what_python_keeps(conn: Conn) -> None:
+    for text in ("upstream failed: model overloaded (status 529), retry later",
+                 "x" * 5000, "GET https://api.example.com/v1/run?key=k1 -> 502",
+                 "401: Authorization: Bearer sk-ant-abcdefgh1234"):
+        got = await one(conn, "SELECT callwarden.safe_error(%s) AS out", text)
+        assert got["out"] == safe_error(text), text
+
+
+@pytest.mark.parametrize(("cost", "result"), [
+    ("Infinity", None), ("1e400", None), ("NaN", None), ("-1", None),
+    (None, '{"cost": 1e400}'), (None, '{"usage": {"tokens": 1e400}}'),
+    (None, '{"media_urls": [1]}')])
+async def test_a_cost_or_usage_python_could_not_read_is_refused(
+        conn: Conn, cost: str | None, result: str | None) -> None:
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    with pytest.raises(psycopg.Error) as bad:
+        await conn.execute("SELECT * FROM callwarden.succeeded(%s, 'node:1', '[]', NULL, "
+                           "%s::numeric, %s::jsonb)", (job, cost, result))
+    assert bad.value.sqlstate == "22023"
+    assert (await load(conn, job)).state is CallState.CREATED  # nothing written
+    await clean(conn, job)
+
+
+async def test_the_hosts_own_provider_cost_stays(conn: Conn) -> None:
+    """The original design's host writes provider_cost when it completes a job itself;
+    recording its decision (HostEnded) keeps it, and verify accepts it."""
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("UPDATE jobs SET status = 'completed', provider_cost = 0.42 "
+                       "WHERE id = %s", (job,))
+    ended = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:1')", job)
+    assert (ended["ok"], ended["state"]) == (False, "completed")
+    assert (await one(conn, "SELECT provider_cost FROM jobs WHERE id = %s",
+                      job))["provider_cost"] == Decimal("0.42")
+    await clean(conn, job)

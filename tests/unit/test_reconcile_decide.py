@@ -43,7 +43,7 @@ def ago(seconds: float) -> datetime:
 
 
 _CALL = {"call_state": "state", "call_version": "version"}
-_HOST = ("id", "heartbeat_at", "started_at", "created_at", "legacy_cutoff", "host_touched_at")
+_HOST = ("id", "heartbeat_at", "started_at", "created_at", "legacy_cutoff")
 
 
 def cand(**kw: Any) -> Candidate:
@@ -142,18 +142,9 @@ def test_legacy_row_without_kind_is_adopted_then_swept_after_the_legacy_threshol
 
 
 def test_open_call_the_host_ended_is_recorded_as_the_host_decided() -> None:
-    for status in ("cancelled", "failed", "archived"):  # at once: refunded
-        assert decide(row(status=status, heartbeat_at=ago(1), host_touched_at=ago(1)), NOW,
-                      CFG) == RecordHostEnded(status=status)
-    # completed: the host's own commit may follow its status, for host_left_after_s; then
-    # what it left reserved is committed (the default policy) or left ("leave")
-    completed = row(status="completed", heartbeat_at=ago(1), host_touched_at=ago(299))
-    assert decide(completed, NOW, CFG) == Skip(
-        reason="host completed the job: its own commit may follow")
-    late = row(status="completed", heartbeat_at=ago(1), host_touched_at=ago(300))
-    assert decide(late, NOW, CFG) == RecordHostEnded(status="completed", commit_left=True)
-    leave = msgspec.structs.replace(CFG, host_completed_reserved="leave")
-    assert decide(late, NOW, leave) == RecordHostEnded(status="completed")
+    for status in ("cancelled", "completed", "failed", "archived"):
+        assert decide(row(status=status, heartbeat_at=ago(1)), NOW, CFG) == RecordHostEnded(
+            status=status)
     assert decide(row(status="cancelled", call_state=S.CANCELLED), NOW, CFG) == Skip(
         reason="terminal")
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from callwarden.rules.redact import MAX_ERROR, safe_error
+from tests.support.leaks import LEAKS, S
 
 
 def test_a_url_keeps_its_host_and_path_and_loses_query_and_user_info() -> None:
@@ -49,27 +50,6 @@ def test_words_near_credential_names_are_not_taken_for_keys() -> None:
     assert "r8_Abc123def456ghi789" not in out
 
 
-S = "SECRETVALUE123456"
-LEAKS = {  # the shapes the review of issue 24.10 found still leaking, and their kin
-    "json bearer": '{"Authorization": "Bearer $S"}',
-    "headers repr": "<CIMultiDictProxy('Xi-Api-Key': '$S', 'Host': 'api')>",
-    "dsn url": "postgresql://app:$S@db.internal:5432/prod",
-    "dsn keyword quoted": "host=db password='$S x' dbname=prod",
-    "url without scheme": "GET api.example.com/v1/models?key=$S failed",
-    "json-escaped url": '{"url": "https:\\/\\/h\\/p?key=$S"}',
-    "percent-encoded url": "redirect=https%3A%2F%2Fh%2Fp%3Ftoken%3D$S",
-    "presigned s3 path-style": "b.s3.amazonaws.com/k?X-Amz-Signature=$S",
-    "private key": "private_key=$S",
-    "pwd and pass": "login failed pwd=$S pass=$S",
-    "cookie": "headers: {'Cookie': 'session=$S'}",
-    "set-cookie": "Set-Cookie: sid=$S; HttpOnly",
-    "lowercase token scheme": "authorization: token r8_$S",
-    "bare anthropic key": "invalid x api key sk-ant-api03-$S",
-    "key in a sentence": "401: key $S is not valid",
-    "api key with a space": "api key: $S",
-    "digest": 'Authorization: Digest username="u", response="$S"',
-    "signature header": "webhook-signature: v1,$S",
-}
 
 
 @pytest.mark.parametrize("text", list(LEAKS.values()), ids=list(LEAKS))
