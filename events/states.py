@@ -86,6 +86,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     # those, failed for any other status (the fold refines the state from the payload).
     Transition("HostEnded", (None, *_ALL_OPEN), S.FAILED),
     Transition("ReconcileAttempted", _ALL_OPEN, None),
+    # The one move out of a terminal state, and it stays there: a reservation the host
+    # was left to commit (HostEnded, settlement "host") and never did, settled by the
+    # reconciler's policy once host_left_after_s has passed (the fold allows it only then).
+    Transition("LeftoverSettled", (S.COMPLETED,), None),
 )
 
 # The ``jobs.status`` values of a job the host still considers open; any other status on

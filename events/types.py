@@ -25,6 +25,7 @@ __all__ = [
     "FinalizeClaimed",
     "FinalizeFailed",
     "HostEnded",
+    "LeftoverSettled",
     "ReconcileAttempted",
     "StoredMedia",
     "Swept",
@@ -157,7 +158,7 @@ class Cancelled(_Base, frozen=True, kw_only=True, tag=True):
     by: str
 
 
-class HostEnded(_Base, frozen=True, kw_only=True, tag=True, omit_defaults=True):
+class HostEnded(_Base, frozen=True, kw_only=True, tag=True):
     """any non-terminal (or no call) → completed | cancelled | failed, as host code decided.
 
     The host wrote a terminal ``status`` on the row (``completed``, ``cancelled``, or any
@@ -166,16 +167,24 @@ class HostEnded(_Base, frozen=True, kw_only=True, tag=True, omit_defaults=True):
     ``error_message`` stay as the host wrote them. A job the host cancelled or failed has
     what it left ``reserved`` refunded (what the host's own refund would do); one it
     *completed* is the host's to commit (settlement ``"host"``: only it knows the amount),
-    and callwarden moves nothing. Never a reservation the host settled itself.
-
-    ``commit_left``: the host completed the job and still left a reservation ``reserved``
-    once ``[reconcile] host_left_after_s`` had passed (its commit failed, or it never
-    commits); the reconciler's policy (``host_completed_reserved = "commit"``) commits it
-    at the reservation in this event's transaction. Absent (``False``) in every payload
-    written before it existed."""
+    and callwarden moves nothing (unless the host never does: :class:`LeftoverSettled`).
+    Never a reservation the host settled itself."""
 
     status: str
-    commit_left: bool = False
+
+
+class LeftoverSettled(_Base, frozen=True, kw_only=True, tag=True):
+    """completed → completed: the host completed the job (``HostEnded``, settlement
+    ``host``) and still left its reservation ``reserved`` ``[reconcile]
+    host_left_after_s`` after callwarden recorded that (its commit failed, or it never
+    commits). The reconciler's policy (``host_completed_reserved = "commit"``) settles it
+    as ``settlement`` (``committed``: at the reservation) in this event's transaction, so
+    no credit stays held forever. ``status``: the host's status it observed (the write's
+    fence, as ``HostEnded``'s). The one event a terminal call takes, and only from
+    settlement ``host``."""
+
+    status: str
+    settlement: str = "committed"
 
 
 class ReconcileAttempted(_Base, frozen=True, kw_only=True, tag=True):
@@ -200,6 +209,7 @@ Event = (
     | Cancelled
     | HostEnded
     | ReconcileAttempted
+    | LeftoverSettled
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -207,7 +217,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         CallStarted, Adopted, TaskCreated, UpstreamSucceeded, UpstreamFailed,
         FinalizeClaimed, FinalizeFailed, Completed, Swept, Exhausted, Cancelled,
-        HostEnded, ReconcileAttempted,
+        HostEnded, ReconcileAttempted, LeftoverSettled,
     )
 }
 

@@ -37,6 +37,7 @@ from callwarden.events.types import (
     FinalizeClaimed,
     FinalizeFailed,
     HostEnded,
+    LeftoverSettled,
     ReconcileAttempted,
     StoredMedia,
     Swept,
@@ -240,6 +241,14 @@ def _host_ended(a: _Acc, e: HostEnded) -> None:
     a.state = _HOST_ENDINGS.get(e.status, CallState.FAILED)
 
 
+def _leftover_settled(a: _Acc, e: LeftoverSettled) -> None:
+    if a.settlement != HOST_SETTLES:
+        raise InvalidTransition(a.state, "LeftoverSettled",
+                                f"only a reservation left to the host (settlement "
+                                f"{a.settlement!r})")
+    a.settlement = e.settlement
+
+
 def _reconcile_attempted(a: _Acc, e: ReconcileAttempted) -> None:
     a.reconcile_attempts += 1
     a.reconcile_next_at = e.next_attempt_at
@@ -262,6 +271,7 @@ _HANDLERS: dict[type, _Handler] = {
     Cancelled: _cancelled,  # type: ignore[dict-item]
     HostEnded: _host_ended,  # type: ignore[dict-item]
     ReconcileAttempted: _reconcile_attempted,  # type: ignore[dict-item]
+    LeftoverSettled: _leftover_settled,  # type: ignore[dict-item]
 }
 
 
@@ -302,9 +312,8 @@ def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
             _enter(a, e, a.state or dest)
         if type(e) is HostEnded:
             a.status = e.status  # the host's own word stays on the row
-            if a.state is CallState.COMPLETED:  # the host commits its own amount, unless
-                # it left it reserved past the grace and the policy commits it
-                a.settlement = "committed" if e.commit_left else HOST_SETTLES
+            if a.state is CallState.COMPLETED:
+                a.settlement = HOST_SETTLES  # the host commits its own amount
     return a.freeze()
 
 

@@ -54,6 +54,7 @@ from callwarden.events.types import (
     FinalizeClaimed,
     FinalizeFailed,
     HostEnded,
+    LeftoverSettled,
     ReconcileAttempted,
     StoredMedia,
     Swept,
@@ -256,6 +257,8 @@ class _Walk:
             case "Cancelled":
                 return Cancelled(at=at, actor=actor, by=str(d(st.sampled_from(
                     ("user:42", "admin", "workflow")))))
+        if move == "LeftoverSettled":  # only ever drawn as an illegal event
+            return LeftoverSettled(at=at, actor=actor, status="completed")
         assert move.startswith("HostEnded:"), move
         return HostEnded(at=at, actor=actor, status=move.split(":", 1)[1])
 

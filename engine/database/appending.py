@@ -27,6 +27,7 @@ from callwarden.events.types import (
     Exhausted,
     FinalizeFailed,
     HostEnded,
+    LeftoverSettled,
     ReconcileAttempted,
     TaskCreated,
     UpstreamFailed,
@@ -148,7 +149,9 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
     if encoded is None:
         encoded = [encode(e) for e in events]
     beat = next((e for e in reversed(events) if isinstance(e, TaskCreated)), None)
-    settling = new.terminal and not current.terminal
+    # a terminal transition settles; so does the policy's settlement of what the host left
+    # (LeftoverSettled, completed -> completed)
+    settling = (new.terminal and not current.terminal) or isinstance(first, LeftoverSettled)
     is_start = isinstance(first, CallStarted)
     params = to_columns(new)
     params.update(
@@ -158,10 +161,12 @@ def append_params(job_id: uuid.UUID, current: CallProjection, new: CallProjectio
             for (t, v, p), e in zip(encoded, events, strict=True)]).decode(),
         is_start=is_start, is_completion=any(isinstance(e, Completed) for e in events),
         owns_seed=new.provider_kind is not None,
-        host_status=first.status if isinstance(first, HostEnded) else None,
+        host_status=first.status if isinstance(first, HostEnded | LeftoverSettled) else None,
         expected_settled=current.settled_reservations,  # (append_start has no such fence)
         settle_to=new.settlement if settling and new.settlement in _SETTLES else None,
-        cost=_cost(new),
+        # what the host left is committed at the reservation (the row's provider_cost, if
+        # the host wrote one, is in the provider's units, not credits)
+        cost=None if isinstance(first, LeftoverSettled) else _cost(new),
         beat_at=beat.at if beat is not None else None,
         beat_owner=beat.actor if beat is not None else None,
     )
@@ -190,8 +195,9 @@ def check_run(events: Sequence[Event]) -> None:
     (whose fences are their own) only alone."""
     if not events:
         raise ValueError("nothing to append")
-    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded) for e in events):
-        raise ValueError("CallStarted and HostEnded are appended alone")
+    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded | LeftoverSettled)
+                               for e in events):
+        raise ValueError("CallStarted, HostEnded and LeftoverSettled are appended alone")
 
 
 def _settled(settle_to: str | None, row: Mapping[str, Any]) -> Settled | None:

@@ -126,10 +126,13 @@ class ReconcilerDatabase(Database, Protocol):
     async def release(self, job_id: uuid.UUID, owner: str) -> None: ...
 
     async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None: ...
-    async def ended_outside(self, since: datetime, before: datetime,
-                            batch_size: int) -> list[Row]:
-        """Jobs the host ended with no call recorded, created since ``since``, last
-        written before ``before`` (``reconcile_outside``'s rows)."""
+    async def ended_outside(self, since: datetime, batch_size: int) -> list[Row]:
+        """Jobs the host ended with no call recorded, created since ``since``
+        (``reconcile_outside``'s rows)."""
+        ...
+    async def leftovers(self, before: datetime, batch_size: int) -> list[uuid.UUID]:
+        """Calls the host completed before ``before`` and left a reservation of reserved
+        (``reconcile_leftovers``)."""
         ...
 
 

@@ -114,11 +114,16 @@ class PostgresDatabase:
             await _execute(conn, "reconcile_park",
                            {"job_id": job_id, "owner": owner, "until": until})
 
-    async def ended_outside(self, since: datetime, before: datetime,
-                            batch_size: int) -> list[Row]:
+    async def ended_outside(self, since: datetime, batch_size: int) -> list[Row]:
         async with connection(self.pool) as conn:
             return list(await _execute(conn, "reconcile_outside", {
-                "since": since, "before": before, "batch_size": batch_size}))
+                "since": since, "batch_size": batch_size}))
+
+    async def leftovers(self, before: datetime, batch_size: int) -> list[uuid.UUID]:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "reconcile_leftovers",
+                                  {"before": before, "batch_size": batch_size})
+        return [row["id"] for row in rows]
 
     # -- WebhookDatabase -------------------------------------------------------------------
 

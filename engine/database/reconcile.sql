@@ -127,8 +127,7 @@ RETURNING j.id, j.status, j.call_state, j.call_version, j.provider_kind, j.provi
           j.reconcile_last_error, j.reconcile_next_at, j.error_message, j.finalize_owner,
           j.finalize_lease_until, j.upstream_result::text AS upstream_result,
           j.call_output::text AS call_output, j.provider_cost, j.call_finished_at,
-          j.call_settlement, j.heartbeat_at, j.started_at, j.created_at, j.updated_at,
-          j.completed_at,
+          j.call_settlement, j.heartbeat_at, j.started_at, j.created_at,
           CASE WHEN j.call_state IS NULL AND j.provider_call_started_at IS NULL
                     AND j.created_at < %(reserved_before)s::timestamptz
                     AND (SELECT true FROM usage_logs u WHERE u.job_id = j.id
@@ -186,19 +185,29 @@ END)
 
 -- name: reconcile_outside
 -- Jobs the host ended (status not pending/processing) on which callwarden never recorded a
--- call, created since %(since)s (outside_window_s ago), that the host last wrote before
--- %(before)s (host_left_after_s ago): each gets its HostEnded (engine/reconciler/outside.py),
--- the append fenced on call_version 0 and the status read, so two reconcilers record it
--- once. jobs_ended_outside_idx (0015) serves the window; whether anything is still
--- reserved is one look-up per row through usage_logs_job_id_idx.
-SELECT j.id, j.status, j.updated_at, j.completed_at,
-       EXISTS (SELECT 1 FROM usage_logs u
-               WHERE u.job_id = j.id AND u.status = 'reserved') AS reserved,
+-- call, created since %(since)s (outside_window_s ago): each gets its HostEnded
+-- (engine/reconciler/outside.py), the append fenced on call_version 0, the status read and
+-- the reservations settled as read, so two reconcilers record it once and a host that
+-- reopens the job meanwhile wins. jobs_ended_outside_idx (0015) serves the window.
+SELECT j.id, j.status,
        (SELECT count(*) FROM usage_logs u
          WHERE u.job_id = j.id AND u.status <> 'reserved') AS settled_reservations
 FROM jobs j
 WHERE j.call_state IS NULL AND j.status NOT IN ('pending', 'processing')
   AND j.created_at >= %(since)s::timestamptz
-  AND GREATEST(j.updated_at, j.completed_at) < %(before)s::timestamptz
 ORDER BY j.created_at
+LIMIT %(batch_size)s;
+
+-- name: reconcile_leftovers
+-- Calls the host completed (HostEnded: settlement 'host') whose reservation is still
+-- 'reserved' host_left_after_s after callwarden recorded that (call_finished_at, its own
+-- clock's time, before %(before)s): the host's commit never came. Each gets
+-- LeftoverSettled by the policy (engine/reconciler/outside.py). usage_logs_reserved_idx
+-- (0015) holds only the reserved rows.
+SELECT DISTINCT j.id
+FROM usage_logs u
+JOIN jobs j ON j.id = u.job_id
+WHERE u.status = 'reserved'
+  AND j.call_settlement = 'host'
+  AND j.call_finished_at < %(before)s::timestamptz
 LIMIT %(batch_size)s;

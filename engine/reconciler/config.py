@@ -43,13 +43,12 @@ class ReconcileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     must be at least ``legacy_threshold_s``.
 
     Jobs the host ended on its own (docs/reconciler.md, "Jobs ended outside callwarden"):
-    ``host_left_after_s`` is how long the host may take to settle what it reserved after
-    it wrote a terminal status (its job update and its commit are two statements); past
-    it a reservation the host *completed* and left ``reserved`` is committed at the
-    reservation (``host_completed_reserved = "commit"``, the default) or left and reported
-    (``"leave"``), and one it failed or cancelled is refunded. A job that ended with no
-    call at all gets its ``HostEnded`` event then too, if it was created within the last
-    ``outside_window_s`` (``0``/``null``: never), so ``verify`` and ``audit`` see it."""
+    a job it ended with no call gets its ``HostEnded`` event if it was created within the
+    last ``outside_window_s`` (``0``/``null``: never), so ``verify`` and ``audit`` see it;
+    a job it *completed* is the host's to commit, and ``host_left_after_s`` after that was
+    recorded a reservation it still left ``reserved`` is committed at the reservation
+    (``host_completed_reserved = "commit"``, the default) or left and reported
+    (``"leave"``)."""
 
     thresholds_s: Mapping[str, float] = msgspec.field(default_factory=dict)
     scan_interval_s: float = 30.0
@@ -129,12 +128,10 @@ def _check_positive(c: ReconcileConfig) -> None:
             f"reconcile reserved_without_call_s ({c.reserved_without_call_s:g} s) must be at "
             f"least legacy_threshold_s ({c.legacy_threshold_s:g} s) and at most ten years, "
             "or 0 (never)")
-    if c.outside_window_s and not (
-            c.host_left_after_s <= c.outside_window_s <= _TEN_YEARS_S):
+    if c.outside_window_s and not 0 < c.outside_window_s <= _TEN_YEARS_S:
         raise ConfigError(
-            f"reconcile outside_window_s ({c.outside_window_s:g} s) must be at least "
-            f"host_left_after_s ({c.host_left_after_s:g} s) and at most ten years, or 0 "
-            "(never)")
+            f"reconcile outside_window_s ({c.outside_window_s:g} s) must be positive and at "
+            "most ten years, or 0 (never)")
     if c.legacy_cutoff is not None and c.legacy_cutoff.tzinfo is None:
         raise ConfigError("reconcile legacy_cutoff needs a time zone (e.g. 2026-05-19T00:00:00Z)")
 

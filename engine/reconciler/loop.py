@@ -82,7 +82,7 @@ from callwarden.reconciler.decide import (
     decide,
     next_scan_delay,
 )
-from callwarden.reconciler.outside import ended_outside
+from callwarden.reconciler.outside import Outside
 from callwarden.rules.fold import fold_for_row
 from callwarden.rules.host import host_status_ended
 from callwarden.rules.upstream import upstream_event
@@ -116,6 +116,7 @@ class Counts(msgspec.Struct, kw_only=True):
     cancelled: int = 0
     host_ended: int = 0
     ended_outside: int = 0  # jobs the host ended with no call, recorded (outside.py)
+    leftovers_settled: int = 0  # reservations a host left, settled by the policy
     skipped: int = 0
     lost_race: int = 0
     errors: int = 0
@@ -148,6 +149,7 @@ class Reconciler(AsyncClosing):
         self._pass_start = (self.clock(), time.monotonic())
         self._logical = False
         self.outage, self._backoff = Outage(log, f"reconciler {self.owner}"), 0.0
+        self.outside = Outside(self.db, self.owner, self.config)
         self.finalizer = Finalizer(self.db, media, settings, owner=self.owner,
                                    clock=self._event_clock, config=call_config,
                                    pricing=pricing)
@@ -198,16 +200,17 @@ class Reconciler(AsyncClosing):
         async with asyncio.TaskGroup() as group:
             for item in batch:
                 group.create_task(one(item))
-        await self._ended_outside(now, counts)
+        if self.outside.due(now):
+            await self._outside(now, counts)
         return counts
 
-    async def _ended_outside(self, now: datetime, counts: Counts) -> None:
-        """The jobs the host ended with no call (:mod:`callwarden.reconciler.outside`); a
-        database error is counted and left to the next pass."""
+    async def _outside(self, now: datetime, counts: Counts) -> None:
+        """What hosts ended themselves (:mod:`callwarden.reconciler.outside`); a database
+        error is counted and left to the next pass."""
         try:
-            counts.ended_outside = await ended_outside(self.db, now, self.owner, self.config)
+            counts.ended_outside, counts.leftovers_settled = await self.outside.run(now)
         except DatabaseError as exc:
-            log.warning("jobs ended outside callwarden: not recorded this pass (%s)", exc)
+            log.warning("jobs ended by their host: not recorded this pass (%s)", exc)
             counts.errors += 1
 
     def claim_request(self, now: datetime) -> ClaimRequest:
@@ -327,8 +330,7 @@ class Reconciler(AsyncClosing):
         elif isinstance(action, Finalize):
             await self._finalize(job, counts, p, final=action.final)
         elif isinstance(action, RecordHostEnded):
-            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status,
-                                                commit_left=action.commit_left),
+            await self._write(job, p, HostEnded(at=now, actor=self.owner, status=action.status),
                               counts, "host_ended", f"ended by the host ({action.status})")
         else:
             await self._poll(job, p, action, now, counts)

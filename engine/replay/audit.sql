@@ -165,16 +165,19 @@ ORDER BY 1, 2;
 SELECT count(*) AS n FROM callwarden.call_events;
 
 -- name: audit_host_left
--- Reservations still 'reserved' on jobs the host ended (status not pending/processing),
--- which the host last wrote before %(before)s (host_left_after_s ago): its commit or refund
--- never came. The reconciler settles them by its policy (docs/reconciler.md, "Jobs ended
--- outside callwarden"); what stays (host_completed_reserved = "leave", a job older than
--- outside_window_s, a call recorded as the host's to settle) is reported: stats, check,
--- /metrics (callwarden_reservations_host_left), the CallwardenReservationsHostLeft alert.
--- usage_logs_reserved_idx (0015) holds only the reserved rows.
+-- Reservations still 'reserved' on jobs the host ended, past %(before)s
+-- (host_left_after_s ago): calls it completed whose commit never came (settlement 'host',
+-- recorded before then), and jobs it ended with no call in the log (outside the
+-- reconciler's window, or not recorded yet) last written before then. The reconciler
+-- settles the first by its policy (docs/reconciler.md, "Jobs ended outside callwarden");
+-- what stays is reported: stats, check, /metrics (callwarden_reservations_host_left) and
+-- the CallwardenReservationsHostLeft alert. usage_logs_reserved_idx (0015) holds only the
+-- reserved rows.
 SELECT count(*) AS reservations, COALESCE(sum(u.credits_reserved), 0)::float8 AS credits
 FROM usage_logs u
 JOIN jobs j ON j.id = u.job_id
 WHERE u.status = 'reserved'
   AND j.status NOT IN ('pending', 'processing')
-  AND GREATEST(j.updated_at, j.completed_at) < %(before)s::timestamptz;
+  AND ((j.call_settlement = 'host' AND j.call_finished_at < %(before)s::timestamptz)
+       OR (j.call_state IS NULL
+           AND GREATEST(j.updated_at, j.completed_at) < %(before)s::timestamptz));

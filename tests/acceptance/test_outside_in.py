@@ -108,9 +108,10 @@ async def test_hostile_host_rows_are_recovered_by_the_reconciler_cli(
         assert (s["host_json"]["status"], s["host_json"]["credits"]) == (
             "completed", "committed")
         assert s["host_json"]["output_data"]["k"] == 1  # the host's own key survived
+        # a job the host ran and ended itself: recorded (HostEnded), its commit untouched
         assert (s["host_done"]["status"], s["host_done"]["credits"],
                 s["host_done"]["credits_charged"], s["host_done"]["call_state"]) == (
-            "completed", "committed", 4, None)
+            "completed", "committed", 4, "completed")
         assert (s["wrapper"]["call_state"], s["wrapper"]["credits"]) == (None, "reserved")
         assert (s["legacy"]["status"], s["legacy"]["credits"]) == ("failed", "refunded")
         assert (s["foreign"]["status"], s["foreign"]["credits"]) == ("failed", "refunded")
@@ -118,5 +119,5 @@ async def test_hostile_host_rows_are_recovered_by_the_reconciler_cli(
             "failed", "refunded")
         assert (s["garbage"]["status"], s["garbage"]["credits"]) == ("completed", "committed")
         assert (s["corrupt"]["call_state"], s["corrupt"]["credits"]) == ("polling", "reserved")
-        for name in ("host_json", "legacy", "foreign", "sync_route", "garbage"):
+        for name in ("host_json", "host_done", "legacy", "foreign", "sync_route", "garbage"):
             assert await verify_job(conn, jobs[name]) == [], name

@@ -154,7 +154,9 @@ async def test_unexpected_error_on_one_row_is_an_attempt_on_that_row_only(
 async def test_seed_row_the_host_completed_after_the_claim_is_never_swept(
         conn: Conn, make_reconciler: MakeReconciler) -> None:
     """River #1302: the reconciler claimed a seed row, then the host completed it and
-    committed the credits; the reconciler's Adopted + Swept must not land."""
+    committed the credits; the reconciler's Adopted + Swept must not land. (The same
+    pass then records the job as ended by the host, outside callwarden: HostEnded, the
+    host's commit untouched.)"""
     job = await seed_row(conn, None, kind="anthropic-sync", age=timedelta(minutes=6))
 
     async def host_finishes_first(point: str, claimed: uuid.UUID) -> None:
@@ -167,8 +169,9 @@ async def test_seed_row_the_host_completed_after_the_claim_is_never_swept(
     assert (counts.swept, counts.adopted, counts.lost_race) == (0, 0, 1)
     r = await row(conn, job)
     assert (r["status"], r["credits"], r["credits_charged"], r["call_state"]) == (
-        "completed", "committed", 3, None)
-    assert await events_of(conn, job) == []
+        "completed", "committed", 3, "completed")
+    assert await events_of(conn, job) == ["HostEnded"]
+    assert await verify_job(conn, job) == []
 
 
 async def test_call_the_host_failed_and_refunded_is_never_completed(

@@ -67,7 +67,9 @@ async def test_a_reservation_without_a_call_ends_refunded_after_the_set_time(
         assert await verify_job(conn, jid) == []
     assert await seen(conn, wrapper) == ("pending", None, None)
     assert await seen(conn, young) == ("pending", ["reserved"], None)
-    assert await seen(conn, ended) == ("completed", ["reserved"], None)
+    # the host ended it: recorded (HostEnded), the reservation the host's to commit until
+    # the policy's grace (test_ended_outside.py), never swept
+    assert await seen(conn, ended) == ("completed", ["reserved"], ["HostEnded"])
     again = await reconciler.reconcile_once(utcnow())
     assert again.swept == 0  # refunded once
     assert (await seen(conn, lost))[1] == ["refunded"]

@@ -254,10 +254,13 @@ class Gated:
         await self.sched.gate("park")
         await self.inner.park(job_id, owner, until)
 
-    async def ended_outside(self, since: datetime, before: datetime,
-                            batch_size: int) -> list[Row]:
+    async def ended_outside(self, since: datetime, batch_size: int) -> list[Row]:
         await self.sched.gate("ended_outside")
-        return await self.inner.ended_outside(since, before, batch_size)
+        return await self.inner.ended_outside(since, batch_size)
+
+    async def leftovers(self, before: datetime, batch_size: int) -> list[uuid.UUID]:
+        await self.sched.gate("leftovers")
+        return await self.inner.leftovers(before, batch_size)
 
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
         await self.sched.gate("find_job")

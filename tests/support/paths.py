@@ -114,6 +114,9 @@ EXPECTED: dict[str, dict[str, str]] = {
         "UpstreamFailed": "failed", "Exhausted": "exhausted", "Cancelled": "cancelled",
         "HostEnded": "failed", "ReconcileAttempted": F},
     **{t.value: {} for t in sorted(TERMINAL, key=lambda t: t.value)},
+    # the one loop on a terminal state: the policy's settlement of what a host left
+    # reserved on a job it completed (the fold allows it only from settlement "host")
+    "completed": {"LeftoverSettled": "completed"},
 }
 
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 
-from callwarden.events.states import CallState, InvalidTransition, TerminalStateError
+from callwarden.events.states import HOST_SETTLES, CallState, InvalidTransition, TerminalStateError
 from callwarden.events.types import (
     Adopted,
     CallStarted,
@@ -23,6 +23,7 @@ from callwarden.events.types import (
     FinalizeClaimed,
     FinalizeFailed,
     HostEnded,
+    LeftoverSettled,
     ReconcileAttempted,
     Swept,
     TaskCreated,
@@ -67,6 +68,8 @@ def _make(name: str, at: datetime, lease_s: float) -> Event:
             return HostEnded(at=at, actor="a", status="failed")
         case "ReconcileAttempted":
             return ReconcileAttempted(at=at, actor="a", outcome="still_running")
+        case "LeftoverSettled":
+            return LeftoverSettled(at=at, actor="a", status="completed")
     raise AssertionError(name)
 
 
@@ -237,14 +240,27 @@ def test_an_injected_illegal_event_raises_and_nothing_after_it_is_applied(
 def test_terminal_states_absorb_every_further_event(h: History) -> None:
     """Invariant: once a walk is terminal, every event type (each of the history's own
     events, re-stamped later) raises TerminalStateError, and the settlement, the finish
-    time and the terminal state it entered never change."""
+    time and the terminal state it entered never change; the one exception is
+    LeftoverSettled on a completion the host was left to commit (settlement "host"),
+    which only settles what the host left (committed: state and finish time kept), and
+    is refused (InvalidTransition) on any other terminal call."""
     label(h)
     p = fold(h.events)
     assert p.terminal
     later = h.events[-1].at + timedelta(seconds=1)
     for e in (*h.events, *(_make(n, later, 30) for n in NAMES)):
+        e = msgspec.structs.replace(e, at=later)
+        if isinstance(e, LeftoverSettled):
+            if p.settlement != HOST_SETTLES:
+                with pytest.raises(InvalidTransition):
+                    apply(p, e)
+                continue
+            q = apply(p, e)
+            assert (q.state, q.call_finished_at, q.settlement) == (
+                p.state, p.call_finished_at, "committed")
+            continue
         with pytest.raises(TerminalStateError):
-            apply(p, msgspec.structs.replace(e, at=later))
+            apply(p, e)
 
 
 @given(histories(illegal_rate=0))

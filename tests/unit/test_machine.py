@@ -59,6 +59,8 @@ def test_transitions_library_machine_agrees(state: str, event: str) -> None:
 @pytest.mark.parametrize("state", sorted(t.value for t in TERMINAL))
 def test_terminal_states_raise_the_terminal_error(state: str) -> None:
     for event in EVENT_TYPES:
+        if event in EXPECTED[state]:  # completed's LeftoverSettled loop
+            continue
         with pytest.raises(TerminalStateError):
             next_state(CallState(state), event)
 
