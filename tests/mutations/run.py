@@ -529,6 +529,40 @@ MUTANTS: tuple[Mutant, ...] = (
               '    "ambiguous": "ambiguous create',
               '    "resume": "",\n    "ambiguous": "ambiguous create'),),
         (QUEUES,)),
+    Mutant(
+        "host-api-claims-twice",
+        "the host API's start_call tells a second delivery of a started call to create "
+        "(a Node worker's redelivery creates a second upstream task)",
+        (Edit("migrations/0014_host_api.sql",
+              "CASE WHEN start_call.recreate THEN 'create' ELSE 'ambiguous' END",
+              "'create'"),),
+        ("tests/integration/test_host_api.py",)),
+    Mutant(
+        "host-api-error-unredacted",
+        "the host API's failed() records the host's error text as given (credentials, "
+        "query strings and all)",
+        (Edit("migrations/0014_host_api.sql",
+              "    FROM (SELECT callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), "
+              "'failed')) AS e) s,",
+              "    FROM (SELECT COALESCE(NULLIF(failed.error, ''), 'failed') AS e) s,"),),
+        ("tests/integration/test_host_api.py",)),
+    Mutant(
+        "leftover-settled-at-once",
+        "a reservation the host left on a job it completed is committed as soon as the "
+        "completion is recorded, not host_left_after_s later (the host's own commit, its "
+        "next statement, finds nothing: the user pays the reservation, not the amount)",
+        (Edit("engine/reconciler/outside.py",
+              "    if now - p.call_finished_at < timedelta(seconds=config.host_left_after_s):\n",
+              "    if False:\n"),),
+        ("tests/integration/test_ended_outside.py",)),
+    Mutant(
+        "ended-outside-not-recorded",
+        "jobs a host ended with no call are never recorded (verify and audit never see "
+        "them, what the host left reserved on them stays reserved)",
+        (Edit("engine/reconciler/outside.py",
+              "        if not self.config.outside_window_s:\n            return 0\n",
+              "        return 0\n"),),
+        ("tests/integration/test_ended_outside.py",)),
 )
 
 SANITY: tuple[Mutant, ...] = (
