@@ -553,7 +553,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "next statement, finds nothing: the user pays the reservation, not the amount)",
         (Edit("engine/reconciler/outside.py",
               "    if now - p.call_finished_at < timedelta(seconds=config.host_left_after_s):\n",
-              "    if False:\n"),),
+              "    if False:\n"),
+         Edit("engine/reconciler/outside.py",
+              "        before = now - timedelta(seconds=self.config.host_left_after_s)\n",
+              "        before = now + timedelta(seconds=1)\n"),),
         ("tests/integration/test_ended_outside.py",)),
     Mutant(
         "ended-outside-not-recorded",
