@@ -333,27 +333,28 @@ BEGIN
 END
 $body$;
 
--- A job row and its credit reservation (none when credits is NULL), in one statement;
--- user_id is cast to the host's own column types (text or uuid).
+-- A job row and its credit reservation (none when credits is NULL), in one transaction;
+-- user_id is cast to the host's own column types (text or uuid). (Every function that
+-- reads or writes a table is PL/pgSQL: Citus plans no SQL function with parameters.)
 CREATE OR REPLACE FUNCTION callwarden.create_job(user_id text, credits numeric,
                                                  input jsonb DEFAULT '{}',
                                                  job_type text DEFAULT 'image',
                                                  job_id uuid DEFAULT NULL)
 RETURNS uuid
-LANGUAGE sql SET search_path = '' AS $body$
-    WITH j AS (
-        INSERT INTO @host@.jobs (id, user_id, job_type, status, input_data)
-        VALUES (COALESCE(create_job.job_id, gen_random_uuid()),
-                create_job.user_id::@jobs_user_type@, create_job.job_type, 'pending',
-                COALESCE(create_job.input, '{}'))
-        RETURNING id, user_id
-    ), r AS (
+LANGUAGE plpgsql SET search_path = '' AS $body$
+#variable_conflict error
+DECLARE
+    v_id uuid := COALESCE(create_job.job_id, gen_random_uuid());
+BEGIN
+    INSERT INTO @host@.jobs (id, user_id, job_type, status, input_data)
+    VALUES (v_id, create_job.user_id::@jobs_user_type@, create_job.job_type, 'pending',
+            COALESCE(create_job.input, '{}'));
+    IF create_job.credits IS NOT NULL THEN
         INSERT INTO @host@.usage_logs (job_id, user_id, status, credits_reserved)
-        SELECT j.id, j.user_id::text::@usage_user_type@, 'reserved', create_job.credits
-        FROM j
-        WHERE create_job.credits IS NOT NULL
-    )
-    SELECT j.id FROM j
+        VALUES (v_id, create_job.user_id::@usage_user_type@, 'reserved', create_job.credits);
+    END IF;
+    RETURN v_id;
+END
 $body$;
 
 -- The claim before the create (OwnCalls.start; markProviderCallStart for a sync call):
@@ -483,15 +484,15 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.heartbeat(job_id uuid, owner text,
                                                 progress int DEFAULT NULL)
 RETURNS boolean
-LANGUAGE sql SET search_path = '' AS $body$
-    WITH beat AS (
-        UPDATE @host@.jobs t
-        SET heartbeat_at = now(), heartbeat_owner = heartbeat.owner,
-            progress = GREATEST(t.progress, COALESCE(heartbeat.progress, t.progress))
-        WHERE t.id = heartbeat.job_id AND t.call_state IN ('created', 'polling')
-        RETURNING t.id
-    )
-    SELECT EXISTS (SELECT 1 FROM beat)
+LANGUAGE plpgsql SET search_path = '' AS $body$
+#variable_conflict error
+BEGIN
+    UPDATE @host@.jobs t
+    SET heartbeat_at = now(), heartbeat_owner = heartbeat.owner,
+        progress = GREATEST(t.progress, COALESCE(heartbeat.progress, t.progress))
+    WHERE t.id = heartbeat.job_id AND t.call_state IN ('created', 'polling');
+    RETURN FOUND;
+END
 $body$;
 
 -- An upstream failure or a vanished task (-> failed or swept, refunded): `event` is the
@@ -530,21 +531,29 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.failed(job_id uuid, actor text, error text,
                                              code text DEFAULT NULL)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE sql SET search_path = '' AS $body$
-    SELECT f.ok, f.state, f.settlement
-    FROM (SELECT callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), 'failed')) AS e) s,
-         callwarden.fail_call(failed.job_id, failed.actor, jsonb_build_object(
-             'type', 'UpstreamFailed', 'at', now(), 'actor', failed.actor,
-             'error', s.e, 'code', failed.code), s.e) f
+LANGUAGE plpgsql SET search_path = '' AS $body$
+-- (no #variable_conflict line: its word "error" is this function's parameter; error is
+-- PL/pgSQL's default, and every name here is qualified)
+DECLARE
+    v_error text := callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), 'failed'));
+BEGIN
+    RETURN QUERY SELECT f.ok, f.state, f.settlement
+    FROM callwarden.fail_call(failed.job_id, failed.actor, jsonb_build_object(
+        'type', 'UpstreamFailed', 'at', now(), 'actor', failed.actor,
+        'error', v_error, 'code', failed.code), v_error) f;
+END
 $body$;
 
 CREATE OR REPLACE FUNCTION callwarden.not_found(job_id uuid, actor text)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE sql SET search_path = '' AS $body$
-    SELECT f.ok, f.state, f.settlement
+LANGUAGE plpgsql SET search_path = '' AS $body$
+#variable_conflict error
+BEGIN
+    RETURN QUERY SELECT f.ok, f.state, f.settlement
     FROM callwarden.fail_call(not_found.job_id, not_found.actor, jsonb_build_object(
         'type', 'Swept', 'at', now(), 'actor', not_found.actor,
-        'reason', 'upstream_task_not_found'), 'upstream_task_not_found') f
+        'reason', 'upstream_task_not_found'), 'upstream_task_not_found') f;
+END
 $body$;
 
 -- A cancel (any open call, or a job whose call never started; refunded).
@@ -576,18 +585,21 @@ BEGIN
 END
 $body$;
 
--- The asset rows of a completion (append_completion's assets_in): a SQL function, where
--- the conflict target's names are the table's columns.
+-- The asset rows of a completion (append_completion's assets_in): a function of its own,
+-- with no parameter named like the conflict target's columns.
 CREATE OR REPLACE FUNCTION callwarden.insert_assets(j @host@.jobs, media jsonb)
 RETURNS void
-LANGUAGE sql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = '' AS $body$
+#variable_conflict error
+BEGIN
     INSERT INTO @host@.assets (job_id, user_id, storage_key, url, content_type, size_bytes,
                                is_public)
     SELECT (insert_assets.j).id, (insert_assets.j).user_id::text::@assets_user_type@, a.key,
            a.url, a.content_type, a.size, COALESCE((insert_assets.j).is_public, true)
     FROM jsonb_to_recordset(insert_assets.media)
          AS a(key text, url text, content_type text, size bigint)
-    ON CONFLICT (job_id, storage_key) DO NOTHING
+    ON CONFLICT (job_id, storage_key) DO NOTHING;
+END
 $body$;
 
 -- Whether a number a payload carries decodes as a float in Python (finite, in range).
