@@ -22,10 +22,14 @@
 -- in flight under this release finishes under the next (its state is the row and the log,
 -- which every release reads); a change a client must know of raises the version.
 --
--- SECURITY INVOKER (the caller's own privileges: callwarden grant ROLE), search_path '',
--- and #variable_conflict error with every parameter and local qualified: a column the host
+-- SECURITY INVOKER (the caller's own privileges: callwarden grant ROLE), and
+-- #variable_conflict error with every parameter and local qualified: a column the host
 -- adds to its tables can never stand in for one. The host's tables are named with the
--- schema this migration finds jobs in, user_id cast to the host's own column types.
+-- schema this migration finds jobs in, user_id cast to the host's own column types. Every
+-- name here is qualified; the search_path is fixed to the host's schema (then pg_temp,
+-- last) only for the host's own triggers these writes fire, which resolve their names
+-- as they do under the Python write path's statements. The functions that touch no table
+-- (the rendered declaration below) have an empty one.
 
 -- BEGIN GENERATED (python -m callwarden.database.declared)
 
@@ -181,11 +185,11 @@ DECLARE
                          WHERE a.attrelid = to_regclass('assets') AND a.attname = 'user_id');
     body text := $fns$
 CREATE OR REPLACE FUNCTION callwarden.host_api_version() RETURNS int
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = '' AS $body$ SELECT 1 $body$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = @host@, pg_temp AS $body$ SELECT 1 $body$;
 
 -- The job's row, locked for this transaction; no_data_found (P0002) if there is none.
 CREATE OR REPLACE FUNCTION callwarden.locked_job(job_id uuid) RETURNS @host@.jobs
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs;
@@ -204,7 +208,7 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.append_events(job_id uuid, from_state text,
                                                     from_version int, events jsonb)
 RETURNS text
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_state text := append_events.from_state;
@@ -233,7 +237,7 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.settle(job_id uuid, settle_to text, seq int,
                                              cost numeric)
 RETURNS text
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_moved int;
@@ -280,7 +284,7 @@ CREATE OR REPLACE FUNCTION callwarden.end_call(j @host@.jobs, dest text, n_event
                                                at timestamptz, error_text text,
                                                settle_to text, cost numeric)
 RETURNS text
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 BEGIN
     UPDATE @host@.jobs t SET
@@ -306,7 +310,7 @@ $body$;
 -- one it failed or cancelled is refunded). No row when the job is not such a call.
 CREATE OR REPLACE FUNCTION callwarden.host_ended(j @host@.jobs, actor text)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_at timestamptz := now();
@@ -341,7 +345,7 @@ CREATE OR REPLACE FUNCTION callwarden.create_job(user_id text, credits numeric,
                                                  job_type text DEFAULT 'image',
                                                  job_id uuid DEFAULT NULL)
 RETURNS uuid
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_id uuid := COALESCE(create_job.job_id, gen_random_uuid());
@@ -365,7 +369,7 @@ CREATE OR REPLACE FUNCTION callwarden.start_call(job_id uuid, kind text, actor t
                                                  sync boolean DEFAULT false,
                                                  recreate boolean DEFAULT false)
 RETURNS TABLE (action text, task_id text, state text, version int)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs;
@@ -427,7 +431,7 @@ $body$;
 -- Python write path's does).
 CREATE OR REPLACE FUNCTION callwarden.task_created(job_id uuid, task_id text, actor text)
 RETURNS TABLE (ok boolean, state text, version int)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs;
@@ -484,7 +488,7 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.heartbeat(job_id uuid, owner text,
                                                 progress int DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 BEGIN
     UPDATE @host@.jobs t
@@ -500,7 +504,7 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.fail_call(job_id uuid, actor text, event jsonb,
                                                 error_text text)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs := callwarden.locked_job(fail_call.job_id);
@@ -531,7 +535,7 @@ $body$;
 CREATE OR REPLACE FUNCTION callwarden.failed(job_id uuid, actor text, error text,
                                              code text DEFAULT NULL)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 -- (no #variable_conflict line: its word "error" is this function's parameter; error is
 -- PL/pgSQL's default, and every name here is qualified)
 DECLARE
@@ -546,7 +550,7 @@ $body$;
 
 CREATE OR REPLACE FUNCTION callwarden.not_found(job_id uuid, actor text)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 BEGIN
     RETURN QUERY SELECT f.ok, f.state, f.settlement
@@ -559,7 +563,7 @@ $body$;
 -- A cancel (any open call, or a job whose call never started; refunded).
 CREATE OR REPLACE FUNCTION callwarden.cancel(job_id uuid, by text)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs := callwarden.locked_job(cancel.job_id);
@@ -589,7 +593,7 @@ $body$;
 -- with no parameter named like the conflict target's columns.
 CREATE OR REPLACE FUNCTION callwarden.insert_assets(j @host@.jobs, media jsonb)
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 BEGIN
     INSERT INTO @host@.assets (job_id, user_id, storage_key, url, content_type, size_bytes,
@@ -604,7 +608,7 @@ $body$;
 
 -- Whether a number a payload carries decodes as a float in Python (finite, in range).
 CREATE OR REPLACE FUNCTION callwarden.float_ok(value jsonb) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = '' AS $body$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = @host@, pg_temp AS $body$
     SELECT jsonb_typeof(float_ok.value) <> 'number'
            OR abs((float_ok.value #>> '{}')::numeric) < 1e300
 $body$;
@@ -620,7 +624,7 @@ CREATE OR REPLACE FUNCTION callwarden.succeeded(job_id uuid, actor text,
                                                 cost numeric DEFAULT NULL,
                                                 result jsonb DEFAULT NULL)
 RETURNS TABLE (ok boolean, state text, settlement text)
-LANGUAGE plpgsql SET search_path = '' AS $body$
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v_job @host@.jobs;

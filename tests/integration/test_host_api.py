@@ -378,3 +378,23 @@ async def test_the_hosts_own_provider_cost_stays(conn: Conn) -> None:
     assert (await one(conn, "SELECT provider_cost FROM jobs WHERE id = %s",
                       job))["provider_cost"] == Decimal("0.42")
     await clean(conn, job)
+
+
+async def test_the_hosts_own_triggers_resolve_their_names_as_under_python(conn: Conn) -> None:
+    """A host trigger written without schema names (as most are) fires on the functions'
+    writes and finds its tables: their search_path is the host's schema (then pg_temp),
+    not the empty one that would leave it 'relation does not exist'."""
+    await conn.execute("""
+        CREATE TABLE job_audit (job_id uuid, call_state text);
+        CREATE FUNCTION job_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO job_audit VALUES (NEW.id, NEW.call_state);
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER job_audit AFTER UPDATE ON jobs FOR EACH ROW
+            EXECUTE FUNCTION job_audit();""")
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("SELECT * FROM callwarden.cancel(%s, 'user:1')", (job,))
+    cur = await conn.execute("SELECT call_state FROM job_audit WHERE job_id = %s", (job,))
+    assert [r["call_state"] for r in await cur.fetchall()] == ["created", "cancelled"]

@@ -46,6 +46,20 @@ const connection = { host: redis.hostname, port: Number(redis.port || 6379),
 before(async () => {
   tmp = await mkdtemp(join(tmpdir(), 'cw-node-'));
   await mkdir(join(tmp, 'control'));
+  // The audit the end state reads: every change of a reservation's status, by whoever
+  // made it (the functions, the reconciler, a stray write), as Postgres saw it.
+  await db.query(`
+    CREATE TABLE usage_audit (
+      usage_id bigint NOT NULL, job_id uuid NOT NULL, old_status text, new_status text,
+      charged numeric, at timestamptz NOT NULL DEFAULT clock_timestamp());
+    CREATE FUNCTION usage_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO usage_audit (usage_id, job_id, old_status, new_status, charged)
+      VALUES (NEW.id, NEW.job_id, OLD.status, NEW.status, NEW.credits_charged);
+      RETURN NEW;
+    END $$;
+    CREATE TRIGGER usage_audit AFTER UPDATE ON usage_logs FOR EACH ROW
+      WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION usage_audit();`);
 });
 after(async () => {
   await Promise.all(started.map((w) => w.kill()));
@@ -390,9 +404,21 @@ describe('the end state', () => {
        FROM jobs j`);
     assert.deepEqual(rows[0], { jobs: rows[0].jobs, unreserved: rows[0].jobs,
                                 settled_once: rows[0].jobs });
+    const audit = await db.query(
+      `SELECT count(*)::int AS moves,
+              count(*) FILTER (WHERE old_status <> 'reserved')::int AS from_settled,
+              count(*) FILTER (WHERE new_status NOT IN ('committed', 'refunded'))::int AS odd,
+              (SELECT count(*)::int FROM (SELECT usage_id FROM usage_audit GROUP BY usage_id
+                                          HAVING count(*) > 1) twice) AS moved_twice,
+              count(*) FILTER (WHERE charged > 10)::int AS over_reserved
+       FROM usage_audit`);
+    assert.deepEqual(audit.rows[0], { moves: rows[0].jobs, from_settled: 0, odd: 0,
+                                      moved_twice: 0, over_reserved: 0 },
+                     'the audit trigger: each reservation moved once, from reserved');
     const report = JSON.parse(await verify());
     assert.equal(report.summary.mismatches, 0);
-    t.diagnostic(`end: ${rows[0].jobs} jobs, each with exactly one settled reservation; `
+    t.diagnostic(`end: ${rows[0].jobs} jobs, each with exactly one settled reservation `
+      + `(audit trigger: ${audit.rows[0].moves} moves, none twice, none from a settled row); `
       + `${kieJobs.length} KIE jobs, one create each; verify: ${report.summary.events} events, `
       + `0 mismatches`);
   });
