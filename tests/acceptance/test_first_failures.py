@@ -13,6 +13,7 @@ one line naming the cause, exit 2, and leaves nothing broken.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,8 +30,20 @@ from tests.acceptance.conftest import ROOT
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "callwarden.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    """The command as a process; one still running after ``timeout`` fails the test with
+    every thread's stack (faulthandler on SIGABRT), so a hang says where it hangs (one CI
+    run saw ``serve`` on a taken port still running after 60 s, never reproduced)."""
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "callwarden.cli",
+                             *args], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{' '.join(args)} still running after {timeout:g} s; its stacks:\n"
+                    f"{err}\n{out}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
