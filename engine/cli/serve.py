@@ -31,23 +31,26 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from callwarden.calls.config import load_call_config
+from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.finalize import Finalizer
 from callwarden.calls.identity import incarnation
-from callwarden.calls.pricing import pricing_from_env
+from callwarden.calls.pricing import Pricing, pricing_from_env
 from callwarden.cli.args import port, positive_int
 from callwarden.cli.process import setup_logging
 from callwarden.config import provider_settings
 from callwarden.database.db import open_pool, preflight
 from callwarden.errors import ConfigError
+from callwarden.providers.base import ProviderSettings
 from callwarden.providers.outcomes import PollOutcome
 from callwarden.providers.registry import poll_task
+from callwarden.providers.storage import MediaStore
 from callwarden.reconciler.config import load_config
 from callwarden.service.app import (
     ListenConfig,
@@ -131,7 +134,20 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     exposed = operator_exposure(listen, config.read_token, args.read_token_env)
     if exposed is not None:
         logging.getLogger("callwarden.service").warning("%s", exposed)
-    await preflight(url, "serve")  # refused for good: exit 2; down: /readyz says so
+    # both listeners bound first: a taken port is one line and exit 2 before anything
+    # else starts (then handed to aiohttp as they are)
+    public_sock = _bind(listen.host, listen.port, "--port")
+    with public_sock, _bind(listen.operator_host, listen.operator_port,
+                            "--operator-port") as operator_sock:
+        await preflight(url, "serve")  # refused for good: exit 2; down: /readyz says so
+        return await _run(args, url, listen, config, call_config, settings, media, pricing,
+                          public_sock, operator_sock)
+
+
+async def _run(args: argparse.Namespace, url: str, listen: ListenConfig,
+               config: ServiceConfig, call_config: CallConfig, settings: ProviderSettings,
+               media: MediaStore, pricing: Pricing, public_sock: socket.socket,
+               operator_sock: socket.socket) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,9 +166,8 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
         await public.setup()
         await operator.setup()
         try:
-            await _listen(public, listen.host, listen.port, "--port")
-            await _listen(operator, listen.operator_host, listen.operator_port,
-                          "--operator-port")
+            await web.SockSite(public, public_sock).start()
+            await web.SockSite(operator, operator_sock).start()
             print(f"callwarden serve on {_url(listen.host, public)} (webhooks, health); "
                   f"operator on {_url(listen.operator_host, operator)} (dashboard, /metrics, "
                   f"admin {'enabled' if config.admin_token else 'disabled'}, read token "
@@ -165,11 +180,12 @@ async def _serve(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-async def _listen(app_runner: web.AppRunner, host: str, port: int, flag: str) -> None:
-    """Listen on ``host:port``; one taken or not ours is a ``ConfigError`` naming it and
-    the flag that moves it (exit 2, the pool and the other listener closed on the way)."""
+def _bind(host: str, port: int, flag: str) -> socket.socket:
+    """A listening socket on ``host:port`` (what aiohttp's TCPSite would open); one taken or
+    not ours is a ``ConfigError`` naming it and the flag that moves it (exit 2)."""
     try:
-        await web.TCPSite(app_runner, host, port).start()
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=128)
     except OSError as exc:
         raise ConfigError(f"serve: cannot listen on {host}:{port}: "
                           f"{exc.strerror or exc} (another process holds it? choose "
