@@ -146,7 +146,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "commit-ignores-cost",
         "a commit charges the whole reservation, not the Completed event's cost",
-        (Edit("engine/database/appending.py", "        cost=_cost(new),\n",
+        (Edit("engine/database/appending.py",
+              "        cost=None if isinstance(first, LeftoverSettled) else _cost(new),\n",
               "        cost=None,\n"),),
         (WRITE,)),
     Mutant(
@@ -473,8 +474,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "safe-error-identity",
         "safe_error returns its input: errors keep query strings, keys and their length",
         (Edit("engine/rules/redact.py",
-              "    out = unquote(text.replace(",
-              "    return text\n    out = unquote(text.replace("),),
+              "    out = unescaped(text)\n",
+              "    return text\n"),),
         (REDACT,)),
     Mutant(
         "pricing-globs-summed",
@@ -514,9 +515,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a run of events may hold a CallStarted or HostEnded after its first event, whose "
         "own fence is then not applied",
         (Edit("engine/database/appending.py",
-              "    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded) for e in "
-              "events):\n",
-              "    if False:\n"),),
+              "    if len(events) > 1 and any(isinstance(e, CallStarted | HostEnded | "
+              "LeftoverSettled)\n",
+              "    if False and any(isinstance(e, CallStarted | HostEnded | LeftoverSettled)\n"),),
         (WRITE,)),
     Mutant(
         "own-task-no-resume",
@@ -542,9 +543,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "the host API's failed() records the host's error text as given (credentials, "
         "query strings and all)",
         (Edit("migrations/0014_host_api.sql",
-              "    FROM (SELECT callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), "
-              "'failed')) AS e) s,",
-              "    FROM (SELECT COALESCE(NULLIF(failed.error, ''), 'failed') AS e) s,"),),
+              "    v_error text := callwarden.safe_error(COALESCE(NULLIF(failed.error, ''), "
+              "'failed'));",
+              "    v_error text := COALESCE(NULLIF(failed.error, ''), 'failed');"),),
         ("tests/integration/test_host_api.py",)),
     Mutant(
         "leftover-settled-at-once",
