@@ -380,6 +380,7 @@ async def test_the_hosts_own_provider_cost_stays(conn: Conn) -> None:
     await clean(conn, job)
 
 
+@pytest.mark.plain_postgres  # Citus refuses triggers on distributed tables: a host there has none
 async def test_the_hosts_own_triggers_resolve_their_names_as_under_python(conn: Conn) -> None:
     """A host trigger written without schema names (as most are) fires on the functions'
     writes and finds its tables: their search_path is the host's schema (then pg_temp),
