@@ -24,12 +24,17 @@ simulator in process on 127.0.0.1 (``kie-standard``, one ``running`` poll then s
   its SQL functions (migration 0014: ``start_call``, ``task_created``, ``succeeded``), as a
   Node host calls them through ``clients/node``: the write path every non-Python host
   gets, its fences, declaration checks and settlement included, three round trips.
+- ``Node host``: the host API driven by a real Node 20 process through ``clients/node``'s
+  ``runTask`` (``clients/node/bench/lifecycle_host.mjs``: the host's own KIE requests
+  with ``fetch``, its own media storage, ``pg``'s pool of 8): the rate a BullMQ
+  worker's handler gets, minus the queue. A round is sent to the long-lived process as
+  one line and timed here.
 - ``dbos``: the same lifecycle as a DBOS workflow of three async steps (create, poll,
   finalize) with the same provider client, the same download and storage write, and in
   ``finalize`` one application transaction (job completed, reservation committed, asset
   row); DBOS's system database lives on the same server.
 
-The four run in alternating rounds (``--rounds``) at each concurrency, so that the
+The six run in alternating rounds (``--rounds``) at each concurrency, so that the
 noise of a shared machine falls on all alike; rates are jobs / summed round time.
 
 Per callwarden call it also reports the transactions, twice: on the server
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 import uuid
@@ -72,7 +78,7 @@ from sqlalchemy.engine import URL
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
 from callwarden.database.databases import drop_database
-from callwarden.database.db import Pool, connect, open_pool
+from callwarden.database.db import Pool, connect, open_pool, uri
 from callwarden.database.jobs import create_job
 from callwarden.database.postgres import PostgresDatabase
 from callwarden.database.write import load
@@ -89,6 +95,7 @@ SCRIPT = {"steps": [{"phase": "running", "polls": 1}], "end": "succeeded"}
 REQUEST: dict[str, Any] = {"model": "nano-banana-pro",
                            "input": {"prompt": "bench", "_sim": SCRIPT}}
 POOL_SIZE = 8
+NODE_HOST = Path(__file__).parents[1] / "clients" / "node" / "bench" / "lifecycle_host.mjs"
 
 
 @asynccontextmanager
@@ -302,6 +309,55 @@ def _json(value: object) -> str:
     return msgspec.json.encode(value).decode()
 
 
+class NodeHost:
+    """:data:`NODE_HOST`, started once: :meth:`round` runs jobs through it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    @asynccontextmanager
+    async def started(cls, url: str, settings: ProviderSettings, media: Path
+                      ) -> AsyncIterator[NodeHost]:
+        env = {**os.environ, "DATABASE_URL": uri(url), "BENCH_MEDIA_DIR": str(media),
+               "CALLWARDEN_KIE_URL": settings.kie.base_url,
+               "KIE_API_KEY": settings.kie.api_key, "BENCH_POOL_SIZE": str(POOL_SIZE)}
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(NODE_HOST), env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        host = cls(proc)
+        try:
+            await host._answer("ready")
+            yield host
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    async def _answer(self, key: str) -> Any:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 600)
+        answer = msgspec.json.decode(line) if line else {"error": "node exited"}
+        if key not in answer:
+            raise RuntimeError(f"{NODE_HOST.name}: {answer.get('error', answer)}")
+        return answer[key]
+
+    async def round(self, jobs: list[uuid.UUID], concurrency: int) -> float:
+        """Seconds for the Node host to run ``jobs`` shared by ``concurrency`` calls."""
+        assert self.proc.stdin is not None
+        start = time.perf_counter()
+        self.proc.stdin.write(msgspec.json.encode(
+            {"jobs": [str(j) for j in jobs], "concurrency": concurrency}) + b"\n")
+        await self.proc.stdin.drain()
+        if await self._answer("done") != len(jobs):
+            raise RuntimeError(f"{NODE_HOST.name} ran a round short")
+        return time.perf_counter() - start
+
+
 # -- what the floors and DBOS's steps all do ----------------------------------------------
 
 
@@ -403,17 +459,17 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
         drop_database(db.admin, f"{db.name}_dbos")
 
 
-# callwarden, DBOS, floor, raw-SQL floor, host API
-Cell = tuple[Measured, Measured, Measured, Measured, Measured]
+# callwarden, DBOS, floor, raw-SQL floor, host API, Node host
+Cell = tuple[Measured, Measured, Measured, Measured, Measured, Measured]
 
 
 async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
-               args: argparse.Namespace, concurrency: int) -> Cell:
-    """The five at one concurrency, in alternating rounds (same machine noise); ``sql``
+               node: NodeHost, args: argparse.Namespace, concurrency: int) -> Cell:
+    """The six at one concurrency, in alternating rounds (same machine noise); ``sql``
     and ``host``: the raw-SQL floor's and the host API's peers (each its own media
-    folder, as callwarden has)."""
-    ours, theirs, floor, floor3, api = (Measured(), Measured(), Measured(), Measured(),
-                                        Measured())
+    folder, as callwarden has); ``node``: the Node host's process."""
+    ours, theirs, floor, floor3, api, nodes = (Measured(), Measured(), Measured(),
+                                               Measured(), Measured(), Measured())
     async with MediaSessions() as sessions:
         def run_bare(job: uuid.UUID) -> Awaitable[None]:
             return run_floor(peer, sessions, job)
@@ -424,15 +480,16 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
         def run_api(job: uuid.UUID) -> Awaitable[None]:
             return run_host_api(host, sessions, job)
 
-        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(4)]
+        warm = [await make_jobs(peer.pool, args.warmup) for _ in range(5)]
         await timed(lambda j: run_callwarden(runner, j), warm[0], concurrency)
         await timed(run_dbos, warm[1], concurrency)
         await timed(run_bare, [uuid.uuid4() for _ in range(args.warmup)], concurrency)
         await timed(run_sql, warm[2], concurrency)
         await timed(run_api, warm[3], concurrency)
+        await node.round(warm[4], concurrency)
         size = max(concurrency, args.jobs // args.rounds)
         for _ in range(max(1, args.jobs // size)):
-            jobs = [await make_jobs(peer.pool, size) for _ in range(4)]
+            jobs = [await make_jobs(peer.pool, size) for _ in range(5)]
             await callwarden_round(db, runner, peer.pool, jobs[0], concurrency, ours)
             theirs.seconds += await timed(run_dbos, jobs[1], concurrency)
             theirs.jobs += size
@@ -443,9 +500,11 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
             floor3.jobs += size
             api.seconds += await timed(run_api, jobs[3], concurrency)
             api.jobs += size
+            nodes.seconds += await node.round(jobs[4], concurrency)
+            nodes.jobs += size
             if not all([await all_completed(peer.pool, j) for j in jobs]):
                 raise RuntimeError("a job was not completed")
-    return ours, theirs, floor, floor3, api
+    return ours, theirs, floor, floor3, api, nodes
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
@@ -459,8 +518,10 @@ async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
             sql = replace(peer, store=LocalFolderStore(Path(tmp, "floor3")))
             host = replace(peer, store=LocalFolderStore(Path(tmp, "host-api")))
             async with make_runner(pool, http, sim.settings, Path(tmp, "cw")) as runner, \
-                    launched_dbos(db, peer):
-                return {c: await cell(db, runner, peer, sql, host, args, c) for c in (1, 8)}
+                    launched_dbos(db, peer), \
+                    NodeHost.started(db.url, sim.settings, Path(tmp, "node")) as node:
+                return {c: await cell(db, runner, peer, sql, host, node, args, c)
+                        for c in (1, 8)}
 
 
 def report(console: Console, results: dict[int, Cell]) -> None:
@@ -476,6 +537,8 @@ def report(console: Console, results: dict[int, Cell]) -> None:
                   *(f"{rate[c][3]:,.0f}" for c in (1, 8)))
     table.add_row("host API: the same three commits, callwarden's SQL functions",
                   *(f"{rate[c][4]:,.0f}" for c in (1, 8)))
+    table.add_row("Node host: the host API through clients/node's runTask",
+                  *(f"{rate[c][5]:,.0f}" for c in (1, 8)))
     table.add_row("floor: provider + media alone, no database",
                   *(f"{rate[c][2]:,.0f}" for c in (1, 8)))
     table.add_row("ratio (goal: 3x at c=1, 4x at c=8)",
@@ -488,6 +551,8 @@ def report(console: Console, results: dict[int, Cell]) -> None:
                   *(f"{rate[c][0] / rate[c][3]:.2f}x" for c in (1, 8)))
     table.add_row("host API / raw-SQL floor",
                   *(f"{rate[c][4] / rate[c][3]:.2f}x" for c in (1, 8)))
+    table.add_row("Node host / raw-SQL floor",
+                  *(f"{rate[c][5] / rate[c][3]:.2f}x" for c in (1, 8)))
     ours = {c: results[c][0] for c in (1, 8)}
     table.add_row("callwarden transactions/call (goal <= 3)",
                   *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))

@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import platformdirs
 import psycopg
@@ -26,7 +27,7 @@ from callwarden.errors import ConfigError, DatabaseRefused, EmbeddedPostgresMiss
 
 __all__ = ["POOLER_ENV", "Conn", "EmbeddedServer", "Pool", "TolerantTimestamptz", "configure",
            "connect", "default_data_dir", "embedded_server_pid", "open_pool", "preflight",
-           "resolve_database_url"]
+           "resolve_database_url", "uri"]
 
 #: A connection whose rows are dicts, and a pool of them: the two connection types every
 #: actor uses (defined here once).
@@ -51,6 +52,21 @@ class TolerantTimestamptz(TimestamptzLoader):
             return self._fast.load(data) if self._fast is not None else super().load(data)
         except psycopg.DataError:
             return None
+
+
+def uri(url: str) -> str:
+    """``url`` (libpq ``key=value`` or a URI) as a ``postgresql://`` URI, which every
+    driver reads (node-postgres takes no ``key=value``; the embedded server's is one): a
+    Unix socket folder goes in ``?host=``, with the port beside it."""
+    params = conninfo_to_dict(url)
+    user, password = str(params.get("user", "")), params.get("password")
+    auth = quote(user, safe="") + (f":{quote(str(password), safe='')}" if password else "")
+    host, port = str(params.get("host", "localhost")), params.get("port")
+    dbname = quote(str(params.get("dbname", "")), safe="")
+    if host.startswith("/"):
+        query = {"host": host, **({"port": str(port)} if port else {})}
+        return f"postgresql://{auth}@/{dbname}?{urlencode(query)}"
+    return f"postgresql://{auth}@{host}{f':{port}' if port else ''}/{dbname}"
 
 
 def configure(conn: psycopg.BaseConnection[Any]) -> None:

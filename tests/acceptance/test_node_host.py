@@ -26,11 +26,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote, urlencode
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
+from callwarden.database.db import uri
 from callwarden.providers.simulator.core import RunningSimulator
 from tests.acceptance.conftest import KEY_VARS, PROVIDERS, ROOT
 from tests.debian import binary
@@ -65,20 +64,6 @@ def node_modules() -> Path:
     return modules
 
 
-def node_url(db_url: str) -> str:
-    """``db_url`` (libpq ``key=value`` or a URI) as a URI node-postgres reads: a Unix
-    socket folder goes in ``?host=``, with the port beside it."""
-    params = conninfo_to_dict(db_url)
-    user, password = str(params.get("user", "")), params.get("password")
-    auth = quote(user, safe="") + (f":{quote(str(password), safe='')}" if password else "")
-    host, port = str(params.get("host", "localhost")), params.get("port")
-    dbname = quote(str(params.get("dbname", "")), safe="")
-    if host.startswith("/"):
-        query = {"host": host, **({"port": str(port)} if port else {})}
-        return f"postgresql://{auth}@/{dbname}?{urlencode(query)}"
-    return f"postgresql://{auth}@{host}{f':{port}' if port else ''}/{dbname}"
-
-
 def node_env(db_url: str, sim: RunningSimulator | None = None,
              redis_url: str | None = None) -> dict[str, str]:
     """This process's environment without callwarden's settings and provider keys, plus
@@ -86,7 +71,7 @@ def node_env(db_url: str, sim: RunningSimulator | None = None,
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith(("CALLWARDEN_", "AWS_")) and k != "CALLWARDEN_DB_POOLER")
            and k not in KEY_VARS}
-    env.update({"DATABASE_URL": node_url(db_url), "CALLWARDEN_PYTHON": sys.executable})
+    env.update({"DATABASE_URL": uri(db_url), "CALLWARDEN_PYTHON": sys.executable})
     if sim is not None:
         for provider in PROVIDERS:
             env[f"CALLWARDEN_{provider.upper()}_URL"] = sim.url(provider)
