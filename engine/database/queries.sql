@@ -246,7 +246,9 @@ UPDATE jobs
 SET heartbeat_at = now(), heartbeat_owner = %(owner)s,
     progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
 WHERE id = %(job_id)s AND call_state IN ('created', 'polling')
-RETURNING id;  -- none: the call is no longer polled (ended, or its result is recorded)
+  AND COALESCE(status, 'pending') IN ('pending', 'processing')
+RETURNING id;  -- none: the call is no longer polled (ended, its result recorded, or the
+               -- host ended the job: callwarden.heartbeat answers the same)
 
 -- name: job_meta
 SELECT id, user_id, job_type, status, is_public, workflow_execution_id, node_id,

@@ -342,18 +342,25 @@ async def test_an_error_text_is_recorded_without_its_credentials(conn: Conn,
     await clean(conn, job)
 
 
-async def test_the_sql_redaction_keeps_what_python_keeps(conn: Conn) -> None:
-    for text in ("upstream failed: model overloaded (status 529), retry later",
-                 "x" * 5000, "GET https://api.example.com/v1/run?key=k1 -> 502",
-                 "401: Authorization: Bearer sk-ant-abcdefgh1234"):
-        got = await one(conn, "SELECT callwarden.safe_error(%s) AS out", text)
-        assert got["out"] == safe_error(text), text
+@pytest.mark.parametrize("text", [
+    "upstream failed: model overloaded (status 529), retry later",
+    "x" * 5000, "GET https://api.example.com/v1/run?key=k1 -> 502",
+    "401: Authorization: Bearer sk-ant-abcdefgh1234",
+    "caf%C3%A9 %E2%80%83 %zz 100%", "%2541 is read once", "%FF%41 is not UTF-8",
+    "a%00b", "token\u2003abcdefgh12345678", "Bearer%E2%80%83abc", "password\u00a0= pw1"])
+async def test_the_sql_redaction_keeps_what_python_keeps(conn: Conn, text: str) -> None:
+    """The same text out of both, but for a NUL (the SQL makes it U+FFFD at once, Python's
+    write path when it records it). (Where a pattern's alternatives match differently,
+    PostgreSQL's longest match drops more than Python's first: the LEAKS test above holds
+    both to dropping every secret.)"""
+    got = await one(conn, "SELECT callwarden.safe_error(%s) AS out", text)
+    assert got["out"] == safe_error(text).replace("\x00", "\ufffd")
 
 
 @pytest.mark.parametrize(("cost", "result"), [
     ("Infinity", None), ("1e400", None), ("NaN", None), ("-1", None),
     (None, '{"cost": 1e400}'), (None, '{"usage": {"tokens": 1e400}}'),
-    (None, '{"media_urls": [1]}')])
+    (None, '{"media_urls": [1]}'), (None, '{"raw": {"y": [1%s.5]}}' % ("0" * 310))])
 async def test_a_cost_or_usage_python_could_not_read_is_refused(
         conn: Conn, cost: str | None, result: str | None) -> None:
     job = await new_job(conn)
@@ -399,3 +406,94 @@ async def test_the_hosts_own_triggers_resolve_their_names_as_under_python(conn: 
     await conn.execute("SELECT * FROM callwarden.cancel(%s, 'user:1')", (job,))
     cur = await conn.execute("SELECT call_state FROM job_audit WHERE job_id = %s", (job,))
     assert [r["call_state"] for r in await cur.fetchall()] == ["created", "cancelled"]
+
+
+# -- what the second review found (0016; each failed before it) -------------------------
+
+OUTCOMES = {
+    "succeeded": "SELECT * FROM callwarden.succeeded(%s, %s, '[]', 'hi')",
+    "failed": "SELECT * FROM callwarden.failed(%s, %s, 'no')",
+    "not_found": "SELECT * FROM callwarden.not_found(%s, %s)",
+    "cancel": "SELECT * FROM callwarden.cancel(%s, %s)",
+}
+CHANGED = {  # the same actor, another outcome than it recorded: not a repeat
+    "succeeded": "SELECT * FROM callwarden.succeeded(%s, %s, '[]', 'bye')",
+    "failed": "SELECT * FROM callwarden.failed(%s, %s, 'another error')",
+}
+
+
+@pytest.mark.parametrize("outcome", sorted(OUTCOMES))
+async def test_an_outcome_asked_again_after_a_lost_reply_is_the_callers_own(
+        conn: Conn, outcome: str) -> None:
+    """A client retries an outcome whose reply was lost: the repeat by the same actor with
+    the same arguments answers ok (with the first answer's settlement word) and writes
+    nothing; the same outcome from another actor, or another outcome from the same one,
+    is still "the call had ended" (ok false)."""
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("SELECT * FROM callwarden.task_created(%s, %s, 'node:1')",
+                       (job, f"t-{job}"))
+    first = await one(conn, OUTCOMES[outcome], job, "node:1")
+    again = await one(conn, OUTCOMES[outcome], job, "node:1")
+    other = await one(conn, OUTCOMES[outcome], job, "node:2")
+    assert first["ok"]
+    assert first["settlement"] == "settled"
+    assert again == first
+    assert (other["ok"], other["state"]) == (False, first["state"])
+    if outcome in CHANGED:
+        assert (await one(conn, CHANGED[outcome], job, "node:1"))["ok"] is False
+    assert len(await settled(conn, job)) == 1
+    assert (await load(conn, job)).version == (5 if outcome == "succeeded" else 3)
+    await clean(conn, job)
+
+
+async def test_a_heartbeat_after_the_host_ended_the_job_answers_false(conn: Conn) -> None:
+    """The user cancelled through the host's own SQL: the holder's next heartbeat says
+    stop (docs/node.md), and the outcome it may still report records the host's word."""
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    await conn.execute("SELECT * FROM callwarden.task_created(%s, %s, 'node:1')",
+                       (job, f"t-{job}"))
+    beat = "SELECT callwarden.heartbeat(%s, 'node:1') AS alive"
+    assert (await one(conn, beat, job))["alive"] is True
+    await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s "
+                       "AND status IN ('pending', 'processing')", (job,))
+    assert (await one(conn, beat, job))["alive"] is False
+    late = await one(conn, "SELECT * FROM callwarden.succeeded(%s, 'node:1')", job)
+    assert (late["ok"], late["state"], late["settlement"]) == (False, "cancelled", "settled")
+    assert await settled(conn, job) == [("refunded", Decimal(0))]
+    await clean(conn, job)
+
+
+@pytest.mark.plain_postgres  # roles and SET ROLE: the Citus stage runs as one superuser
+async def test_a_runtime_granted_before_0016_may_repeat_its_outcome_after_it(
+        conn: Conn) -> None:
+    """A role an earlier ``callwarden grant`` made a runtime (EXECUTE on 0014's functions,
+    none on 0016's new ``repeated``, which the outcomes now call) keeps the host API
+    when 0016 runs: the migration grants the new function to every role that holds it."""
+    role = f"cw_rt_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {role}".encode())
+    try:
+        await conn.execute("SELECT callwarden.grant_runtime_tables(%s::regrole)", (role,))
+        await conn.execute(f"""DO $$ DECLARE f regprocedure; BEGIN
+            FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                     WHERE p.pronamespace = 'callwarden'::regnamespace
+                       AND p.proname <> 'repeated' LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO {role}', f);
+            END LOOP;
+            REVOKE ALL ON FUNCTION callwarden.repeated(uuid, int, text, text, jsonb)
+                FROM {role};
+        END $$""".encode())
+        (again,) = [m for m in available() if m.version == 16]
+        await conn.execute(again.sql.encode())  # 0016 as migrate runs it on that database
+        job = await new_job(conn)
+        await conn.execute(f"SET ROLE {role}".encode())
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+        first = await one(conn, "SELECT * FROM callwarden.failed(%s, 'node:1', 'no')", job)
+        again_ = await one(conn, "SELECT * FROM callwarden.failed(%s, 'node:1', 'no')", job)
+        assert again_ == first
+        assert first["ok"] is True
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute(f"DROP OWNED BY {role}".encode())
+        await conn.execute(f"DROP ROLE {role}".encode())

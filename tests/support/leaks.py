@@ -26,4 +26,8 @@ LEAKS = {  # the shapes the review of issue 24.10 found still leaking, and their
     "api key with a space": "api key: $S",
     "digest": 'Authorization: Digest username="u", response="$S"',
     "signature header": "webhook-signature: v1,$S",
+    # the review of the host API (issue 38): Python's \s and unquote, not PostgreSQL's
+    "percent-escaped em space": "Bearer%E2%80%83$S",
+    "percent-escaped no-break space": "password%C2%A0= $S",
+    "no-break space": "password\u00a0= $S",
 }

@@ -51,6 +51,27 @@ function outcome(row) {
   };
 }
 
+/**
+ * `value` with every NUL character made U+FFFD, in strings, arrays and plain objects
+ * (keys too): Postgres refuses NUL in text and jsonb, and a provider's answer or an
+ * error's text that carries one must still be recordable (as Python's write path makes
+ * it: `without_nul`).
+ * @param {unknown} value
+ * @returns {unknown}
+ */
+export function withoutNul(value) {
+  if (typeof value === 'string') {
+    return value.includes('\0') ? value.replaceAll('\0', '\uFFFD') : value;
+  }
+  if (Array.isArray(value)) return value.map(withoutNul);
+  if (value !== null && typeof value === 'object'
+      && Object.getPrototypeOf(value) === Object.prototype) {
+    return Object.fromEntries(Object.entries(value).map(
+      ([k, v]) => [withoutNul(k), withoutNul(v)]));
+  }
+  return value;
+}
+
 export class Callwarden {
   /** @type {Transport} */
   #t;
@@ -86,7 +107,7 @@ export class Callwarden {
   #call(name, args) {
     const spec = FUNCTIONS[name];
     if (spec === undefined) throw new Error(`no host-API function ${name}`);
-    return this.#t.invoke(spec, args);
+    return this.#t.invoke(spec, /** @type {Record<string, unknown>} */ (withoutNul(args)));
   }
 
   /**

@@ -4,7 +4,7 @@
 
 export { actorId } from './actor.js';
 export { Beater } from './beat.js';
-export { Callwarden } from './client.js';
+export { Callwarden, withoutNul } from './client.js';
 export { FUNCTIONS, HOST_API_VERSION, SCHEMA } from './contract.js';
 export {
   CallwardenError,

@@ -568,6 +568,65 @@ describe('runSync', () => {
   });
 });
 
+describe('what the review of the host API found', () => {
+  test('a lost reply on the outcome: the retry learns it recorded it (ok), once', async () => {
+    let drop = true;
+    const flaky = new Callwarden({
+      query: async (text, values) => {
+        const answer = await db.query(text, values);
+        if (drop && text.includes('callwarden.succeeded')) {
+          drop = false; // committed, then the connection dies before the reply
+          throw new Error('Connection terminated unexpectedly');
+        }
+        return answer;
+      },
+    });
+    const jobId = await job();
+    const run = await flaky.runTask({
+      jobId, kind: KIND, actor: ACTOR, pollEveryMs: 5,
+      create: async () => `tk-${randomUUID()}`,
+      poll: async () => ({ status: 'succeeded', media: [], text: 'hi', cost: 4 }),
+    });
+    assert.equal(drop, false);
+    assert.deepEqual(run.outcome, { ok: true, state: 'completed', settlement: 'settled' });
+    assert.deepEqual(await usage(db, jobId),
+                     [{ status: 'committed', reserved: 10, charged: 4, settled: true }]);
+    assert.equal((await events(db, jobId)).filter((t) => t === 'Completed').length, 1);
+  });
+
+  test('a NUL in what a provider answered is recorded as U+FFFD, not refused', async () => {
+    const jobId = await job();
+    const run = await cw.runTask({
+      jobId, kind: KIND, actor: ACTOR, pollEveryMs: 5,
+      create: async () => `tk-${randomUUID()}`,
+      poll: async () => ({ status: 'failed', error: 'bad\u0000byte', code: 'x\u0000' }),
+    });
+    assert.equal(run.outcome?.ok, true);
+    assert.equal((await jobRow(db, jobId)).error_message, 'bad\uFFFDbyte');
+    assert.equal((await usage(db, jobId))[0].status, 'refunded');
+  });
+
+  test('a heartbeat after the host ended the job in its own SQL stops the run', async () => {
+    const jobId = await job();
+    let polls = 0;
+    const run = await cw.runTask({
+      jobId, kind: KIND, actor: ACTOR, heartbeatEveryMs: 10, pollEveryMs: 10,
+      signal: AbortSignal.timeout(10_000), // a heartbeat that never says stop: 'aborted'
+      create: async () => `tk-${randomUUID()}`,
+      poll: async () => {
+        polls += 1;
+        if (polls === 2) {
+          await db.query(`UPDATE jobs SET status = 'cancelled' WHERE id = $1
+                          AND status IN ('pending', 'processing')`, [jobId]);
+        }
+        return { status: 'running' };
+      },
+    });
+    assert.equal(run.status, 'stopped');
+    assert.equal((await jobRow(db, jobId)).status, 'cancelled');
+  });
+});
+
 describe('the log', () => {
   test('callwarden verify: every projection equals the fold of its events', async () => {
     need('DATABASE_URL');
