@@ -199,6 +199,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed distribution's, read once asked
+        from importlib.metadata import version
+        globals()["__version__"] = version("callwarden")
+        return globals()["__version__"]
     try:
         module, attribute = EXPORTS[name]
     except KeyError:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import subprocess
+import sys
 import tomllib
 from importlib import resources
 from pathlib import Path
 
+import callwarden
 from tests.layout import FOLDERS, ROOT, module_of
 
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
@@ -50,6 +53,14 @@ def test_sql_files_ship_with_the_packages() -> None:
 def test_console_script_points_at_the_cli() -> None:
     scripts = {e.name: e.value for e in md.entry_points(group="console_scripts")}
     assert scripts.get("callwarden") == "callwarden.cli.main:console"
+
+
+def test_python_dash_m_callwarden_is_the_cli_and_says_the_installed_version() -> None:
+    done = subprocess.run([sys.executable, "-m", "callwarden", "--version"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"callwarden {callwarden.__version__}"
+    assert callwarden.__version__ == md.version("callwarden")
 
 
 def test_no_test_module_imports_another() -> None:
