@@ -28,13 +28,15 @@ simulator in process on 127.0.0.1 (``kie-standard``, one ``running`` poll then s
   ``runTask`` (``clients/node/bench/lifecycle_host.mjs``: the host's own KIE requests
   with ``fetch``, its own media storage, ``pg``'s pool of 8): the rate a BullMQ
   worker's handler gets, minus the queue. A round is sent to the long-lived process as
-  one line and timed here.
+  one line and timed here. ``Node floor``: the same process doing the provider and media
+  work alone (nothing recorded), so that ``Node host / Node floor`` is the client's and
+  the database's share, as ``raw-SQL floor / floor`` is in Python.
 - ``dbos``: the same lifecycle as a DBOS workflow of three async steps (create, poll,
   finalize) with the same provider client, the same download and storage write, and in
   ``finalize`` one application transaction (job completed, reservation committed, asset
   row); DBOS's system database lives on the same server.
 
-The six run in alternating rounds (``--rounds``) at each concurrency, so that the
+The seven run in alternating rounds (``--rounds``) at each concurrency, so that the
 noise of a shared machine falls on all alike; rates are jobs / summed round time.
 
 Per callwarden call it also reports the transactions, twice: on the server
@@ -346,12 +348,15 @@ class NodeHost:
             raise RuntimeError(f"{NODE_HOST.name}: {answer.get('error', answer)}")
         return answer[key]
 
-    async def round(self, jobs: list[uuid.UUID], concurrency: int) -> float:
-        """Seconds for the Node host to run ``jobs`` shared by ``concurrency`` calls."""
+    async def round(self, jobs: list[uuid.UUID], concurrency: int, *,
+                    bare: bool = False) -> float:
+        """Seconds for the Node host to run ``jobs`` shared by ``concurrency`` calls
+        (``bare``: the provider and media work alone, nothing recorded)."""
         assert self.proc.stdin is not None
         start = time.perf_counter()
         self.proc.stdin.write(msgspec.json.encode(
-            {"jobs": [str(j) for j in jobs], "concurrency": concurrency}) + b"\n")
+            {"jobs": [str(j) for j in jobs], "concurrency": concurrency, "bare": bare})
+            + b"\n")
         await self.proc.stdin.drain()
         if await self._answer("done") != len(jobs):
             raise RuntimeError(f"{NODE_HOST.name} ran a round short")
@@ -459,17 +464,17 @@ async def launched_dbos(db: Db, peer: Peer) -> AsyncIterator[None]:
         drop_database(db.admin, f"{db.name}_dbos")
 
 
-# callwarden, DBOS, floor, raw-SQL floor, host API, Node host
-Cell = tuple[Measured, Measured, Measured, Measured, Measured, Measured]
+# callwarden, DBOS, floor, raw-SQL floor, host API, Node host, Node floor
+Cell = tuple[Measured, Measured, Measured, Measured, Measured, Measured, Measured]
 
 
 async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
                node: NodeHost, args: argparse.Namespace, concurrency: int) -> Cell:
-    """The six at one concurrency, in alternating rounds (same machine noise); ``sql``
+    """The seven at one concurrency, in alternating rounds (same machine noise); ``sql``
     and ``host``: the raw-SQL floor's and the host API's peers (each its own media
     folder, as callwarden has); ``node``: the Node host's process."""
-    ours, theirs, floor, floor3, api, nodes = (Measured(), Measured(), Measured(),
-                                               Measured(), Measured(), Measured())
+    ours, theirs, floor, floor3, api, nodes, node_floor = (
+        Measured(), Measured(), Measured(), Measured(), Measured(), Measured(), Measured())
     async with MediaSessions() as sessions:
         def run_bare(job: uuid.UUID) -> Awaitable[None]:
             return run_floor(peer, sessions, job)
@@ -487,6 +492,7 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
         await timed(run_sql, warm[2], concurrency)
         await timed(run_api, warm[3], concurrency)
         await node.round(warm[4], concurrency)
+        await node.round([uuid.uuid4() for _ in range(args.warmup)], concurrency, bare=True)
         size = max(concurrency, args.jobs // args.rounds)
         for _ in range(max(1, args.jobs // size)):
             jobs = [await make_jobs(peer.pool, size) for _ in range(5)]
@@ -502,9 +508,12 @@ async def cell(db: Db, runner: CallRunner, peer: Peer, sql: Peer, host: Peer,
             api.jobs += size
             nodes.seconds += await node.round(jobs[4], concurrency)
             nodes.jobs += size
+            node_floor.seconds += await node.round([uuid.uuid4() for _ in range(size)],
+                                                   concurrency, bare=True)
+            node_floor.jobs += size
             if not all([await all_completed(peer.pool, j) for j in jobs]):
                 raise RuntimeError("a job was not completed")
-    return ours, theirs, floor, floor3, api, nodes
+    return ours, theirs, floor, floor3, api, nodes, node_floor
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[int, Cell]:
@@ -539,6 +548,8 @@ def report(console: Console, results: dict[int, Cell]) -> None:
                   *(f"{rate[c][4]:,.0f}" for c in (1, 8)))
     table.add_row("Node host: the host API through clients/node's runTask",
                   *(f"{rate[c][5]:,.0f}" for c in (1, 8)))
+    table.add_row("Node floor: the Node host's provider + media work alone",
+                  *(f"{rate[c][6]:,.0f}" for c in (1, 8)))
     table.add_row("floor: provider + media alone, no database",
                   *(f"{rate[c][2]:,.0f}" for c in (1, 8)))
     table.add_row("ratio (goal: 3x at c=1, 4x at c=8)",
@@ -553,6 +564,9 @@ def report(console: Console, results: dict[int, Cell]) -> None:
                   *(f"{rate[c][4] / rate[c][3]:.2f}x" for c in (1, 8)))
     table.add_row("Node host / raw-SQL floor",
                   *(f"{rate[c][5] / rate[c][3]:.2f}x" for c in (1, 8)))
+    table.add_row("Node host / Node floor (raw-SQL floor / floor, the same in Python)",
+                  *(f"{rate[c][5] / rate[c][6]:.2f}x ({rate[c][3] / rate[c][2]:.2f}x)"
+                    for c in (1, 8)))
     ours = {c: results[c][0] for c in (1, 8)}
     table.add_row("callwarden transactions/call (goal <= 3)",
                   *(f"{ours[c].per_call(ours[c].xacts):.2f}" for c in (1, 8)))

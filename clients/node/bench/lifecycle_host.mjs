@@ -2,7 +2,8 @@
 // runTask (start_call, the create, task_created, polls, the host's own media storage,
 // succeeded), as a BullMQ worker's handler does, minus the queue. One long-lived process:
 // the Python bench sends a round as one JSON line on stdin ({"jobs": [...], "concurrency":
-// N}) and times it; the process answers one line ({"done": N} or {"error": "..."}).
+// N}; "bare": true for the same provider and media work with nothing recorded) and times
+// it; the process answers one line ({"done": N} or {"error": "..."}).
 //
 // Environment: DATABASE_URL, CALLWARDEN_KIE_URL, KIE_API_KEY, BENCH_MEDIA_DIR,
 // BENCH_POOL_SIZE (default 8, as the Python rows' pools).
@@ -49,51 +50,70 @@ async function kie(path, init = {}) {
   return body.data;
 }
 
+async function create() {
+  try {
+    return /** @type {string} */ (
+      (await kie('/api/v1/jobs/createTask', { method: 'POST', body: REQUEST })).taskId);
+  } catch (err) {
+    throw new CreateRefused(String(err));
+  }
+}
+
+/**
+ * One status request; a success's media downloaded and kept under the job's keys (the
+ * host's own storage, as a worker's).
+ * @param {string} jobId
+ * @param {string} taskId
+ * @returns {Promise<import('../src/run.js').PollResult>}
+ */
+async function poll(jobId, taskId) {
+  const data = await kie(`/api/v1/jobs/recordInfo?taskId=${encodeURIComponent(taskId)}`);
+  if (data.state === 'fail') return { status: 'failed', error: String(data.failMsg) };
+  if (data.state !== 'success') return { status: 'running' };
+  /** @type {string[]} */
+  const urls = JSON.parse(data.resultJson || '{}').resultUrls ?? [];
+  const media = [];
+  for (const [i, url] of urls.entries()) {
+    const resp = await fetch(url);
+    if (!resp.ok) throw new Error(`media ${url}: HTTP ${resp.status}`);
+    const bytes = Buffer.from(await resp.arrayBuffer());
+    const key = `node/${jobId}/${i}`;
+    const path = join(MEDIA, key);
+    await mkdir(dirname(path), { recursive: true });
+    await writeFile(path, bytes);
+    media.push({ key, url: `/media/${key}`, size: bytes.length,
+                 content_type: resp.headers.get('content-type')?.split(';')[0]
+                   ?? 'application/octet-stream' });
+  }
+  return { status: 'succeeded', media, result: { media_urls: urls } };
+}
+
 /** @param {string} jobId */
 async function runOne(jobId) {
-  /** @type {string[]} */
-  let urls = [];
   const run = await cw.runTask({
     jobId, kind: 'kie-standard', actor: 'bench-node', pollEveryMs: 0,
-    heartbeatEveryMs: 10_000,
-    create: async () => {
-      try {
-        return (await kie('/api/v1/jobs/createTask', { method: 'POST', body: REQUEST })).taskId;
-      } catch (err) {
-        throw new CreateRefused(String(err));
-      }
-    },
-    poll: async (taskId) => {
-      const data = await kie(`/api/v1/jobs/recordInfo?taskId=${encodeURIComponent(taskId)}`);
-      if (data.state === 'fail') return { status: 'failed', error: String(data.failMsg) };
-      if (data.state !== 'success') return { status: 'running' };
-      urls = JSON.parse(data.resultJson || '{}').resultUrls ?? [];
-      const media = [];
-      for (const [i, url] of urls.entries()) {  // the host's own storage, as a worker's
-        const resp = await fetch(url);
-        if (!resp.ok) throw new Error(`media ${url}: HTTP ${resp.status}`);
-        const bytes = Buffer.from(await resp.arrayBuffer());
-        const key = `node/${jobId}/${i}`;
-        const path = join(MEDIA, key);
-        await mkdir(dirname(path), { recursive: true });
-        await writeFile(path, bytes);
-        media.push({ key, url: `/media/${key}`, size: bytes.length,
-                     content_type: resp.headers.get('content-type')?.split(';')[0]
-                       ?? 'application/octet-stream' });
-      }
-      return { status: 'succeeded', media, result: { media_urls: urls } };
-    },
+    heartbeatEveryMs: 10_000, create, poll: (taskId) => poll(jobId, taskId),
   });
   if (run.status !== 'recorded' || run.outcome?.settlement !== 'settled') {
     throw new Error(`job ${jobId}: ${JSON.stringify(run)}`);
   }
 }
 
-/** @param {{jobs: string[], concurrency: number}} round */
-async function runRound({ jobs, concurrency }) {
+/**
+ * The same provider and media work with nothing recorded: the Node floor.
+ * @param {string} jobId
+ */
+async function bareOne(jobId) {
+  const taskId = await create();
+  while ((await poll(jobId, taskId)).status === 'running');
+}
+
+/** @param {{jobs: string[], concurrency: number, bare?: boolean}} round */
+async function runRound({ jobs, concurrency, bare = false }) {
   let next = 0;
+  const one = bare ? bareOne : runOne;
   const worker = async () => {
-    while (next < jobs.length) await runOne(jobs[next++]);
+    while (next < jobs.length) await one(jobs[next++]);
   };
   await Promise.all(Array.from({ length: concurrency }, worker));
   return jobs.length;
