@@ -548,6 +548,22 @@ MUTANTS: tuple[Mutant, ...] = (
               "    v_error text := COALESCE(NULLIF(failed.error, ''), 'failed');"),),
         ("tests/integration/test_host_api.py",)),
     Mutant(
+        "host-api-repeat-not-own",
+        "the host API answers a repeat of an actor's own outcome after a lost reply as "
+        "another actor's (ok false: a host following the docs undoes its own completed job)",
+        (Edit("migrations/0016_host_api_hardened.sql",
+              "AND e.payload @> repeated.same) THEN",
+              "AND false) THEN"),),
+        ("tests/integration/test_host_api.py",)),
+    Mutant(
+        "host-api-beat-after-host-ended",
+        "the host API's heartbeat keeps answering true after the host ended the job in its "
+        "own SQL (the Node worker polls on for a cancelled job)",
+        (Edit("migrations/0016_host_api_hardened.sql",
+              "      AND COALESCE(t.status, 'pending') IN ('pending', 'processing');",
+              ";"),),
+        ("tests/integration/test_host_api.py",)),
+    Mutant(
         "leftover-settled-at-once",
         "a reservation the host left on a job it completed is committed as soon as the "
         "completion is recorded, not host_left_after_s later (the host's own commit, its "
