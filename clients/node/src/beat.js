@@ -10,6 +10,19 @@
  *   => Promise<boolean>} heartbeat
  */
 
+/**
+ * Run a host's callback from the timer: one that throws must not reject the beat (a
+ * rejection nobody awaits ends a Node process); its error goes to stderr instead.
+ * @param {() => void} fn
+ */
+function hostCallback(fn) {
+  try {
+    fn();
+  } catch (err) {
+    process.emitWarning(`callwarden Beater: a host callback threw: ${String(err)}`);
+  }
+}
+
 export class Beater {
   /** @type {ReturnType<typeof setTimeout> | null} */
   #timer = null;
@@ -66,10 +79,10 @@ export class Beater {
       if (alive === false && !this.#stopped) {
         this.#stopped = true;
         this.#lost = true;
-        this.onLost();
+        hostCallback(this.onLost);
       }
     } catch (err) {
-      this.onError(err, 'heartbeat');
+      hostCallback(() => this.onError(err, 'heartbeat'));
     }
   }
 

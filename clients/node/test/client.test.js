@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 
 import {
-  Callwarden, CreateRefused, DatabaseUnavailable, FUNCTIONS, InvalidArgument, JobExists,
+  Beater, Callwarden, CreateRefused, DatabaseUnavailable, FUNCTIONS, InvalidArgument, JobExists,
   JobNotFound, KindMismatch, TaskAlreadyClaimed, TaskIdConflict, actorId,
 } from '../src/index.js';
 import { need, pool, verify } from './support/env.js';
@@ -624,6 +624,26 @@ describe('what the review of the host API found', () => {
     });
     assert.equal(run.status, 'stopped');
     assert.equal((await jobRow(db, jobId)).status, 'cancelled');
+  });
+});
+
+describe('the Beater', () => {
+  test('a host callback that throws neither stops the beats nor rejects unseen', async () => {
+    /** @type {unknown[]} */
+    const unseen = [];
+    const onUnhandled = (/** @type {unknown} */ err) => { unseen.push(err); };
+    process.on('unhandledRejection', onUnhandled);
+    let beats = 0;
+    const beater = new Beater({
+      cw: { heartbeat: async () => { beats += 1; throw new Error('database down'); } },
+      jobId: randomUUID(), owner: ACTOR, everyMs: 5,
+      onError: () => { throw new Error('the host callback broke'); },
+    }).start();
+    await until('three beats', () => beats >= 3, { timeoutMs: 5_000, everyMs: 5 });
+    await beater.stop();
+    await new Promise((resolve) => setImmediate(resolve));
+    process.off('unhandledRejection', onUnhandled);
+    assert.deepEqual(unseen, []);
   });
 });
 
