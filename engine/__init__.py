@@ -26,7 +26,8 @@ SQL, the clock, migrations, the port every actor's ``db`` handle speaks); ``obse
 the host's own calls, finalization, pricing, callback URLs); ``queue``, ``reconciler``
 and ``replay`` (the reference queue and the Celery and arq integrations, the reconciler,
 the log read back); ``service`` (webhooks, ``/metrics``, the dashboard); ``settings``
-(every actor's settings in one object); and the faces on top: ``demo`` and ``cli``.
+(every actor's settings in one object); and the faces on top: ``demo``, ``cli`` and
+``__main__`` (``python -m callwarden``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("settings",),
     ("demo",),
     ("cli",),
+    ("__main__",),
 )
 
 #: name -> (module, attribute): what ``from callwarden import <name>`` gives.
