@@ -7,7 +7,7 @@
 UPDATE jobs
 SET heartbeat_at = %(now)s::timestamptz, heartbeat_owner = %(owner)s,
     progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
-WHERE id = %(job_id)s AND call_state IN ('created', 'polling')
+WHERE id = %(job_id)s AND call_state IN ('created', 'polling') AND {{open_fence}}
 RETURNING id;
 
 -- name: host_add_reservation

@@ -245,10 +245,10 @@ RETURNING id;
 UPDATE jobs
 SET heartbeat_at = now(), heartbeat_owner = %(owner)s,
     progress = GREATEST(progress, COALESCE(%(progress)s::int, progress))
-WHERE id = %(job_id)s AND call_state IN ('created', 'polling')
-  AND COALESCE(status, 'pending') IN ('pending', 'processing')
-RETURNING id;  -- none: the call is no longer polled (ended, its result recorded, or the
-               -- host ended the job: callwarden.heartbeat answers the same)
+-- No row: the call is no longer polled (ended, its result recorded, or the host ended
+-- the job; callwarden.heartbeat, migration 0016, answers the same).
+WHERE id = %(job_id)s AND call_state IN ('created', 'polling') AND {{open_fence}}
+RETURNING id
 
 -- name: job_meta
 SELECT id, user_id, job_type, status, is_public, workflow_execution_id, node_id,
