@@ -5,6 +5,11 @@ columns from the old ones plus one event), in replay/verify, and in audit timeli
 never reads a clock or touches I/O. Illegal sequences raise
 :class:`callwarden.events.states.InvalidTransition` (terminal states are absorbing).
 
+What each event writes is not written here: it is the rules of
+:mod:`callwarden.projections.writes`, compiled below into one handler per event type (as
+Python source, so the hot loop runs plain attribute writes) and rendered as SQL for the
+host API (:mod:`callwarden.database.declared`): one definition, two readers.
+
 The hot loop works on a mutable, slotted accumulator; :class:`CallProjection` is the frozen
 value handed to callers.
 """
@@ -13,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec.structs import astuple
 
 from callwarden.events.states import (
-    HOST_SETTLES,
-    LEGACY_KIND,
     LEGAL,
     SETTLEMENT,
     TERMINAL,
@@ -27,30 +32,25 @@ from callwarden.events.states import (
     InvalidTransition,
     next_state,
 )
-from callwarden.events.types import (
-    Adopted,
-    CallStarted,
-    Cancelled,
-    Completed,
-    Event,
-    Exhausted,
-    FinalizeClaimed,
-    FinalizeFailed,
-    HostEnded,
-    LeftoverSettled,
-    ReconcileAttempted,
-    StoredMedia,
-    Swept,
-    TaskCreated,
-    UpstreamFailed,
-    UpstreamResult,
-    UpstreamSucceeded,
+from callwarden.events.types import EVENT_TYPES, Event, StoredMedia, UpstreamResult
+from callwarden.projections.writes import (
+    RULES,
+    AtLeast,
+    Cond,
+    Const,
+    Differs,
+    Either,
+    Equals,
+    IfSet,
+    LeaseHeld,
+    Payload,
+    Refuse,
+    Source,
+    Step,
 )
 
 __all__ = ["EMPTY", "OBSERVED_FIELDS", "STATE_STATUS", "CallProjection", "apply", "fold",
            "fold_from"]
-
-ERROR_EXHAUSTED = "reconcile_exhausted"
 
 #: The host status each state projects to (``None``: left as the host set it).
 STATE_STATUS: dict[CallState, str | None] = {
@@ -164,121 +164,98 @@ _PROBE = CallProjection(**{f: i for i, f in enumerate(_FIELDS)})  # type: ignore
 assert _Acc(_PROBE).freeze() == _PROBE, "_Acc.__init__ unpacks fields out of order"
 
 
-def _call_started(a: _Acc, e: CallStarted) -> None:
-    a.provider_kind = e.kind
-    a.call_sync = e.sync
-    a.provider_call_started_at = e.at
+_Handler = Callable[[_Acc, Any], None]
 
 
-def _adopted(a: _Acc, e: Adopted) -> None:
-    a.call_sync = e.sync
-    if e.kind != LEGACY_KIND:  # a legacy row keeps the host's (empty) seed columns
-        a.provider_kind = e.kind
-        a.provider_call_started_at = e.call_started_at or e.at
-        a.reconcile_attempts = e.reconcile_attempts
-        a.reconcile_last_error = e.reconcile_last_error
-    if e.task_id:
-        a.provider_task_id = e.task_id
-        a.state = CallState.POLLING
+def _expr(field: str, src: Source) -> str:
+    """``src``'s value for ``field`` as a Python expression over ``a`` (the accumulator)
+    and ``e`` (the event). A source reads no field but its own, so a step's writes may run
+    in order."""
+    if isinstance(src, Payload):
+        return f"e.{src.name}"
+    if isinstance(src, Const):
+        return repr(src.value)
+    if isinstance(src, Either):
+        return f"(e.{src.name} if e.{src.name} is not None else e.{src.otherwise})"
+    if isinstance(src, IfSet):
+        return f"(a.{field} if e.{src.name} is None else e.{src.name})"
+    if isinstance(src, AtLeast):
+        return f"max(a.{field}, e.{src.name})"
+    return f"a.{field} + {src.n!r}"
 
 
-def _task_created(a: _Acc, e: TaskCreated) -> None:
-    a.provider_task_id = e.task_id
+def _test(cond: Cond) -> str:
+    if isinstance(cond, Equals):
+        return f"e.{cond.name} == {cond.value!r}"
+    if isinstance(cond, Differs):
+        return f"e.{cond.name} != {cond.value!r}"
+    return f"e.{cond.name}"
 
 
-def _upstream_succeeded(a: _Acc, e: UpstreamSucceeded) -> None:
-    a.upstream_result = e.result
+def _source(name: str, steps: tuple[Step, ...]) -> str:
+    """The handler for ``steps`` as Python source: the declaration rendered, as
+    :mod:`callwarden.database.declared` renders it as SQL (the hot loop then runs plain
+    attribute writes, as fast as the handlers written by hand it replaces)."""
+    lines = [f"def {name}(a, e):"]
+    for step in steps:
+        body = [f"a.{field} = {_expr(field, src)}" for field, src in step.set]
+        if step.state is not None:
+            body.append(f"a.state = _State.{step.state.name}")
+        if step.when is not None:
+            lines.append(f"    if {_test(step.when)}:")
+            body = ["    " + line for line in body or ["pass"]]
+        lines.extend("    " + line for line in body)
+    return "\n".join(lines if len(lines) > 1 else [*lines, "    pass"])
 
 
-def _upstream_failed(a: _Acc, e: UpstreamFailed) -> None:
-    a.error_message = e.error
+def _steps(event: str, part: str, steps: tuple[Step, ...]) -> _Handler | None:
+    """``steps`` compiled (``None`` when there are none)."""
+    if not steps:
+        return None
+    names = [n for s in steps for f, src in s.set
+             for n in (f, *(getattr(src, a) for a in ("name", "otherwise") if hasattr(src, a)))]
+    names += [s.when.name for s in steps if s.when is not None]
+    if not all(n.isidentifier() for n in names):  # the declaration's names, nothing else
+        raise ValueError(f"{event}: a field or payload name is not an identifier")
+    name = f"_{event}_{part}"
+    scope: dict[str, Any] = {"_State": CallState}
+    exec(compile(_source(name, steps), f"<rule {event}>", "exec"), scope)
+    fn: _Handler = scope[name]
+    return fn
 
 
-def _finalize_claimed(a: _Acc, e: FinalizeClaimed) -> None:
-    lease = a.finalize_lease_until
-    if a.state is CallState.FINALIZING and lease is not None and e.at < lease:
-        raise InvalidTransition(
-            CallState.FINALIZING, "FinalizeClaimed",
-            f"lease held by {a.finalize_owner} until {lease.isoformat()}")
-    a.finalize_owner = e.owner
-    a.finalize_lease_until = e.lease_until
+def _refusal(refuse: Refuse | None) -> Callable[[_Acc, Any], str | None] | None:
+    """Why the event is refused on ``a`` (``None``: it is not), beyond the table."""
+    if refuse is None:
+        return None
+    if isinstance(refuse, LeaseHeld):
+        state, until, owner = refuse.state, attrgetter(refuse.until), attrgetter(refuse.owner)
+
+        def held(a: _Acc, e: Any) -> str | None:
+            lease = until(a)
+            if a.state is state and lease is not None and e.at < lease:
+                return f"lease held by {owner(a)} until {lease.isoformat()}"
+            return None
+        return held
+    name, value, why = refuse.name, refuse.value, refuse.why
+    get = attrgetter(name)
+    return lambda a, e: None if get(a) == value else f"{why} ({name} {get(a)!r})"
 
 
-def _finalize_failed(a: _Acc, e: FinalizeFailed) -> None:
-    a.finalize_owner = None
-    a.finalize_lease_until = None
-    a.reconcile_last_error = e.error
+class _Compiled(NamedTuple):
+    table: dict[CallState | None, CallState]  # state before -> state after
+    refused: Callable[[_Acc, Any], str | None] | None
+    steps: _Handler | None
+    then: _Handler | None
 
 
-def _completed(a: _Acc, e: Completed) -> None:
-    a.output_media = e.media
-    a.output_text = e.text
-    a.output_stop_reason = e.stop_reason
-    a.provider_cost = e.cost
-    a.finalize_owner = None
-    a.finalize_lease_until = None
-
-
-def _swept(a: _Acc, e: Swept) -> None:
-    a.error_message = e.reason
-
-
-def _exhausted(a: _Acc, e: Exhausted) -> None:
-    a.error_message = ERROR_EXHAUSTED
-    a.reconcile_attempts = max(a.reconcile_attempts, e.attempts)
-    if e.last_error is not None:
-        a.reconcile_last_error = e.last_error
-
-
-def _cancelled(a: _Acc, e: Cancelled) -> None:
-    pass
-
-
-_HOST_ENDINGS = {"completed": CallState.COMPLETED, "cancelled": CallState.CANCELLED}
-
-
-def _host_ended(a: _Acc, e: HostEnded) -> None:
-    a.state = _HOST_ENDINGS.get(e.status, CallState.FAILED)
-
-
-def _leftover_settled(a: _Acc, e: LeftoverSettled) -> None:
-    if a.settlement != HOST_SETTLES:
-        raise InvalidTransition(a.state, "LeftoverSettled",
-                                f"only a reservation left to the host (settlement "
-                                f"{a.settlement!r})")
-    a.settlement = e.settlement
-
-
-def _reconcile_attempted(a: _Acc, e: ReconcileAttempted) -> None:
-    a.reconcile_attempts += 1
-    a.reconcile_next_at = e.next_attempt_at
-    if e.error is not None:
-        a.reconcile_last_error = e.error
-
-
-_Handler = Callable[[_Acc, object], None]
-_HANDLERS: dict[type, _Handler] = {
-    CallStarted: _call_started,  # type: ignore[dict-item]
-    Adopted: _adopted,  # type: ignore[dict-item]
-    TaskCreated: _task_created,  # type: ignore[dict-item]
-    UpstreamSucceeded: _upstream_succeeded,  # type: ignore[dict-item]
-    UpstreamFailed: _upstream_failed,  # type: ignore[dict-item]
-    FinalizeClaimed: _finalize_claimed,  # type: ignore[dict-item]
-    FinalizeFailed: _finalize_failed,  # type: ignore[dict-item]
-    Completed: _completed,  # type: ignore[dict-item]
-    Swept: _swept,  # type: ignore[dict-item]
-    Exhausted: _exhausted,  # type: ignore[dict-item]
-    Cancelled: _cancelled,  # type: ignore[dict-item]
-    HostEnded: _host_ended,  # type: ignore[dict-item]
-    ReconcileAttempted: _reconcile_attempted,  # type: ignore[dict-item]
-    LeftoverSettled: _leftover_settled,  # type: ignore[dict-item]
-}
-
-
-# Per event class: (state before -> state after, handler). Derived from LEGAL.
-_BY_CLASS: dict[type, tuple[dict[CallState | None, CallState], _Handler]] = {
-    cls: ({src: dest for (src, name), dest in LEGAL.items() if name == cls.__name__}, fn)
-    for cls, fn in _HANDLERS.items()
+# Per event class, its rule (projections/writes.py) compiled, and its transitions from LEGAL.
+_BY_CLASS: dict[type, _Compiled] = {
+    cls: _Compiled({src: dest for (src, name), dest in LEGAL.items() if name == cls.__name__},
+                   _refusal(RULES[cls.__name__].refuse),
+                   _steps(cls.__name__, "steps", RULES[cls.__name__].steps),
+                   _steps(cls.__name__, "then", RULES[cls.__name__].then))
+    for cls in EVENT_TYPES.values()
 }
 # Per state entered: (status it projects to, settlement if terminal).
 _ENTER: dict[CallState, tuple[str | None, str | None]] = {
@@ -300,20 +277,21 @@ def fold_from(p: CallProjection, events: Iterable[Event]) -> CallProjection:
     """``p`` advanced by ``events`` in order."""
     a = _Acc(p)
     for e in events:
-        table, handler = _BY_CLASS[type(e)]
+        table, refused, steps, then = _BY_CLASS[type(e)]
         previous = a.state
         dest = table.get(previous)
         if dest is None:
             dest = next_state(previous, type(e).__name__)  # raises the precise error
+        if refused is not None and (why := refused(a, e)) is not None:
+            raise InvalidTransition(previous, type(e).__name__, why)
         a.state = dest
-        handler(a, e)  # may refine the state (Adopted with a task id -> polling)
+        if steps is not None:
+            steps(a, e)  # may refine the state (Adopted with a task id -> polling)
         a.version += 1
         if a.state is not previous:
             _enter(a, e, a.state or dest)
-        if type(e) is HostEnded:
-            a.status = e.status  # the host's own word stays on the row
-            if a.state is CallState.COMPLETED:
-                a.settlement = HOST_SETTLES  # the host commits its own amount
+        if then is not None:
+            then(a, e)  # after the state is entered (HostEnded: the host's own word)
     return a.freeze()
 
 
