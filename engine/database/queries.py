@@ -11,7 +11,7 @@ import re
 from importlib import resources
 from typing import LiteralString
 
-__all__ = ["QUERIES", "load_queries"]
+__all__ = ["FRAGMENTS", "QUERIES", "load_queries"]
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _FRAGMENT = re.compile(r"^-- fragment: (\w+)\s*$", re.MULTILINE)
@@ -133,4 +133,7 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
     return out
 
 
-QUERIES: dict[str, LiteralString] = _shapes(_load_all())
+_LOADED = _load_all()
+QUERIES: dict[str, LiteralString] = _shapes(_LOADED)
+#: The fragments as written (comment lines dropped), before any is spliced into another.
+FRAGMENTS: dict[str, str] = _LOADED[1]

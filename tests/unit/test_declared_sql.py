@@ -1,27 +1,52 @@
-"""The host API's transition table, event versions, state statuses and redaction are the
-declaration's rendering (engine/database/declared.py), carried verbatim by the newest
-migration that carries the block (0014, then 0016): a change to the declaration without a
+"""The host API's transition table, event versions, state statuses and redaction, and
+(block GENERATED HOST) what each event writes and the settlement, are the declaration's
+rendering (engine/database/declared.py), carried verbatim by the newest migration that
+carries each block (0014, then 0016; 0017): a change to the declaration without a
 migration that carries its new rendering fails here (the integration test then checks the
 installed function on every (state, event) pair)."""
 
 from __future__ import annotations
 
-from callwarden.database.declared import BEGIN, END, generated_block, pg_regex
+from callwarden.database.declared import (
+    BEGIN,
+    BEGIN_HOST,
+    COLUMNS,
+    END,
+    END_HOST,
+    OUTPUT,
+    generated_block,
+    generated_host_block,
+    pg_regex,
+)
 from callwarden.database.migrate import available
 from callwarden.events.states import LEGAL
 from callwarden.events.types import VERSIONS
+from callwarden.projections.columns import READ_COLUMNS
+from callwarden.projections.fold import OBSERVED_FIELDS, CallProjection
 
 
-def _carried() -> str:
+def _carried(begin: str = BEGIN, end: str = END) -> str:
     """The block as the newest migration carrying one has it (migrations are immutable:
     a new rendering comes in a new one)."""
-    texts = [m.sql for m in available() if BEGIN in m.sql]
-    start, end = texts[-1].index(BEGIN), texts[-1].index(END) + len(END)
-    return texts[-1][start:end]
+    texts = [m.sql for m in available() if begin in m.sql]
+    start = texts[-1].index(begin)
+    return texts[-1][start:texts[-1].index(end, start) + len(end)]
 
 
 def test_the_migration_carries_the_declarations_rendering() -> None:
     assert _carried() == generated_block()
+
+
+def test_the_migration_carries_the_projections_rendering() -> None:
+    """apply_event, write_events and settle (0017): the rules of projections/writes.py
+    and the write path's settle_ctes, rendered."""
+    assert _carried(BEGIN_HOST, END_HOST) == generated_host_block()
+
+
+def test_every_column_the_projection_reads_is_one_apply_event_writes() -> None:
+    written = {c for c, _ in COLUMNS.values()} | {"call_output"}
+    assert written == set(READ_COLUMNS)
+    assert set(COLUMNS) | set(OUTPUT) == set(CallProjection.__struct_fields__) - OBSERVED_FIELDS
 
 
 def test_the_rendering_names_every_legal_pair_and_every_event_version() -> None:
