@@ -4,9 +4,9 @@
 actors can leave it in, each also with the host's own terminal status written over it by
 plain SQL first. Not sampled: every (state, host status, step) is taken.
 
-The functions' legality is rendered from the declaration (test_declared_sql.py); their
-projection and settlement are PL/pgSQL. What holds them to the one definition is that,
-after every pair, the row equals the Python fold of the log (``verify_job``: columns,
+The functions' legality, projection and settlement are rendered from the declaration
+(test_declared_sql.py, test_apply_event.py). What this adds: after every pair, the row
+the whole function leaves equals the Python fold of the log (``verify_job``: columns,
 status and settlement), and a cancel decides as Python's ``cancel`` does on a twin job."""
 
 from __future__ import annotations
