@@ -534,7 +534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "host-api-claims-twice",
         "the host API's start_call tells a second delivery of a started call to create "
         "(a Node worker's redelivery creates a second upstream task)",
-        (Edit("migrations/0014_host_api.sql",
+        (Edit("migrations/0017_one_definition.sql",
               "CASE WHEN start_call.recreate THEN 'create' ELSE 'ambiguous' END",
               "'create'"),),
         ("tests/integration/test_host_api.py",)),
@@ -547,6 +547,14 @@ MUTANTS: tuple[Mutant, ...] = (
               "'failed'));",
               "    v_error text := COALESCE(NULLIF(failed.error, ''), 'failed');"),),
         ("tests/integration/test_host_api.py",)),
+    Mutant(
+        "apply-event-off-the-fold",
+        "the host API's apply_event, edited by hand after it was rendered, stops counting "
+        "reconcile attempts (a hand-kept twin drifting from the fold)",
+        (Edit("migrations/0017_one_definition.sql",
+              "v.reconcile_attempts := v.reconcile_attempts + 1;",
+              "v.reconcile_attempts := v.reconcile_attempts;"),),
+        ("tests/integration/test_apply_event.py",)),
     Mutant(
         "host-api-repeat-not-own",
         "the host API answers a repeat of an actor's own outcome after a lost reply as "
