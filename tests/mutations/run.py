@@ -154,8 +154,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "fold-takes-live-lease",
         "the fold lets a FinalizeClaimed take over a finalization lease that has not expired",
         (Edit("projections/fold.py",
-              "    if a.state is CallState.FINALIZING and lease is not None and e.at < lease:",
-              "    if False:"),),
+              "            if a.state is state and lease is not None and e.at < lease:",
+              "            if False:"),),
         (FOLD,)),
     Mutant(
         "finalizer-takes-live-lease",
@@ -174,8 +174,8 @@ MUTANTS: tuple[Mutant, ...] = (
               "p.finalize_lease_until\n",
               "            expired = True\n"),
          Edit("projections/fold.py",
-              "    if a.state is CallState.FINALIZING and lease is not None and e.at < lease:",
-              "    if False:")),
+              "            if a.state is state and lease is not None and e.at < lease:",
+              "            if False:")),
         (GUARDS,)),
     Mutant(
         "fresh-heartbeat-ignored",
