@@ -219,3 +219,20 @@ SELECT ok FROM callwarden.task_created(%(job_id)s::uuid, %(task_id)s::text, %(ac
 -- ...then the outcome with what the host stored: events, row, assets and settlement.
 SELECT ok, settlement
 FROM callwarden.succeeded(%(job_id)s::uuid, %(actor)s::text, %(media)s::jsonb);
+
+-- name: host_create_job
+-- bench/host_api.py: a happy async call through the host API, as a Node worker makes it.
+SELECT callwarden.create_job('bench-user', 10) AS id;
+
+-- name: host_start_call
+SELECT * FROM callwarden.start_call(%(job)s, 'kie-standard', 'bench');
+
+-- name: host_task_created
+SELECT * FROM callwarden.task_created(%(job)s, %(task)s, 'bench');
+
+-- name: host_heartbeat
+SELECT callwarden.heartbeat(%(job)s, 'bench', 50);
+
+-- name: host_succeeded
+SELECT * FROM callwarden.succeeded(%(job)s, 'bench', %(media)s::jsonb, NULL, 2.5,
+                                   %(result)s::jsonb);

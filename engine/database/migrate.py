@@ -123,8 +123,10 @@ def _with_own(path: str, *, first: bool = False) -> str:
     return f"callwarden, {path}" if first else f"{path}, callwarden"
 
 
-async def migrate(conn: Conn) -> list[Migration]:
-    """Apply the pending migrations; return those applied (empty when up to date)."""
+async def migrate(conn: Conn, *, upto: int | None = None) -> list[Migration]:
+    """Apply the pending migrations (those up to version ``upto`` only, when given: a
+    database as an earlier release left it, for upgrade tests and benchmarks); return those
+    applied (empty when up to date)."""
     try:
         with translated():
             await execute(conn, "migrations_lock", {"key": LOCK_KEY})
@@ -136,7 +138,8 @@ async def migrate(conn: Conn) -> list[Migration]:
                     await execute(conn, "migrations_create_table", {})
                 done = {r["version"]
                         for r in await execute(conn, "migrations_applied_legacy", {})}
-                todo = [m for m in available() if m.version not in done]
+                todo = [m for m in available()
+                        if m.version not in done and (upto is None or m.version <= upto)]
                 for mig in todo:
                     await _apply(conn, mig)
                 await _distribute_late(conn, path)
