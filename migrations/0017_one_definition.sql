@@ -10,7 +10,8 @@
 -- Python write path's own settlement (settle_ctes, engine/database/queries.sql).
 --
 -- The host functions write their events through callwarden.write_events (apply_event,
--- the log row, one UPDATE of the projection) and settle through callwarden.transition;
+-- the log row, then the row written by the Python write path's own SET list: append_upd
+-- of engine/database/queries.sql, rendered) and settle through callwarden.transition;
 -- each is made again here with the signature it had (a call in flight under 0016 finishes
 -- under these; host_api_version() stays 1). fail_call's error_text is now the event's own
 -- (failed and not_found put the same text in both).
@@ -158,34 +159,59 @@ LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 DECLARE
     v @host@.jobs := write_events.j;
     v_event jsonb;
+    v_completion boolean := false;
+    v_beat_at timestamptz;
+    v_beat_owner text;
 BEGIN
     FOR v_event IN SELECT x.value FROM jsonb_array_elements(write_events.events) x LOOP
         v := callwarden.apply_event(v, v_event);
         INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
         VALUES (v.id, v.call_version, v_event->>'type',
                 callwarden.event_version(v_event->>'type'), v_event, v_event->>'actor');
+        v_completion := v_completion OR v_event->>'type' = 'Completed';
+        IF v_event->>'type' = 'TaskCreated' THEN
+            v_beat_at := (v_event->>'at')::timestamptz;
+            v_beat_owner := v_event->>'actor';
+        END IF;
     END LOOP;
-    UPDATE @host@.jobs t SET
+    UPDATE @host@.jobs SET
         call_state = v.call_state,
         call_version = v.call_version,
-        status = v.status,
-        provider_kind = v.provider_kind,
-        provider_task_id = v.provider_task_id,
-        provider_call_started_at = v.provider_call_started_at,
+        status = COALESCE(v.status, status),
+        provider_kind = CASE WHEN (v.provider_kind IS NOT NULL) THEN v.provider_kind
+        ELSE provider_kind END,
+        provider_task_id = CASE WHEN (v.provider_kind IS NOT NULL) THEN v.provider_task_id
+        ELSE provider_task_id END,
+        provider_call_started_at = CASE WHEN (v.provider_kind IS NOT NULL)
+        THEN v.provider_call_started_at
+        ELSE provider_call_started_at END,
+        reconcile_attempts = CASE WHEN (v.provider_kind IS NOT NULL)
+        THEN v.reconcile_attempts
+        ELSE reconcile_attempts END,
+        reconcile_last_error = CASE WHEN (v.provider_kind IS NOT NULL)
+        THEN v.reconcile_last_error
+        ELSE reconcile_last_error END,
         call_sync = v.call_sync,
-        reconcile_attempts = v.reconcile_attempts,
-        reconcile_last_error = v.reconcile_last_error,
         reconcile_next_at = v.reconcile_next_at,
-        error_message = v.error_message,
+        error_message = COALESCE(v.error_message, error_message),
         finalize_owner = v.finalize_owner,
         finalize_lease_until = v.finalize_lease_until,
         upstream_result = v.upstream_result,
-        provider_cost = v.provider_cost,
+        call_output = v.call_output,
+        output_data = CASE
+        WHEN v.call_output IS NULL THEN output_data
+        WHEN jsonb_typeof(output_data) = 'object' THEN output_data || v.call_output
+        ELSE v.call_output END,
+        provider_cost = COALESCE(v.provider_cost, provider_cost),
         call_finished_at = v.call_finished_at,
         call_settlement = v.call_settlement,
-        call_output = v.call_output,
+        completed_at = CASE WHEN v_completion
+        THEN v.call_finished_at ELSE completed_at END,
+        progress = CASE WHEN v_completion THEN 100 ELSE progress END,
+        heartbeat_at = COALESCE(v_beat_at, heartbeat_at),
+        heartbeat_owner = COALESCE(v_beat_owner, heartbeat_owner),
         updated_at = now()
-    WHERE t.id = v.id;
+    WHERE id = v.id;
     RETURN v;
 END
 $body$;
@@ -239,17 +265,19 @@ $body$;
 -- settled as its new state declares (settle, at the version of the event that ended it):
 -- the state after, and the settlement word (NULL: nothing was to move).
 CREATE OR REPLACE FUNCTION callwarden.transition(j @host@.jobs, events jsonb,
-                                                 cost numeric DEFAULT NULL)
-RETURNS TABLE (state text, settlement text)
+                                                 cost numeric DEFAULT NULL,
+                                                 OUT state text, OUT settlement text)
 LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
     v @host@.jobs := callwarden.write_events(transition.j, transition.events);
 BEGIN
-    RETURN QUERY SELECT v.call_state, CASE
-        WHEN v.call_settlement IN ('committed', 'refunded')
-             AND v.call_settlement IS DISTINCT FROM (transition.j).call_settlement
-        THEN callwarden.settle(v.id, v.call_settlement, v.call_version, transition.cost) END;
+    transition.state := v.call_state;
+    IF v.call_settlement IN ('committed', 'refunded')
+       AND v.call_settlement IS DISTINCT FROM (transition.j).call_settlement THEN
+        transition.settlement := callwarden.settle(v.id, v.call_settlement, v.call_version,
+                                                   transition.cost);
+    END IF;
 END
 $body$;
 
@@ -354,9 +382,6 @@ BEGIN
     PERFORM callwarden.write_events(v_job, jsonb_build_array(jsonb_build_object(
         'type', 'TaskCreated', 'at', v_at, 'actor', task_created.actor,
         'task_id', task_created.task_id)));
-    UPDATE @host@.jobs t SET  -- the call's first heartbeat (not the projection's)
-        heartbeat_at = v_at, heartbeat_owner = task_created.actor
-    WHERE t.id = v_job.id;
     RETURN QUERY SELECT true, 'polling'::text, v_job.call_version + 1;
 END
 $body$;
@@ -531,12 +556,6 @@ BEGIN
         jsonb_build_object('type', 'Completed', 'at', v_at, 'actor', succeeded.actor,
                            'media', v_media, 'cost', succeeded.cost, 'text', succeeded.text,
                            'stop_reason', v_upstream->'stop_reason')), succeeded.cost) t;
-    UPDATE @host@.jobs t SET  -- the host's columns (the projection's call_output merged)
-        output_data = CASE WHEN jsonb_typeof(t.output_data) = 'object'
-                           THEN t.output_data || t.call_output ELSE t.call_output END,
-        completed_at = v_at,
-        progress = 100
-    WHERE t.id = v_job.id;
     PERFORM callwarden.insert_assets(v_job, v_media);
     IF v_job.workflow_execution_id IS NOT NULL THEN  -- a reference table on Citus
         UPDATE @host@.workflow_executions w

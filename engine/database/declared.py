@@ -20,7 +20,7 @@ import re
 import msgspec
 from psycopg import sql
 
-from callwarden.database.queries import FRAGMENTS
+from callwarden.database.queries import FRAGMENTS, fragment
 from callwarden.events.states import LEGAL, SETTLEMENT, CallState
 from callwarden.events.types import EVENT_TYPES, VERSIONS
 from callwarden.projections.fold import EMPTY, OBSERVED_FIELDS, STATE_STATUS
@@ -382,12 +382,42 @@ $body$;""").format(
         sql.SQL(_payload("at", "timestamptz")), sql.SQL("\n".join(thens))))
 
 
+#: What the write path's row update (fragment append_upd) names as parameters, in
+#: write_events: the folded row ``v``'s columns, and what the run of events says.
+_RUN_PARAMS = {"new_version": "v.call_version", "owns_seed": "(v.provider_kind IS NOT NULL)",
+               "is_completion": "v_completion", "beat_at": "v_beat_at",
+               "beat_owner": "v_beat_owner"}
+
+
+def _row_update() -> str:
+    """The SET list of the Python write path's own row update (``append_upd`` of
+    engine/database/queries.sql, its fragments spliced, its fences left out), each
+    parameter the folded row's column or what the run said."""
+    text = fragment("append_upd")
+    head = "jobs SET\n"  # (the statement's head; its fences, after WHERE, are not taken)
+    start, end = text.index(head), text.index("\nWHERE id = ")
+    body = text[start + len(head):end]
+    columns = {c for c, _ in COLUMNS.values()} | {"call_output"}
+
+    def param(m: re.Match[str]) -> str:
+        name = m[1]
+        if name in _RUN_PARAMS:
+            return _RUN_PARAMS[name]
+        if name not in columns:
+            raise ValueError(f"append_upd names a parameter write_events has not: {name}")
+        return f"v.{name}"
+
+    body = re.sub(r"%\((\w+)\)s::\w+", param, body)
+    return "\n".join("        " + line for line in body.splitlines())
+
+
 def _write_events() -> str:
     """``callwarden.write_events(j, events)``: each event (a JSON array of payloads)
     applied to the locked row ``j`` and appended to the log at the version it makes, then
-    the projection's columns written in one UPDATE; the row after."""
-    columns = [*(c for c, _ in COLUMNS.values()), "call_output"]
-    sets = ",\n".join(f"        {c} = v.{c}" for c in columns)
+    the row written as the Python write path writes it (its own SET list: the seed's
+    columns only once the call owns them, the host's cost and error kept until an event
+    says, a completion's output and time, TaskCreated as the first heartbeat); the row
+    after."""
     return _text(sql.SQL("""\
 CREATE OR REPLACE FUNCTION callwarden.write_events(j @host@.jobs, events jsonb)
 RETURNS @host@.jobs
@@ -396,21 +426,27 @@ LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 DECLARE
     v @host@.jobs := write_events.j;
     v_event jsonb;
+    v_completion boolean := false;
+    v_beat_at timestamptz;
+    v_beat_owner text;
 BEGIN
     FOR v_event IN SELECT x.value FROM jsonb_array_elements(write_events.events) x LOOP
         v := callwarden.apply_event(v, v_event);
         INSERT INTO callwarden.call_events (job_id, seq, type, version, payload, actor)
         VALUES (v.id, v.call_version, v_event->>'type',
                 callwarden.event_version(v_event->>'type'), v_event, v_event->>'actor');
+        v_completion := v_completion OR v_event->>'type' = 'Completed';
+        IF v_event->>'type' = 'TaskCreated' THEN
+            v_beat_at := (v_event->>'at')::timestamptz;
+            v_beat_owner := v_event->>'actor';
+        END IF;
     END LOOP;
-    UPDATE @host@.jobs t SET
-{},
-        updated_at = now()
-    WHERE t.id = v.id;
+    UPDATE @host@.jobs SET
+{}
+    WHERE id = v.id;
     RETURN v;
 END
-$body$;""").format(
-        sql.SQL(sets)))
+$body$;""").format(sql.SQL(_row_update())))
 
 
 #: The settlement fragment's parameters, as the function's.

@@ -11,7 +11,7 @@ import re
 from importlib import resources
 from typing import LiteralString
 
-__all__ = ["FRAGMENTS", "QUERIES", "load_queries"]
+__all__ = ["FRAGMENTS", "QUERIES", "fragment", "load_queries"]
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _FRAGMENT = re.compile(r"^-- fragment: (\w+)\s*$", re.MULTILINE)
@@ -137,3 +137,8 @@ _LOADED = _load_all()
 QUERIES: dict[str, LiteralString] = _shapes(_LOADED)
 #: The fragments as written (comment lines dropped), before any is spliced into another.
 FRAGMENTS: dict[str, str] = _LOADED[1]
+
+
+def fragment(name: str) -> str:
+    """The fragment ``name`` with the fragments it uses spliced in."""
+    return _splice(name, FRAGMENTS[name], FRAGMENTS)

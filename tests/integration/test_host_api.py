@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -499,3 +499,29 @@ async def test_a_runtime_granted_before_0016_may_repeat_its_outcome_after_it(
         await conn.execute("RESET ROLE")
         await conn.execute(f"DROP OWNED BY {role}".encode())
         await conn.execute(f"DROP ROLE {role}".encode())
+
+
+async def test_a_cancel_before_any_call_leaves_the_hosts_seed_columns_as_python_does(
+        conn: Conn) -> None:
+    """A job the host seeded by plain SQL (a kind, a start time, attempts, its own error
+    and cost) but never started through callwarden, cancelled through the host API: the
+    call never owned the seed, so the row keeps the host's values, as the Python write
+    path's own row update (rendered into write_events) keeps them; the reservation is
+    refunded."""
+    job = await new_job(conn)
+    started = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    await conn.execute(
+        "UPDATE jobs SET provider_kind = 'kie-standard', provider_call_started_at = %s, "
+        "reconcile_attempts = 2, reconcile_last_error = 'host retry', "
+        "error_message = 'host said', provider_cost = 1.25 WHERE id = %s", (started, job))
+    done = await one(conn, "SELECT * FROM callwarden.cancel(%s, 'user:1')", job)
+    assert (done["ok"], done["state"], done["settlement"]) == (True, "cancelled", "settled")
+    row = await one(conn, "SELECT provider_kind, provider_call_started_at, reconcile_attempts, "
+                          "reconcile_last_error, error_message, provider_cost, status "
+                          "FROM jobs WHERE id = %s", job)
+    assert row == {"provider_kind": "kie-standard", "provider_call_started_at": started,
+                   "reconcile_attempts": 2,
+                   "reconcile_last_error": "host retry", "error_message": "host said",
+                   "provider_cost": Decimal("1.25"), "status": "cancelled"}
+    assert await settled(conn, job) == [("refunded", Decimal(0))]
+    await clean(conn, job)
