@@ -18,6 +18,20 @@ __all__ = ["FORMAT", "setup_logging"]
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _Stderr(logging.StreamHandler[TextIO]):
+    """A handler writing to ``sys.stderr`` as it is when a line is logged, not as it was
+    when the handler was made: a command run again in one process (tests, an embedding
+    host) whose stderr was replaced and closed meanwhile still logs where stderr is."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # (StreamHandler's __init__ sets it)
+
+
 def setup_logging(*, stream: TextIO | None = None, file: Path | None = None,
                   level: int = logging.INFO,
                   loggers: tuple[str, ...] = ("callwarden",)) -> None:
@@ -25,7 +39,8 @@ def setup_logging(*, stream: TextIO | None = None, file: Path | None = None,
     ``file`` if given, else to ``stream`` (stderr)."""
     handler: logging.Handler = (logging.FileHandler(file, encoding="utf-8")
                                 if file is not None
-                                else logging.StreamHandler(stream or sys.stderr))
+                                else logging.StreamHandler(stream) if stream is not None
+                                else _Stderr())
     handler.setFormatter(logging.Formatter(FORMAT))
     for name in loggers:
         logger = logging.getLogger(name)
