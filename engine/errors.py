@@ -1,6 +1,10 @@
-"""The engine's error tree, drawn once. Driver errors become these in one place,
-:mod:`callwarden.database.boundary` (by SQLSTATE and constraint name; ``__cause__`` kept); nothing
-else catches a driver error.
+"""callwarden's error tree, drawn once: every error a host can catch is a
+:class:`CallwardenError` (``tests/unit/test_error_trees.py`` fails on an error class outside
+it). The root lives in the lowest package, :mod:`callwarden.events.errors`, because the
+errors of ``events``, ``projections`` and ``providers`` hang from it too; it is re-exported
+here. Driver errors become these in one place, :mod:`callwarden.database.boundary` (by
+SQLSTATE and constraint name; ``__cause__`` kept); nothing else catches a driver error.
+Where an error is also a ``ValueError`` or ``LookupError``, that is said beside it.
 
 ::
 
@@ -21,20 +25,39 @@ else catches a driver error.
     │   └── DatabaseRefused         the server refused the URL for good (a wrong
     │                               password, an unknown role or database): exit 2
     ├── MigrationError              a migration failed or the schema is ahead of us
-    └── callwarden.calls.own.OwnCallError  the host's own call misused (bring your own call)
-        ├── TaskIdConflict          a different task id than the job already holds
-        ├── WrongKind               the job's call is of another provider_kind
-        └── CallNotStarted          the call was not started through this handle
-            └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
-
-    callwarden.events.states.InvalidTransition  an event may not follow the call's state
-    └── TerminalStateError           the call is terminal (absorbing)
-    callwarden.events.codec.EventDecodeError    a stored event cannot be decoded (names job and seq)
+    ├── calls.own.OwnCallError      the host's own call misused (bring your own call)
+    │   ├── TaskIdConflict          a different task id than the job already holds
+    │   ├── WrongKind               the job's call is of another provider_kind
+    │   └── CallNotStarted          the call was not started through this handle
+    │       └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
+    ├── events.states.InvalidTransition  an event may not follow the call's state
+    │   └── TerminalStateError      the call is terminal (absorbing)
+    ├── events.codec.EventDecodeError    a stored event cannot be decoded (job and seq)
+    │   └── UnknownEventType        a type this release does not know
+    ├── projections.columns.ProjectionUnreadable  a callwarden column does not decode
+    │                               (also a ValueError)
+    ├── projections.timeline.IllegalHistory      a timeline over an illegal history
+    ├── providers.errors.ProviderError  a provider's answer, or its absence (its own
+    │                               tree: :mod:`callwarden.providers.errors`)
+    ├── providers.errors.AdapterError   a provider adapter or kind that cannot be loaded
+    ├── providers.errors.StorageError   storing media failed
+    ├── providers.errors.SignatureError a webhook signature is missing or wrong
+    │   └── StaleSignature          its timestamp is outside the scheme's tolerance
+    ├── providers.webhooks.MalformedDelivery  a webhook body that is not the provider's
+    │                               shape (also a ValueError)
+    ├── providers.raw.JSONTooDeep   a provider's JSON nested past the limit (a ValueError)
+    ├── providers.storage.InvalidMediaKey  a media key outside the store (a ValueError)
+    ├── providers.storage.ObjectNotFound   no stored object (a LookupError)
+    ├── providers.simulator.anthropic.ScriptError  a simulator script that cannot run
+    │                               (a ValueError)
+    └── service.dashboard.calls.BadFilter  a dashboard filter that cannot be read
+                                    (a ValueError)
 """
 
 from __future__ import annotations
 
 from callwarden.events.codec import EventDecodeError
+from callwarden.events.errors import CallwardenError
 from callwarden.events.states import InvalidTransition, TerminalStateError
 
 __all__ = [
@@ -53,10 +76,6 @@ __all__ = [
     "TerminalStateError",
     "WriteConflict",
 ]
-
-
-class CallwardenError(Exception):
-    """Base of the engine's own errors."""
 
 
 class DatabaseError(CallwardenError):

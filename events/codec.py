@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.events.types import EVENT_TYPES, VERSIONS, Event
 
 __all__ = [
@@ -34,7 +35,7 @@ _generic = msgspec.json.Decoder(dict[str, Any])
 _UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
-class EventDecodeError(Exception):
+class EventDecodeError(CallwardenError):
     """A stored event could not be decoded; names the job and seq."""
 
     def __init__(self, job_id: object, seq: int, reason: str) -> None:

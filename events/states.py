@@ -13,6 +13,8 @@ from enum import StrEnum
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
+
 __all__ = [
     "HOST_SETTLES",
     "LEGACY_KIND",
@@ -119,7 +121,7 @@ def _table() -> dict[tuple[CallState | None, str], CallState]:
 LEGAL: dict[tuple[CallState | None, str], CallState] = _table()
 
 
-class InvalidTransition(Exception):
+class InvalidTransition(CallwardenError):
     """``event_type`` may not follow ``state``."""
 
     def __init__(self, state: CallState | None, event_type: str, detail: str = "") -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.events.states import CallState
 from callwarden.events.types import StoredMedia, UpstreamResult
 from callwarden.projections.fold import CallProjection
@@ -51,7 +52,7 @@ class _Output(msgspec.Struct, frozen=True, omit_defaults=True):
 _out_dec = msgspec.json.Decoder(_Output)
 
 
-class ProjectionUnreadable(ValueError):
+class ProjectionUnreadable(CallwardenError, ValueError):
     """A callwarden column of the row does not decode (``column`` names it)."""
 
     def __init__(self, column: str, detail: str) -> None:

@@ -14,6 +14,7 @@ from datetime import datetime
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.events.states import InvalidTransition
 from callwarden.events.types import (
     Adopted,
@@ -51,7 +52,7 @@ class TimelineRow(msgspec.Struct, frozen=True, kw_only=True):
     settled_by: str | None = None
 
 
-class IllegalHistory(Exception):
+class IllegalHistory(CallwardenError):
     """The stored events cannot be folded: ``seq`` may not follow its predecessors."""
 
     def __init__(self, seq: int, cause: InvalidTransition) -> None:

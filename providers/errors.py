@@ -32,6 +32,8 @@
 
 from __future__ import annotations
 
+from callwarden.events.errors import CallwardenError
+
 __all__ = [
     "AdapterError",
     "AuthenticationError",
@@ -57,7 +59,7 @@ __all__ = [
 ]
 
 
-class ProviderError(Exception):
+class ProviderError(CallwardenError):
     """Base of every error raised by ``providers``.
 
     ``provider`` names the upstream (``kie``, ``replicate``, ``elevenlabs``, ``anthropic``),
@@ -152,18 +154,18 @@ class MediaRefused(MediaError):
     forgery guard): permanent, the call fails and refunds."""
 
 
-class AdapterError(Exception):
+class AdapterError(CallwardenError):
     """A provider adapter or kind that cannot be registered: a kind another provider
     serves, a spec out of range, an entry point or ``module:attr`` that does not load or
     is not a :class:`~callwarden.providers.registry.Provider`. The message names where it
     came from; nothing was registered from that source."""
 
 
-class StorageError(Exception):
+class StorageError(CallwardenError):
     """Storing media failed; the caller may retry (keys are deterministic)."""
 
 
-class SignatureError(Exception):
+class SignatureError(CallwardenError):
     """A webhook signature is missing, malformed, wrong, or its timestamp is stale."""
 
 

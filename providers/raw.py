@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.providers.errors import MalformedResponse
 
 __all__ = ["MAX_DEPTH", "JSONTooDeep", "RawResponse", "decode_json", "parse_retry_after"]
@@ -22,7 +23,7 @@ __all__ = ["MAX_DEPTH", "JSONTooDeep", "RawResponse", "decode_json", "parse_retr
 MAX_DEPTH = 64
 
 
-class JSONTooDeep(ValueError):
+class JSONTooDeep(CallwardenError, ValueError):
     """A JSON document nested deeper than :data:`MAX_DEPTH`."""
 
 

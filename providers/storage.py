@@ -53,6 +53,7 @@ import msgspec
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from callwarden.events.errors import CallwardenError
 from callwarden.providers.errors import StorageError
 from callwarden.providers.media_types import can_run, media_type, stored_type
 
@@ -99,11 +100,11 @@ _TYPE_OF_EXTENSION: Mapping[str, str] = {"bin": _GENERIC_TYPE} | {
     ext: t for t, ext in reversed([*_EXTENSIONS.items()]) if not can_run(t)}
 
 
-class InvalidMediaKey(ValueError):
+class InvalidMediaKey(CallwardenError, ValueError):
     """A job id, prefix or key that could escape its folder or is not in the safe charset."""
 
 
-class ObjectNotFound(LookupError):
+class ObjectNotFound(CallwardenError, LookupError):
     """No object is stored under ``key``."""
 
     def __init__(self, key: str) -> None:

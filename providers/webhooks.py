@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.providers.errors import SignatureError, StaleSignature
 from callwarden.providers.outcomes import PollOutcome, Running
 from callwarden.providers.raw import JSONTooDeep, decode_json
@@ -38,7 +39,7 @@ __all__ = ["MalformedDelivery", "Parsed", "WebhookScheme", "check_timestamp", "h
            "json_object", "lower", "text_field"]
 
 
-class MalformedDelivery(ValueError):
+class MalformedDelivery(CallwardenError, ValueError):
     """The body is not a delivery this receiver understands."""
 
 

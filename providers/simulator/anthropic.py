@@ -70,6 +70,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from callwarden.events.errors import CallwardenError
 from callwarden.providers.simulator.core import MAX_HANG_S, Script, Simulator
 
 __all__ = ["ERROR_TYPES", "NAME", "REFUSAL_CATEGORIES", "SPEND_CAP_CODE", "render_error",
@@ -97,7 +98,7 @@ _BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _SYSTEM_RNG = secrets.SystemRandom()
 
 
-class ScriptError(ValueError):
+class ScriptError(CallwardenError, ValueError):
     """A ``_sim`` script the request cannot support (answered as a 400)."""
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 import msgspec
 
+from callwarden.events.errors import CallwardenError
 from callwarden.providers.kinds import KINDS
 from callwarden.service.dashboard.format import duration
 from callwarden.service.dashboard.html import table
@@ -31,7 +32,7 @@ ACTORS = ("worker", "reconciler", "webhook", "admin", "host", "user")
 PAGE = 50
 
 
-class BadFilter(ValueError):
+class BadFilter(CallwardenError, ValueError):
     """A filter value the list cannot use (the page says which)."""
 
 
