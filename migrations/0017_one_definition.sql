@@ -262,10 +262,11 @@ $body$;
 -- END GENERATED HOST
 
 -- The call's events written (write_events) and, when they settle it, its reservations
--- settled as its new state declares (settle, at the version of the event that ended it):
--- the state after, and the settlement word (NULL: nothing was to move).
+-- settled as its new state declares (settle, at the version of the event that ended it),
+-- at the cost the events record, as the Python write path charges it (append_params:
+-- a Completed's cost, never below 0; NULL, the reservations, for anything else): the state
+-- after, and the settlement word (NULL: nothing was to move).
 CREATE OR REPLACE FUNCTION callwarden.transition(j @host@.jobs, events jsonb,
-                                                 cost numeric DEFAULT NULL,
                                                  OUT state text, OUT settlement text)
 LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
@@ -276,7 +277,9 @@ BEGIN
     IF v.call_settlement IN ('committed', 'refunded')
        AND v.call_settlement IS DISTINCT FROM (transition.j).call_settlement THEN
         transition.settlement := callwarden.settle(v.id, v.call_settlement, v.call_version,
-                                                   transition.cost);
+            CASE WHEN transition.events @> '[{"type": "Completed"}]'
+                      AND v.provider_cost IS NOT NULL  -- (GREATEST skips a NULL)
+                 THEN GREATEST(v.provider_cost, 0) END);
     END IF;
 END
 $body$;
@@ -406,35 +409,56 @@ BEGIN
 END
 $body$;
 
+-- An upstream failure or a vanished task (failed, not_found: -> failed or swept,
+-- refunded). The event is made here from `event`'s type and text fields, as those two
+-- pass them (failed makes the error text safe first): a caller's other fields, its own
+-- `at`, or a field Python could not read back (a number for a text) never reach the log.
+-- (error_text, as 0014 had it, is not read: the event's own text goes on the row.)
 CREATE OR REPLACE FUNCTION callwarden.fail_call(job_id uuid, actor text, event jsonb,
                                                 error_text text)
 RETURNS TABLE (ok boolean, state text, settlement text)
 LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
 #variable_conflict error
 DECLARE
-    v_job @host@.jobs := callwarden.locked_job(fail_call.job_id);
+    v_job @host@.jobs;
+    v_type text := fail_call.event->>'type';
+    v_event jsonb;
     v_ended record;
     v_word text;
 BEGIN
+    IF v_type = 'UpstreamFailed'
+       AND COALESCE(jsonb_typeof(fail_call.event->'error'), 'null') IN ('string', 'null')
+       AND COALESCE(jsonb_typeof(fail_call.event->'code'), 'null') IN ('string', 'null') THEN
+        v_event := jsonb_build_object('type', v_type, 'at', now(), 'actor', fail_call.actor,
+            'error', COALESCE(NULLIF(fail_call.event->>'error', ''), 'failed'),
+            'code', NULLIF(fail_call.event->'code', 'null'));
+    ELSIF v_type = 'Swept'
+          AND jsonb_typeof(fail_call.event->'reason') = 'string' THEN
+        v_event := jsonb_build_object('type', v_type, 'at', now(), 'actor', fail_call.actor,
+                                      'reason', fail_call.event->'reason');
+    ELSE
+        RAISE EXCEPTION 'fail_call: an UpstreamFailed with a text error and code, or a '
+            'Swept with a text reason' USING ERRCODE = '22023';
+    END IF;
+    v_job := callwarden.locked_job(fail_call.job_id);
     SELECT * INTO v_ended FROM callwarden.host_ended(v_job, fail_call.actor);
     IF FOUND THEN
         RETURN QUERY SELECT v_ended.ok, v_ended.state, v_ended.settlement;
         RETURN;
     END IF;
-    v_word := callwarden.repeated(v_job.id, v_job.call_version, fail_call.event->>'type',
-                                  fail_call.actor, fail_call.event - 'at');
+    v_word := callwarden.repeated(v_job.id, v_job.call_version, v_type, fail_call.actor,
+                                  v_event - 'at');
     IF v_word IS NOT NULL THEN  -- this actor's own outcome, asked again (a lost reply)
         RETURN QUERY SELECT true, v_job.call_state, v_word;
         RETURN;
     END IF;
-    IF callwarden.next_state(v_job.call_state, fail_call.event->>'type') IS NULL
-       OR (fail_call.event->>'type' = 'UpstreamFailed'
-           AND v_job.call_state NOT IN ('created', 'polling')) THEN
+    IF callwarden.next_state(v_job.call_state, v_type) IS NULL
+       OR (v_type = 'UpstreamFailed' AND v_job.call_state NOT IN ('created', 'polling')) THEN
         RETURN QUERY SELECT false, v_job.call_state, v_job.call_settlement;
         RETURN;
     END IF;
     RETURN QUERY SELECT true, t.state, t.settlement
-    FROM callwarden.transition(v_job, jsonb_build_array(fail_call.event)) t;
+    FROM callwarden.transition(v_job, jsonb_build_array(v_event)) t;
 END
 $body$;
 
@@ -555,7 +579,7 @@ BEGIN
                            'lease_until', v_at + interval '60 seconds'),
         jsonb_build_object('type', 'Completed', 'at', v_at, 'actor', succeeded.actor,
                            'media', v_media, 'cost', succeeded.cost, 'text', succeeded.text,
-                           'stop_reason', v_upstream->'stop_reason')), succeeded.cost) t;
+                           'stop_reason', v_upstream->'stop_reason'))) t;
     PERFORM callwarden.insert_assets(v_job, v_media);
     IF v_job.workflow_execution_id IS NOT NULL THEN  -- a reference table on Citus
         UPDATE @host@.workflow_executions w
@@ -606,3 +630,34 @@ BEGIN
     END LOOP;
 END
 $grant$;
+
+-- grant_runtime (0014's, the same): on Citus its GRANTs on the distributed tables and then
+-- on a reference table were refused in one transaction ("parallel DDL access"): `callwarden
+-- grant` and the re-grant after every migrate failed on a cluster with a runtime role. The
+-- transaction's multi-shard DDL runs sequentially there now.
+CREATE OR REPLACE FUNCTION callwarden.grant_runtime(runtime regrole) RETURNS SETOF text
+LANGUAGE plpgsql
+SET search_path = ''
+AS $body$
+DECLARE
+    stmt text;
+    f regprocedure;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+    RETURN QUERY SELECT * FROM callwarden.grant_runtime_tables(runtime);
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'callwarden'::regnamespace
+          AND p.proname NOT IN ('grant_runtime', 'grant_runtime_tables', 'guard_call_columns',
+                                'callwarden_is_stale', 'callwarden_stale_jobs')
+        ORDER BY p.proname
+    LOOP
+        stmt := pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, runtime);
+        EXECUTE stmt;
+        RETURN NEXT stmt;
+    END LOOP;
+END
+$body$;
+REVOKE ALL ON FUNCTION callwarden.grant_runtime(regrole) FROM PUBLIC;

@@ -45,9 +45,9 @@ from callwarden.projections.fold import CallProjection, apply
 from tests.histories import History, histories
 from tests.support.paths import at
 
-# The fold in a recursive query over the jobs table: on Citus the query goes to the
-# workers, which have no callwarden functions. (The host functions, which call apply_event
-# in PL/pgSQL on the coordinator, run on Citus in .ci/run.)
+# The fold in a recursive query over the distributed jobs table: Citus plans it on the
+# workers and answers 42883 there. (The host functions, which call apply_event in
+# PL/pgSQL on the coordinator, run on Citus in .ci/run.)
 pytestmark = pytest.mark.plain_postgres
 
 K = "kie-standard"

@@ -123,6 +123,29 @@ async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -
 
 
 @CITUS
+async def test_a_runtime_role_is_granted_on_the_cluster_and_again_after_migrate(
+        citus: Conn) -> None:
+    """``callwarden grant`` (grant_runtime) on a cluster: its GRANTs on the distributed
+    tables, then on a reference table, in one transaction (Citus refused that as "parallel
+    DDL access" until 0017); and ``migrate``'s re-grant of every runtime, which ran it too."""
+    role = f"cw_rt_{uuid.uuid4().hex[:8]}"
+    await citus.execute(f"CREATE ROLE {role}".encode())
+    try:
+        granted = await _rows(citus, "SELECT count(*) AS n FROM callwarden.grant_runtime("
+                                     "%s::regrole)", role)
+        assert granted[0]["n"] > 0
+        await migrate(citus)  # re-grants every runtime role
+        can = await _rows(citus, "SELECT has_table_privilege(%s, 'workflow_executions', "
+                                 "'UPDATE') AS ref, has_table_privilege(%s, 'jobs', 'UPDATE') "
+                                 "AS jobs, has_function_privilege(%s, 'callwarden.transition("
+                                 "jobs, jsonb)', 'EXECUTE') AS fn", role, role, role)
+        assert can == [{"ref": True, "jobs": True, "fn": True}]
+    finally:
+        await citus.execute(f"DROP OWNED BY {role}".encode())
+        await citus.execute(f"DROP ROLE {role}".encode())
+
+
+@CITUS
 async def test_calls_with_their_settlement_run_on_the_cluster(citus: Conn,
                                                               calls: OwnCalls) -> None:
     """An async call (CallStarted, TaskCreated, the success and its finalization, with the

@@ -25,7 +25,10 @@ from callwarden.database.write import append, cancel, load
 from callwarden.events.states import LEGAL, CallState
 from callwarden.events.types import (
     EVENT_TYPES,
+    CallStarted,
+    Completed,
     FinalizeClaimed,
+    TaskCreated,
     UpstreamResult,
     UpstreamSucceeded,
 )
@@ -524,4 +527,92 @@ async def test_a_cancel_before_any_call_leaves_the_hosts_seed_columns_as_python_
                    "reconcile_last_error": "host retry", "error_message": "host said",
                    "provider_cost": Decimal("1.25"), "status": "cancelled"}
     assert await settled(conn, job) == [("refunded", Decimal(0))]
+    await clean(conn, job)
+
+
+async def _three_reservations(conn: Conn) -> uuid.UUID:
+    job = await new_job(conn, "4")
+    await conn.execute("INSERT INTO usage_logs (job_id, user_id, status, credits_reserved) "
+                       "VALUES (%s, 'u1', 'reserved', 6), (%s, 'u1', 'reserved', 5)",
+                       (job, job))
+    return job
+
+
+async def _charged(conn: Conn, job: uuid.UUID) -> list[Decimal | None]:
+    cur = await conn.execute("SELECT credits_charged FROM usage_logs WHERE job_id = %s "
+                             "ORDER BY id", (job,))
+    return [r["credits_charged"] for r in await cur.fetchall()]
+
+
+@pytest.mark.plain_postgres  # (a jobs row in a subquery is pushed to a shard on Citus)
+async def test_a_completion_written_through_transition_charges_the_events_cost(
+        conn: Conn) -> None:
+    """The SQL write path charges what the Completed event records, as the Python write
+    path does (7 over reservations of 4, 6 and 5: 4, 3, 0), whoever passes the events:
+    ``transition`` has no cost of its own to get wrong (a NULL one charged all 15)."""
+    now = utcnow()
+    result = UpstreamResult(media_urls=("u",))
+    python_job, sql_job = await _three_reservations(conn), await _three_reservations(conn)
+    p = await load(conn, python_job)
+    for event in (CallStarted(at=now, actor="py", kind=KIND),
+                  TaskCreated(at=now, actor="py", task_id=f"t-{python_job}"),
+                  UpstreamSucceeded(at=now, actor="py", result=result),
+                  FinalizeClaimed(at=now, actor="py", owner="py",
+                                  lease_until=now + timedelta(minutes=1)),
+                  Completed(at=now, actor="py", cost=7.0)):
+        appended = await append(conn, python_job, p, event)
+        assert appended.ok
+        p = appended.projection
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')",
+                       (sql_job, KIND))
+    await conn.execute("SELECT * FROM callwarden.task_created(%s, 't-sql', 'node:1')",
+                       (sql_job,))
+    events = ('[{"type": "UpstreamSucceeded", "at": "2026-12-06T12:00:00Z", "actor": "node:1",'
+              ' "result": {"media_urls": ["u"]}}, {"type": "FinalizeClaimed", '
+              '"at": "2026-12-06T12:00:00Z", "actor": "node:1", "owner": "node:1", '
+              '"lease_until": "2026-12-06T12:01:00Z"}, {"type": "Completed", '
+              '"at": "2026-12-06T12:00:00Z", "actor": "node:1", "media": [], "cost": 7}]')
+    done = await one(conn, "SELECT * FROM callwarden.transition("
+                           "(SELECT j FROM jobs j WHERE j.id = %s FOR UPDATE), %s::jsonb)",
+                     sql_job, events)
+    assert (done["state"], done["settlement"]) == ("completed", "settled")
+    assert await _charged(conn, python_job) == await _charged(conn, sql_job) == [
+        Decimal(4), Decimal(3), Decimal(0)]
+
+
+@pytest.mark.parametrize("event", [
+    '{"type": "Completed", "cost": 2}',
+    '{"type": "UpstreamFailed", "error": "x", "code": 5}',
+    '{"type": "UpstreamFailed", "error": {"nested": true}}',
+    '{"type": "Exhausted", "attempts": "3"}',
+    '{"type": "Swept"}',
+    '{"type": "Swept", "reason": 3}',
+])
+async def test_fail_call_refuses_an_event_python_could_not_read_back(
+        conn: Conn, event: str) -> None:
+    """``fail_call`` (what ``failed`` and ``not_found`` call; granted with the host API)
+    takes only their two events, and builds each itself: nothing is written for any other
+    shape, so the log stays one Python reads."""
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    with pytest.raises(psycopg.Error) as refused:
+        await conn.execute("SELECT * FROM callwarden.fail_call(%s, 'node:1', %s::jsonb, 'e')",
+                           (job, event))
+    assert refused.value.sqlstate == "22023"
+    assert await settled(conn, job) == [("reserved", None)]
+    await clean(conn, job)
+
+
+async def test_fail_call_records_its_own_at_and_fields_not_the_callers(conn: Conn) -> None:
+    job = await new_job(conn)
+    await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')", (job, KIND))
+    done = await one(conn, "SELECT * FROM callwarden.fail_call(%s, 'node:1', %s::jsonb, 'e')",
+                     job, '{"type": "UpstreamFailed", "error": "boom", "at": "1999-01-01", '
+                          '"extra": 1, "actor": "someone"}')
+    assert (done["ok"], done["state"], done["settlement"]) == (True, "failed", "settled")
+    row = await one(conn, "SELECT payload FROM callwarden.call_events WHERE job_id = %s "
+                          "AND type = 'UpstreamFailed'", job)
+    assert set(row["payload"]) == {"type", "at", "actor", "error", "code"}
+    assert (row["payload"]["actor"], row["payload"]["error"]) == ("node:1", "boom")
+    assert not row["payload"]["at"].startswith("1999")
     await clean(conn, job)
