@@ -1,20 +1,21 @@
-"""The store's port: what the actors ask of the database, at the level of meaning.
+"""The database port: what the actors ask of the database, at the level of meaning.
 
-Three small protocols, one per kind of caller:
+One protocol, :class:`Database`, for the two adapters that exist: the Postgres one
+(:class:`callwarden.database.postgres.PostgresDatabase`, the SQL of ``queries.sql``) and
+the deterministic simulation's, which gates every operation on its scheduler
+(``tests/simulation/driver.py``). Its contract is ``tests/integration/test_database_port.py``.
+An actor takes a pool or any implementation (:func:`callwarden.database.postgres.as_database`)
+and calls what its role needs:
 
-* :class:`Database` — every actor: read a call (:meth:`~Database.load`, its log), append one
-  event fenced on what was read (:meth:`~Database.append`; with ``assets`` the finalizer's
-  completion: the event, the ``assets`` rows and the sole-cause workflow reopen in one
-  transaction; ``before`` is awaited just before the write is sent), read-decide-append
+* every actor: read a call (:meth:`~Database.load`, its log), append one event fenced on
+  what was read (:meth:`~Database.append`; with ``assets`` the finalizer's completion: the
+  event, the ``assets`` rows and the sole-cause workflow reopen in one transaction;
+  ``before`` is awaited just before the write is sent), read-decide-append
   (:meth:`~Database.transition`), the projection-only heartbeat, and the clock refresh;
-* :class:`ReconcilerDatabase` — the reconciler's claim (the stale rule, leases), the
-  candidate read (the row and its log in one snapshot), renew, park and release;
-* :class:`WebhookDatabase` — the receiver's look-ups by task and by job, delivery dedupe;
-* :class:`HostDatabase` — the host's side (drivers and tests): a job and its reservations.
-
-The adapter is :class:`callwarden.database.postgres.PostgresDatabase` (the SQL of
-``queries.sql``); its contract is ``tests/integration/test_database_port.py``. An actor
-takes a pool or any implementation (:func:`callwarden.database.postgres.as_database`).
+* the reconciler: its claim (the stale rule, leases), the candidate read (the row and its
+  log in one snapshot), renew, park and release, and the two passes over jobs the host
+  ended;
+* the webhook receiver: its look-ups by task and by job, delivery dedupe, the ping.
 
 A fence's outcome: a lost race is ``ok=False`` with the winner's
 projection; the host's ended status is recorded as ``HostEnded``
@@ -28,7 +29,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -41,16 +41,15 @@ from callwarden.rules.host import host_ended, job_ended_by_host
 from callwarden.rules.stale import StaleRule
 
 __all__ = [
+    "AppendOne",
     "AppendResult",
     "Before",
     "ClaimRequest",
     "Clock",
     "Database",
     "Decide",
-    "HostDatabase",
-    "ReconcilerDatabase",
+    "Load",
     "Row",
-    "WebhookDatabase",
     "transition_via",
 ]
 
@@ -91,7 +90,7 @@ class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class Database(Protocol):
-    """The write path and the reads every actor needs."""
+    """Everything the actors ask of the database (the module's docstring groups it by actor)."""
 
     async def load(self, job_id: uuid.UUID) -> CallProjection: ...
 
@@ -113,8 +112,8 @@ class Database(Protocol):
 
     async def sync_clock(self, clock: Clock) -> None: ...
 
+    # -- the reconciler ---------------------------------------------------------------
 
-class ReconcilerDatabase(Database, Protocol):
     async def claim(self, request: ClaimRequest) -> list[Row]: ...
 
     async def candidate_read(self, job_id: uuid.UUID) -> tuple[Row | None, list[Event]]:
@@ -126,6 +125,7 @@ class ReconcilerDatabase(Database, Protocol):
     async def release(self, job_id: uuid.UUID, owner: str) -> None: ...
 
     async def park(self, job_id: uuid.UUID, owner: str, until: datetime) -> None: ...
+
     async def ended_outside(self, since: datetime, batch_size: int) -> list[Row]:
         """Jobs the host ended with no call recorded, created since ``since``
         (``reconcile_outside``'s rows)."""
@@ -135,8 +135,8 @@ class ReconcilerDatabase(Database, Protocol):
         (``reconcile_leftovers``)."""
         ...
 
+    # -- the webhook receiver ---------------------------------------------------------
 
-class WebhookDatabase(Database, Protocol):
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None: ...
 
     async def job_by_id(self, job_id: uuid.UUID) -> Row | None: ...
@@ -151,30 +151,19 @@ class WebhookDatabase(Database, Protocol):
     async def ping(self) -> None: ...
 
 
-class HostDatabase(Protocol):
-    async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
-                         credits: Decimal | None = None, status: str = "pending",
-                         job_type: str = "image") -> None: ...
-
-    async def add_reservation(self, job_id: uuid.UUID, credits: Decimal) -> None: ...
+#: What the read-decide-append loop reads a call with, and appends one event with.
+Load = Callable[[uuid.UUID], Awaitable[CallProjection]]
+AppendOne = Callable[[uuid.UUID, CallProjection, Event], Awaitable[AppendResult]]
 
 
-class LoadAppend(Protocol):
-    """What the read-decide-append loop needs: a read and a fenced append."""
-
-    async def load(self, job_id: uuid.UUID) -> CallProjection: ...
-
-    async def append(self, job_id: uuid.UUID, current: CallProjection,
-                     event: Event) -> AppendResult: ...
-
-
-async def transition_via(store: LoadAppend, job_id: uuid.UUID, decide: Decide, *,
+async def transition_via(load: Load, append: AppendOne, job_id: uuid.UUID, decide: Decide, *,
                          max_conflicts: int = 8,
                          current: CallProjection | None = None) -> AppendResult:
     """The one read-decide-append loop (:func:`callwarden.database.write.transition` runs it on a
-    connection, every :class:`Database` on itself): read, decide, record the host's decision
-    in its place, re-decide on the winner's projection after a lost race."""
-    projection = current if current is not None else await store.load(job_id)
+    connection, every :class:`Database` on its own ``load`` and ``append``): read, decide,
+    record the host's decision in its place, re-decide on the winner's projection after a
+    lost race."""
+    projection = current if current is not None else await load(job_id)
     for _ in range(max_conflicts):
         event = decide(projection)
         if event is None:
@@ -182,7 +171,7 @@ async def transition_via(store: LoadAppend, job_id: uuid.UUID, decide: Decide, *
         if projection.state is None and job_ended_by_host(projection):
             return AppendResult(ok=False, projection=projection, host_ended=True)
         ended = host_ended(projection, at=event.at, actor=event.actor)
-        result = await store.append(job_id, projection, ended or event)
+        result = await append(job_id, projection, ended or event)
         if result.ok and ended is not None:
             return AppendResult(ok=False, projection=result.projection, event=ended,
                                 settlement=result.settlement, host_ended=True)

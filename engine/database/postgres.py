@@ -37,8 +37,8 @@ D = TypeVar("D")
 
 
 class PostgresDatabase:
-    """Every protocol of :mod:`callwarden.database.port` (``Database``,
-    ``ReconcilerDatabase``, ``WebhookDatabase``, ``HostDatabase``) on ``pool``."""
+    """:class:`~callwarden.database.port.Database` on ``pool``, and the host's side that
+    drivers and tests write jobs with (``create_job``, ``add_reservation``)."""
 
     def __init__(self, pool: Pool, *, clock: Clock | None = None) -> None:
         self.pool = pool
@@ -85,7 +85,7 @@ class PostgresDatabase:
     async def sync_clock(self, clock: Clock) -> None:
         await _sync_clock(clock, self.pool)
 
-    # -- ReconcilerDatabase ----------------------------------------------------------------
+    # -- the reconciler ------------------------------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> list[Row]:
         async with connection(self.pool) as conn:
@@ -125,7 +125,7 @@ class PostgresDatabase:
                                   {"before": before, "batch_size": batch_size})
         return [row["id"] for row in rows]
 
-    # -- WebhookDatabase -------------------------------------------------------------------
+    # -- the webhook receiver ------------------------------------------------------------
 
     async def find_job(self, kinds: Sequence[str], task_id: str) -> Row | None:
         params = {"kinds": list(kinds), "task_id": task_id}
@@ -160,7 +160,7 @@ class PostgresDatabase:
         async with connection(self.pool, wait_s=1.0) as conn:
             await _execute(conn, "service_ping", {})
 
-    # -- HostDatabase ----------------------------------------------------------------------
+    # -- the host's side (drivers and tests; not part of the port) ------------------------
 
     async def create_job(self, job_id: uuid.UUID, *, user_id: str = "u1",
                          credits: Decimal | None = None, status: str = "pending",

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -339,22 +340,8 @@ async def transition(
     the result is ``ok=False`` with the projection as read). When the host has ended the
     job, :class:`HostEnded` is recorded instead (stamped like the actor's event; nothing
     when the job never had a call) and the result is ``ok=False, host_ended=True``."""
-    return await transition_via(_OnConnection(conn), job_id, decide,
+    return await transition_via(partial(load, conn), partial(append, conn), job_id, decide,
                                 max_conflicts=max_conflicts, current=current)
-
-
-class _OnConnection:
-    """The write path on one connection, as the loop of :func:`transition_via` reads it."""
-
-    def __init__(self, conn: Conn) -> None:
-        self.conn = conn
-
-    async def load(self, job_id: uuid.UUID) -> CallProjection:
-        return await load(self.conn, job_id)
-
-    async def append(self, job_id: uuid.UUID, current: CallProjection,
-                     event: Event) -> AppendResult:
-        return await append(self.conn, job_id, current, event)
 
 
 async def cancel(conn: Conn, job_id: uuid.UUID, *, by: str, now: datetime) -> AppendResult:

@@ -45,7 +45,7 @@ from callwarden.calls.pricing import Pricing
 from callwarden.database.clock import DatabaseClock
 from callwarden.database.db import Pool
 from callwarden.database.outage import Outage
-from callwarden.database.port import ClaimRequest, ReconcilerDatabase, Row
+from callwarden.database.port import ClaimRequest, Database, Row
 from callwarden.database.postgres import as_database
 from callwarden.database.write import AppendResult
 from callwarden.errors import (
@@ -130,17 +130,17 @@ class Counts(msgspec.Struct, kw_only=True):
 
 class Reconciler(AsyncClosing):
     """Reconciles for one process incarnation (``owner``). ``db``: the database (a pool, or a
-    :class:`~callwarden.database.port.ReconcilerDatabase`); ``media``: where media results
+    :class:`~callwarden.database.port.Database`); ``media``: where media results
     are stored."""
 
-    def __init__(self, db: Pool | ReconcilerDatabase, session: aiohttp.ClientSession,
+    def __init__(self, db: Pool | Database, session: aiohttp.ClientSession,
                  settings: ProviderSettings, media: MediaStore, *,
                  config: ReconcileConfig | None = None,
                  owner: str | None = None, clock: Clock | None = None,
                  call_config: CallConfig | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  signal: Signal | None = None, pricing: Pricing | None = None) -> None:
-        self.db: ReconcilerDatabase = as_database(db)
+        self.db: Database = as_database(db)
         self.session, self.settings = session, settings
         self.config = config or ReconcileConfig()
         self.owner = owner or incarnation("reconciler")

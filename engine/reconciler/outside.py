@@ -28,7 +28,7 @@ import logging
 import uuid
 from datetime import datetime, timedelta
 
-from callwarden.database.port import ReconcilerDatabase
+from callwarden.database.port import Database
 from callwarden.errors import CallwardenError
 from callwarden.events.states import HOST_SETTLES, CallState
 from callwarden.events.types import HostEnded, LeftoverSettled
@@ -59,7 +59,7 @@ class Outside:
     whether a pass at ``now`` runs them (the first, then every ``host_left_after_s / 5``
     seconds; never when both are off: ``outside_window_s = 0`` and the policy ``leave``)."""
 
-    def __init__(self, db: ReconcilerDatabase, actor: str, config: ReconcileConfig) -> None:
+    def __init__(self, db: Database, actor: str, config: ReconcileConfig) -> None:
         self.db, self.actor, self.config = db, actor, config
         self.every = timedelta(seconds=config.host_left_after_s / 5)
         self.last: datetime | None = None

@@ -56,7 +56,7 @@ from callwarden.calls.runner import ACTIVE
 from callwarden.database.clock import DatabaseClock
 from callwarden.database.db import Pool
 from callwarden.database.outage import Outage
-from callwarden.database.port import WebhookDatabase
+from callwarden.database.port import Database
 from callwarden.database.postgres import as_database
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from callwarden.events.states import CallState
@@ -213,11 +213,11 @@ class Receiver:
     the database's clock); ``poll`` checks a task when a signal scheme's callback names
     it (without one, such callbacks are acknowledged and left to the workers' and the
     reconciler's polls). ``db``: the database (a pool, or a
-    :class:`~callwarden.database.port.WebhookDatabase`). ``attempt_cap`` and
+    :class:`~callwarden.database.port.Database`). ``attempt_cap`` and
     ``repoll_interval_s``: the reconciler's, which a failed webhook-triggered finalization
     counts towards (default: :class:`~callwarden.reconciler.config.ReconcileConfig`'s)."""
 
-    def __init__(self, db: Pool | WebhookDatabase, finalizer: Finalizer,
+    def __init__(self, db: Pool | Database, finalizer: Finalizer,
                  config: WebhookConfig, *,
                  clock: Callable[[], float] = time.time,
                  now: Callable[[], datetime] | None = None,
@@ -225,7 +225,7 @@ class Receiver:
                  attempt_cap: int = _RECONCILE.attempt_cap,
                  repoll_interval_s: float = _RECONCILE.repoll_interval_s,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self.db: WebhookDatabase = as_database(db)
+        self.db: Database = as_database(db)
         self.finalizer, self.config = finalizer, config
         self.outage = outage if outage is not None else Outage(log, "service")
         self.clock = clock

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from callwarden.database.db import Conn
-from callwarden.database.port import ReconcilerDatabase, Row
+from callwarden.database.port import Database, Row
 from callwarden.database.write import load_events
 from callwarden.events.types import HostEnded, LeftoverSettled
 from callwarden.reconciler.config import ReconcileConfig
@@ -195,18 +195,18 @@ async def test_a_host_that_reopens_the_job_between_the_read_and_the_write_wins(
         def __getattr__(self, name: str) -> Any:
             return getattr(db, name)
 
-    outside = Outside(cast(ReconcilerDatabase, Reopening()), "reconciler:t", ReconcileConfig())
+    outside = Outside(cast(Database, Reopening()), "reconciler:t", ReconcileConfig())
     assert await outside.run(now) == (0, 0)
     assert await load_events(conn, job) == []
     assert await credits(conn, job) == [("reserved", None)]
 
 
 def test_the_passes_run_on_the_first_reconcile_then_every_fifth_of_the_grace() -> None:
-    outside = Outside(cast(ReconcilerDatabase, None), "r", ReconcileConfig())
+    outside = Outside(cast(Database, None), "r", ReconcileConfig())
     assert outside.due(T0)
     outside.last = T0
     assert not outside.due(T0 + timedelta(seconds=59))
     assert outside.due(T0 + timedelta(seconds=60))
-    off = Outside(cast(ReconcilerDatabase, None), "r",
+    off = Outside(cast(Database, None), "r",
                   ReconcileConfig(outside_window_s=0, host_completed_reserved="leave"))
     assert not off.due(T0)

@@ -216,7 +216,7 @@ class Gated:
     async def transition(self, job_id: uuid.UUID, decide: Decide, *,
                          current: CallProjection | None = None,
                          max_conflicts: int = 8) -> AppendResult:
-        return await transition_via(self, job_id, decide, current=current,
+        return await transition_via(self.load, self.append, job_id, decide, current=current,
                                     max_conflicts=max_conflicts)
 
     async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> bool:
