@@ -25,7 +25,7 @@ Where an error is also a ``ValueError`` or ``LookupError``, that is said beside 
     │   └── DatabaseRefused         the server refused the URL for good (a wrong
     │                               password, an unknown role or database): exit 2
     ├── MigrationError              a migration failed or the schema is ahead of us
-    ├── calls.own.OwnCallError      the host's own call misused (bring your own call)
+    ├── OwnCallError                the host's own call misused (bring your own call)
     │   ├── TaskIdConflict          a different task id than the job already holds
     │   ├── WrongKind               the job's call is of another provider_kind
     │   └── CallNotStarted          the call was not started through this handle
@@ -56,11 +56,18 @@ Where an error is also a ``ValueError`` or ``LookupError``, that is said beside 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from callwarden.events.codec import EventDecodeError
 from callwarden.events.errors import CallwardenError
 from callwarden.events.states import InvalidTransition, TerminalStateError
 
+if TYPE_CHECKING:
+    from callwarden.projections.fold import CallProjection
+
 __all__ = [
+    "CallAlreadyStarted",
+    "CallNotStarted",
     "CallwardenError",
     "ConfigError",
     "ConflictExhausted",
@@ -72,9 +79,12 @@ __all__ = [
     "InvalidTransition",
     "JobNotFound",
     "MigrationError",
+    "OwnCallError",
     "TaskAlreadyClaimed",
+    "TaskIdConflict",
     "TerminalStateError",
     "WriteConflict",
+    "WrongKind",
 ]
 
 
@@ -127,3 +137,33 @@ class DatabaseRefused(ConfigError):
 
 class MigrationError(CallwardenError):
     """Applying migrations failed."""
+
+
+# -- the host's own calls (callwarden.calls.own) -----------------------------------------
+
+class OwnCallError(CallwardenError):
+    """A report that cannot be recorded as given; nothing was written. ``projection``:
+    the call as it stands."""
+
+    def __init__(self, message: str, projection: CallProjection | None = None) -> None:
+        super().__init__(message)
+        self.projection = projection
+
+
+class TaskIdConflict(OwnCallError):
+    """``task_created`` named another task than the one the job already holds."""
+
+
+class WrongKind(OwnCallError):
+    """A polled kind in a sync context, a sync kind in ``start``, or the job's call is of
+    another kind."""
+
+
+class CallNotStarted(OwnCallError):
+    """The sync context started no call (the host ended the job, or other code holds a
+    task on it): the body did not run and must not call the provider."""
+
+
+class CallAlreadyStarted(CallNotStarted):
+    """The job already has a call (the context used twice, a redelivered route): a sync
+    call cannot be resumed; ``projection`` says how the first one stands."""

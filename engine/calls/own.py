@@ -61,7 +61,15 @@ from callwarden.database.db import Pool
 from callwarden.database.port import Database
 from callwarden.database.postgres import as_database
 from callwarden.database.write import AppendResult, Decide
-from callwarden.errors import CallwardenError, ConfigError, DatabaseError
+from callwarden.errors import (
+    CallAlreadyStarted,
+    CallNotStarted,
+    ConfigError,
+    DatabaseError,
+    OwnCallError,
+    TaskIdConflict,
+    WrongKind,
+)
 from callwarden.events.states import CallState
 from callwarden.events.types import CallStarted, Event, TaskCreated
 from callwarden.projections.fold import EMPTY, CallProjection
@@ -88,34 +96,6 @@ __all__ = ["Action", "CallAlreadyStarted", "CallNotStarted", "OwnCall", "OwnCall
 log = logging.getLogger("callwarden.calls")
 Action = Literal["create", "resume", "ambiguous", "finalize", "done", "not_started"]
 _OPEN_RESULT = (CallState.UPSTREAM_SUCCEEDED, CallState.FINALIZING)
-
-
-class OwnCallError(CallwardenError):
-    """A report that cannot be recorded as given; nothing was written. ``projection``:
-    the call as it stands."""
-
-    def __init__(self, message: str, projection: CallProjection | None = None) -> None:
-        super().__init__(message)
-        self.projection = projection
-
-
-class TaskIdConflict(OwnCallError):
-    """``task_created`` named another task than the one the job already holds."""
-
-
-class WrongKind(OwnCallError):
-    """A polled kind in a sync context, a sync kind in ``start``, or the job's call is of
-    another kind."""
-
-
-class CallNotStarted(OwnCallError):
-    """The sync context started no call (the host ended the job, or other code holds a
-    task on it): the body did not run and must not call the provider."""
-
-
-class CallAlreadyStarted(CallNotStarted):
-    """The job already has a call (the context used twice, a redelivered route): a sync
-    call cannot be resumed; ``projection`` says how the first one stands."""
 
 
 class Reported(CallOutcome, frozen=True, kw_only=True):

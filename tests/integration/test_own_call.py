@@ -23,25 +23,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from callwarden import (
-    BlockingCalls,
-    CallAlreadyStarted,
-    CallwardenError,
-    OwnCall,
-    OwnCalls,
-    Rate,
-    RateTable,
-    Reported,
-    SyncCall,
-    TaskIdConflict,
-    WrongKind,
-)
+from callwarden import BlockingCalls, CallwardenError, OwnCall, OwnCalls, Rate, RateTable
 from callwarden.calls.config import CallConfig
+from callwarden.calls.own import Reported
+from callwarden.calls.own_sync import SyncCall
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, Pool
 from callwarden.database.jobs import create_job
 from callwarden.database.write import append, cancel, load
-from callwarden.errors import TaskAlreadyClaimed
+from callwarden.errors import CallAlreadyStarted, TaskAlreadyClaimed, TaskIdConflict, WrongKind
 from callwarden.events.types import CallStarted, TaskCreated, UpstreamResult, UpstreamSucceeded
 from callwarden.providers.errors import UnknownProviderKind
 from callwarden.providers.simulator.core import RunningSimulator

@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from callwarden import OwnCall, OwnCalls, SyncCall
+from callwarden import OwnCall, OwnCalls
 from callwarden.calls.config import CallConfig
+from callwarden.calls.own_sync import SyncCall
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, Pool
 from callwarden.database.jobs import create_job
