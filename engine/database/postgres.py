@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import TypeVar
 
 from psycopg_pool import AsyncConnectionPool
@@ -24,7 +25,7 @@ from callwarden.database.citus import on_citus
 from callwarden.database.clock import Clock
 from callwarden.database.clock import sync_clock as _sync_clock
 from callwarden.database.db import Conn, Pool
-from callwarden.database.port import Before, ClaimRequest, Row
+from callwarden.database.port import Before, ClaimRequest, Row, transition_via
 from callwarden.database.snapshot import snapshot
 from callwarden.database.write import AppendResult, Decide
 from callwarden.database.write import execute as _execute
@@ -72,8 +73,9 @@ class PostgresDatabase:
                          current: CallProjection | None = None,
                          max_conflicts: int = 8) -> AppendResult:
         async with connection(self.pool) as conn:
-            return await write.transition(conn, job_id, decide, current=current,
-                                          max_conflicts=max_conflicts)
+            return await transition_via(partial(write.load, conn), partial(write.append, conn),
+                                        job_id, decide, current=current,
+                                        max_conflicts=max_conflicts)
 
     async def heartbeat(self, job_id: uuid.UUID, owner: str, progress: int | None) -> bool:
         params = {"job_id": job_id, "owner": owner, "progress": progress}
