@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
@@ -35,6 +35,7 @@ from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import AdapterError
 from callwarden.providers.kinds import KINDS
+from callwarden.rules.spelling import did_you_mean
 
 if TYPE_CHECKING:
     from callwarden.providers.storage import MediaStore
@@ -85,7 +86,9 @@ def _read(path: Path, section: str) -> tuple[dict[str, Any], str]:
         return _flat_share(data, section, path), str(path)
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"config {path}: unknown table(s) {', '.join(unknown)} "
+        named = ", ".join(f"[{u}]{did_you_mean(u, SECTIONS, show='[{}]'.format)}"
+                          for u in unknown)
+        raise ConfigError(f"config {path}: unknown table(s) {named} "
                           f"(known: {', '.join(SECTIONS)})")
     table = data.get(section, {})
     if not isinstance(table, dict):
@@ -107,7 +110,9 @@ def _kind(name: str, key: str) -> str:
     by_env = {kind.upper().replace("-", "_"): kind for kind in KINDS}  # a host's kinds too
     kind = by_env.get(key) or by_env.get(key.removesuffix("_S"))
     if kind is None:
-        raise ConfigError(f"{name}: unknown provider_kind")
+        variable = name.removesuffix(key)  # the suggestion is shown as a whole variable
+        raise ConfigError(f"{name}: unknown provider_kind"
+                          + did_you_mean(key, by_env, show=lambda k: variable + k))
     return kind
 
 
@@ -141,8 +146,16 @@ def _from_env(cls: type[msgspec.Struct], env: Mapping[str, str], prefix: str,
                     names[(map_field, kind)] = name
                 break
         else:
-            raise ConfigError(f"{name}: no such setting")
+            raise ConfigError(f"{name}: no such setting" + did_you_mean(
+                name, _env_names(prefix, fields, maps), prefix=prefix))
     return out, names
+
+
+def _env_names(prefix: str, fields: Iterable[str], maps: Mapping[str, str]) -> list[str]:
+    """Every variable under ``prefix``: a field's, and each kind's of a per-kind map."""
+    kinds = [kind.upper().replace("-", "_") for kind in KINDS]
+    return [*(prefix + field.upper() for field in fields),
+            *(f"{prefix}{env_map}_{kind}" for env_map in maps for kind in kinds)]
 
 
 def _is_map(info: msgspec.structs.FieldInfo | None) -> bool:
@@ -197,13 +210,18 @@ def _a_number(value: Any) -> bool:
 
 
 def _check_each(fields: Mapping[str, msgspec.structs.FieldInfo], merged: dict[str, Any],
-                where: dict[Entry, str], section: str) -> None:
-    """Each setting alone: a known name, a value of its field's type, a finite number, a
-    time written as a time (msgspec would read ``2026`` as seconds since 1970)."""
+                where: dict[Entry, str], section: str, known: Iterable[str]) -> None:
+    """Each setting alone: a known name (else the ``known`` one it is closest to), a value
+    of its field's type, a finite number, a time written as a time (msgspec would read
+    ``2026`` as seconds since 1970)."""
     for (field, kind), source in where.items():
         info = fields.get(field)
         if info is None:
-            raise ConfigError(f"invalid {section} configuration: {source}: no such setting")
+            hint = did_you_mean(field, known)
+            if not hint and isinstance(merged[field], Mapping):  # a flat file's misspelt table
+                hint = did_you_mean(field, SECTIONS, show="[{}]".format)
+            raise ConfigError(f"invalid {section} configuration: {source}: no such setting"
+                              + hint)
         tp, value = info.type, merged[field]
         if kind is not None:
             tp, value = get_args(info.type)[1], value[kind]
@@ -236,8 +254,11 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
     merged: dict[str, Any] = {}
     where: dict[Entry, str] = {}
+    known: set[str] = set(fields)
     if path is not None:
         table, label = _read(path, section)
+        if label == str(path):  # a flat file: a typo may be any actor's setting
+            known = known.union(*_FIELDS.values())
         _layer(merged, where, table, fields,
                lambda e: f"{label} {e[0]}" + (f".{e[1]}" if e[1] is not None else ""))
     values, names = _from_env(cls, env, prefix, maps or {})
@@ -245,7 +266,7 @@ def load(cls: type[T], *, path: Path | None, env: Mapping[str, str], prefix: str
     named = dict(origins or {})
     _layer(merged, where, dict(overrides or {}), fields,
            lambda e: named.get(e[0], f"{e[0]} (given by the caller)"))
-    _check_each(fields, merged, where, section)
+    _check_each(fields, merged, where, section, known)
     try:
         return msgspec.convert(merged, cls, strict=False)
     except (ConfigError, msgspec.ValidationError) as exc:  # the struct's own checks

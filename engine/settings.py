@@ -22,34 +22,63 @@ find it too) is the store every actor that finalizes calls requires: ``worker``,
 (``CALLWARDEN_MEDIA_DIR``, ``CALLWARDEN_MEDIA_S3_BUCKET`` or ``--media-dir``) they used to
 write under the user's data folder, on whichever machine they ran; they now refuse to
 start (exit 2).
+
+:func:`unknown_variables` names each ``CALLWARDEN_*`` variable nothing reads, with the
+closest one that is read (``load_settings`` logs them as warnings, every command prints
+them): a typo there would otherwise leave its setting at its default without a word.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
-from callwarden.calls.config import CallConfig, load_call_config
-from callwarden.calls.pricing import Pricing, pricing_from_env
+import msgspec
+
+from callwarden.calls.config import ENV_PREFIX as CALL_PREFIX
+from callwarden.calls.config import MEDIA_ALLOW_ENV, CallConfig, load_call_config
+from callwarden.calls.pricing import PRICING_ENV, Pricing, pricing_from_env
 from callwarden.config import (
+    CONFIG_VAR,
     MEDIA_SETTINGS,
     config_path,
     configured_media,
     named_media,
     provider_settings,
 )
+from callwarden.database.db import POOLER_ENV
+from callwarden.database.outage import LIMIT_ENV
 from callwarden.errors import ConfigError
+from callwarden.providers.adapters import SETTING as PROVIDERS_VAR
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import MediaStore
+from callwarden.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
 from callwarden.reconciler.config import ReconcileConfig, load_config
+from callwarden.rules.spelling import did_you_mean
 from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
 __all__ = ["MEDIA_SETTINGS", "Settings", "configured_media", "contradictions", "load_settings",
-           "named_media"]
+           "named_media", "unknown_variables"]
+
+#: Each actor's variables, ``<PREFIX><FIELD>`` (per kind ``<PREFIX><MAP>_<KIND>``): one
+#: under a prefix is its actor's to refuse (naming the closest of its own) when it loads.
+_ACTORS: dict[str, type[msgspec.Struct]] = {
+    CALL_PREFIX: CallConfig, RECONCILE_PREFIX: ReconcileConfig,
+    "CALLWARDEN_WEBHOOK_": WebhookConfig, "CALLWARDEN_SERVE_": ListenConfig}
+#: Every other ``CALLWARDEN_*`` variable read (besides each registered provider's
+#: ``CALLWARDEN_<NAME>_URL`` and webhook secret).
+_VARIABLES = (CONFIG_VAR, PROVIDERS_VAR, "CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES", *MEDIA_SETTINGS,
+              "CALLWARDEN_MEDIA_S3_ENDPOINT_URL", "CALLWARDEN_MEDIA_S3_PREFIX", MEDIA_ALLOW_ENV,
+              PRICING_ENV, POOLER_ENV, LIMIT_ENV, "CALLWARDEN_CALLBACK_BASE_URL",
+              "CALLWARDEN_FAILPOINTS", "CALLWARDEN_ADMIN_TOKEN", "CALLWARDEN_READ_TOKEN",
+              "CALLWARDEN_REDIS_URL", "CALLWARDEN_AMBIGUOUS_CREATE",  # (the older name)
+              "CALLWARDEN_DEMO_QUEUE", "CALLWARDEN_DEMO_REDELIVER_S",
+              "CALLWARDEN_DEMO_CONCURRENCY")  # (the demo's, to its queue processes)
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
@@ -99,6 +128,26 @@ def contradictions(calls: CallConfig, reconcile: ReconcileConfig) -> None:
             "between two beats every live call would look dead and be swept")
 
 
+def unknown_variables(env: Mapping[str, str], also: Iterable[str] = ()) -> list[str]:
+    """A line for each ``CALLWARDEN_*`` variable of ``env`` that nothing reads (``also``:
+    more names read, e.g. the variable a command's ``--read-token-env`` names), naming the
+    closest that is read; the providers are those registered (the host's once
+    :func:`~callwarden.config.load_providers` has run). Those under an actor's prefix are
+    left to the actor. Warnings, not errors: a deployment's own tooling may share the
+    prefix."""
+    from callwarden.providers.registry import PROVIDERS, WEBHOOKS
+
+    known = {*_VARIABLES, *also, *(s.secret_env for s in WEBHOOKS.values()),
+             *(f"CALLWARDEN_{name.upper().replace('-', '_')}_URL" for name in PROVIDERS)}
+    actors = {prefix + f.name.upper() for prefix, cls in _ACTORS.items()
+              for f in msgspec.structs.fields(cls)
+              if get_origin(f.type) not in (Mapping, dict)}  # (a map is set per kind)
+    return [f"{name}: unknown variable, ignored"
+            + did_you_mean(name, known | actors, prefix="CALLWARDEN_")
+            for name in sorted(env) if name.startswith("CALLWARDEN_")
+            and name not in known and not name.startswith(tuple(_ACTORS))]
+
+
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
                   ) -> Settings:
     """Every actor's settings from ``path`` (else ``CALLWARDEN_CONFIG``) and ``env``
@@ -108,9 +157,12 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     path = config_path(path, env)
     calls, reconcile = load_call_config(path, env), load_config(path, env)
     contradictions(calls, reconcile)
+    providers = provider_settings(env)  # (the host's providers registered: their names too)
+    for line in unknown_variables(env):
+        logging.getLogger("callwarden.settings").warning("%s", line)
     return Settings(
         path=path,
-        providers=provider_settings(env),
+        providers=providers,
         calls=calls,
         reconcile=reconcile,
         webhooks=load_webhook_config(path, env),

@@ -180,7 +180,7 @@ def _window(text: str) -> timedelta:
 
 def _add_audit(sub: Subparsers) -> None:
     p = sub.add_parser("audit", help="a job's timeline: events, states, settlement")
-    p.add_argument("job_id", type=uuid.UUID)
+    p.add_argument("job_id", type=uuid.UUID, help="the job's id (a UUID)")
     p.add_argument("--json", action="store_true", help="the timeline as JSON")
     p.set_defaults(handler=_audit)
 
@@ -209,8 +209,8 @@ def _add_rebuild(sub: Subparsers) -> None:
 def _add_stats(sub: Subparsers) -> None:
     p = sub.add_parser("stats", help="calls by kind and state, stale calls, recoveries")
     p.add_argument("--json", action="store_true", help="the statistics as JSON")
-    p.add_argument("--window", type=_window, default=parse_window("24h"),
-                   help="how far back recoveries, sweeps and latencies look (24h)")
+    p.add_argument("--window", type=_window, default="24h",
+                   help="how far back recoveries, sweeps and latencies look (e.g. 90m, 7d)")
     p.add_argument("--config", type=Path, default=None,
                    help="the reconciler's settings file (thresholds, legacy cutoff)")
     p.set_defaults(handler=_stats)

@@ -10,7 +10,8 @@ allows the statuses callwarden writes; and who can reach callwarden's schema (ev
 but its owner and the runtime roles is a problem: :mod:`callwarden.cli.grant`). Each
 finding is one line (a problem on stderr);
 exit 2 if any is a problem, 0 otherwise (notes, such as a provider with no API key, do not
-fail it). One run names every problem: the settings' and the database's.
+fail it). One run names every problem: the settings' and the database's. ``--json``: one
+object, ``{"findings": [{"level", "text"}...], "problems": N}``, the exit status the same.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
 from rich.console import Console
 from rich.text import Text
 
@@ -37,6 +40,7 @@ from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.replay.audit import host_left
+from callwarden.rules.human import duration
 from callwarden.service.app import ListenConfig, load_listen_config, operator_exposure
 from callwarden.service.webhooks import load_webhook_config
 from callwarden.settings import configured_media, contradictions
@@ -74,6 +78,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--read-token-env", default="CALLWARDEN_READ_TOKEN", metavar="VAR",
                    help="the variable serve reads its operator read token from (as "
                         "serve's --read-token-env)")
+    p.add_argument("--json", action="store_true",
+                   help="the findings as one JSON object (level, text; problems)")
     p.set_defaults(handler=handler)
 
 
@@ -221,9 +227,9 @@ async def _host_left(conn: Conn, after_s: float) -> list[Finding]:
     left = await host_left(conn, now=now, after_s=after_s)
     if not left.reservations:
         return [("ok", f"no reservation left reserved on a job the host ended over "
-                       f"{after_s:g} s ago")]
+                       f"{duration(after_s)} ago")]
     return [("note", f"{left.reservations} reservation(s) ({left.credits:g} credits) still "
-                     f"reserved on jobs the host ended over {after_s:g} s ago: the host's "
+                     f"reserved on jobs the host ended over {duration(after_s)} ago: the host's "
                      "commit or refund never came (docs/reconciler.md, \"Jobs ended outside "
                      "callwarden\"; callwarden stats)")]
 
@@ -245,12 +251,24 @@ def _host_left_after(args: argparse.Namespace) -> float:
         return ReconcileConfig().host_left_after_s
 
 
+def _emit_json(found: list[Finding]) -> int:
+    problems = sum(1 for level, _ in found if level == "problem")
+    sys.stdout.buffer.write(msgspec.json.encode({
+        "findings": [{"level": level, "text": text} for level, text in found],
+        "problems": problems}) + b"\n")
+    sys.stdout.buffer.flush()
+    return problems
+
+
 async def handler(args: argparse.Namespace, url: str) -> int:
-    problems = _print(_settings(args))  # every problem in one run: the database too
+    settings = _settings(args)
+    problems = 0 if args.json else _print(settings)  # every problem in one run: the database too
     try:
         found = await _database(url, _host_left_after(args))
     except DatabaseUnavailable as exc:
         found = [("problem", f"the database was not checked: {exc}")]
+    if args.json:
+        return 2 if _emit_json(settings + found) else 0
     problems += _print(found)
     Console().print(f"{problems} problem(s)" if problems else "nothing missing")
     return 2 if problems else 0

@@ -26,6 +26,7 @@ from callwarden.demo.queues import QUEUES, check_queue
 from callwarden.demo.report import render_report
 from callwarden.demo.run import DemoOptions, DemoRun, Tick, run_demo
 from callwarden.errors import ConfigError, DatabaseUnavailable
+from callwarden.rules.human import duration
 
 __all__ = ["register"]
 
@@ -36,10 +37,12 @@ DEMO_DB = "callwarden_demo"
 
 def register(sub: Any) -> None:
     d = sub.add_parser("demo", help="watch killed workers' jobs recovered, no credit lost")
-    d.add_argument("--jobs", type=positive_int, default=140)
-    d.add_argument("--workers", type=positive_int, default=3)
+    d.add_argument("--jobs", type=positive_int, default=140, help="jobs to run")
+    d.add_argument("--workers", type=positive_int, default=3,
+                   help="worker processes (killed and restarted as they run)")
     d.add_argument("--kill-rate", type=nonnegative_float, default=0.5, help="SIGKILLs per second")
-    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--seed", type=int, default=7,
+                   help="seed of the jobs, the kills and the simulator")
     d.add_argument("--duration", type=positive_float, default=100.0, help="deadline in seconds")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     d.add_argument("--report", type=Path, default=None, help="write an HTML report")
@@ -132,15 +135,22 @@ def _summary_table(run: DemoRun) -> Table:
              f"{s.credits.released:g} over {s.credits.partial_commits} calls"),
             ("credits leaked", f"{s.credits.leaked:g}"),
             ("projection/log mismatches (verify)", s.verify_mismatches),
-            ("time to terminal p50 / p95", f"{s.p50_s or 0:.1f} s / {s.p95_s or 0:.1f} s"),
+            ("time to terminal p50 / p95", f"{duration(s.p50_s or 0)} / "
+                                            f"{duration(s.p95_s or 0)}"),
             ("database restarts / connection cuts", f"{s.database_restarts} / "
                                                     f"{s.connections_cut}"),
             ("database outages ridden through (down)",
-             f"{s.database_outages} ({s.database_down_s:g} s)")]
+             f"{s.database_outages} ({duration(s.database_down_s)})")]
     rows.insert(0, ("queue", s.queue))
     for k, v in rows:
         table.add_row(k, str(v))
     return table
+
+
+def write_report(path: Path, run: DemoRun, console: Console) -> None:
+    """The HTML page to ``path``, and where it went."""
+    path.write_text(render_report(run.summary, run.samples, run.latencies), encoding="utf-8")
+    console.print(f"report written to {path.resolve()}", soft_wrap=True, highlight=False)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -162,7 +172,7 @@ def _demo(args: argparse.Namespace) -> int:
         restart = (lambda: server.restart(down_s=1.0)) if server is not None else None
         run = asyncio.run(run_demo(opts, url, work, tick, restart))
     if args.report:
-        args.report.write_text(render_report(run.summary, run.samples, run.latencies))
+        write_report(args.report, run, console)
     if args.json:
         sys.stdout.write(msgspec.json.encode(run.summary).decode() + "\n")
     else:

@@ -90,7 +90,8 @@ def register(sub: Any) -> None:
     s.add_argument("--media-dir", type=Path, default=None,
                    help="local media folder (else CALLWARDEN_MEDIA_DIR or "
                         "CALLWARDEN_MEDIA_S3_BUCKET; one is required)")
-    s.add_argument("--pool-size", type=positive_int, default=10)
+    s.add_argument("--pool-size", type=positive_int, default=10,
+                   help="database connections this process may hold")
     s.add_argument("--config", type=Path, default=None,
                    help="settings file (TOML or JSON): [serve], [webhooks], [calls] and the "
                         "reconciler's [reconcile] (stale thresholds, legacy cutoff)")

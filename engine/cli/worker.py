@@ -96,8 +96,8 @@ def _register_enqueue(sub: Any) -> None:
     e.add_argument("--request", required=True, metavar="JSON", help="the provider request")
     e.add_argument("--credits", type=nonnegative_float, default=10.0, help="credits to reserve")
     e.add_argument("--operation", default=None, help="ElevenLabs operation, e.g. tts")
-    e.add_argument("--user", default="user-1")
-    e.add_argument("--count", type=count, default=1)
+    e.add_argument("--user", default="user-1", help="the jobs' user_id")
+    e.add_argument("--count", type=count, default=1, help="how many jobs to create")
     e.set_defaults(handler=_enqueue)
 
 

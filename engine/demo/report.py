@@ -1,5 +1,6 @@
 """The demo's offline HTML report: jobs per state over time and the time-to-terminal
-distribution (reconciler recoveries highlighted), as inline SVG. Pure: data in, text out."""
+distribution (reconciler recoveries highlighted), as inline SVG, and the summary as people
+read it (durations as ``23.4 s``, credits as ``80``). Pure: data in, text out."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from callwarden.demo.summary import DemoSummary
+from callwarden.rules.human import duration
 
 __all__ = ["Sample", "render_report"]
 
@@ -79,10 +81,32 @@ def _histogram_svg(latencies: Sequence[tuple[float, bool]], bins: int = 30) -> s
             '<span style="color:#f0ad4e">&#9632; recovered by the reconciler</span></p>')
 
 
+_LABELS = {"p50_s": "time to terminal p50", "p95_s": "time to terminal p95"}
+
+
+def _shown(key: str, value: object) -> str:
+    """A summary value as text: seconds as a duration, numbers without float noise."""
+    if value is None or value in ({}, []):
+        return "-"
+    if key.endswith("_s") and isinstance(value, int | float) and not isinstance(value, bool):
+        return duration(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{_label(str(k))} {_shown(str(k), v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "; ".join(str(v) for v in value)
+    return str(value)
+
+
+def _label(key: str) -> str:
+    return _LABELS.get(key, key.removesuffix("_s").replace("_", " "))
+
+
 def _summary_rows(summary: DemoSummary) -> str:
     data: Mapping[str, object] = msgspec.to_builtins(summary)
-    return "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in data.items())
+    return "".join(f"<tr><th>{html.escape(_label(k))}</th>"
+                   f"<td>{html.escape(_shown(k, v))}</td></tr>" for k, v in data.items())
 
 
 def render_report(summary: DemoSummary, samples: Sequence[Sample],

@@ -18,6 +18,7 @@ from callwarden.replay.audit import AuditReport
 from callwarden.replay.history import JobError
 from callwarden.replay.rebuild import RebuildReport
 from callwarden.replay.verify import VerifySummary
+from callwarden.rules.human import duration
 
 __all__ = ["audit_table", "rebuild_table", "show_error", "show_mismatch", "stats_tables",
            "verify_table"]
@@ -30,9 +31,7 @@ def _t(at: datetime | None) -> str:
 def _delta(seconds: float | None) -> str:
     if seconds is None:
         return ""
-    if abs(seconds) < 120:
-        return f"+{seconds:.3g}s"
-    return f"+{seconds / 60:.1f}m" if abs(seconds) < 7200 else f"+{seconds / 3600:.1f}h"
+    return duration(seconds) if seconds < 0 else f"+{duration(seconds)}"
 
 
 def _settlement(r: TimelineRow) -> str:
@@ -112,11 +111,11 @@ def show_error(console: Console, e: JobError) -> None:
 def verify_table(s: VerifySummary) -> Table:
     table = Table(title="verify " + ("[green]ok[/green]" if s.ok else "[red]FAILED[/red]"))
     for col in ("jobs", "events", "mismatches", "jobs mismatched", "replay errors",
-                "seconds", "events/s"):
+                "took", "events/s"):
         table.add_column(col, justify="right")
     rate = s.events / s.seconds if s.seconds else 0.0
     table.add_row(f"{s.jobs:,}", f"{s.events:,}", str(s.mismatches), str(s.mismatched_jobs),
-                  str(s.errors), f"{s.seconds:.2f}", f"{rate:,.0f}")
+                  str(s.errors), duration(s.seconds), f"{rate:,.0f}")
     return table
 
 
@@ -138,27 +137,27 @@ def _table(title: str, columns: list[str], rows: Iterable[list[str]]) -> Table:
 
 
 def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return "-" if value is None else duration(value)
 
 
 def stats_tables(s: StatsReport) -> list[Table]:
-    window = f"last {s.window_s / 3600:g}h"
+    window = f"last {duration(s.window_s)}"
     return [
         _table("calls by kind and state", ["kind", "state", "calls"],
                ([k.kind, k.state, str(k.calls)] for k in s.by_kind_state)),
         _table("stale open calls", ["kind", "threshold", "stale"],
-               ([k.kind, "-" if k.threshold_s is None else f"{k.threshold_s / 60:g} min",
+               ([k.kind, _secs(k.threshold_s),
                  str(k.stale)] for k in s.stale)),
         _table(f"recoveries by reconcilers ({window})", ["terminal event", "count"],
                ([t, str(n)] for t, n in s.recoveries.items())),
         _table(f"sweeps ({window})", ["kind", "swept"],
                ([k, str(n)] for k, n in s.sweeps.items())),
-        _table(f"time to terminal, seconds ({window})", ["kind", "calls", "p50", "p95", "p99"],
+        _table(f"time to terminal ({window})", ["kind", "calls", "p50", "p95", "p99"],
                ([x.kind, str(x.calls), _secs(x.p50_s), _secs(x.p95_s), _secs(x.p99_s)]
                 for x in s.time_to_terminal)),
         _table("jobs waiting without a call, credits reserved (the host's; never swept)",
                ["jobs"], [[str(s.jobs_without_call)]]),
         _table(f"reservations the host left on jobs it ended (over "
-               f"{s.host_left.after_s:g} s ago)", ["reservations", "credits"],
+               f"{duration(s.host_left.after_s)} ago)", ["reservations", "credits"],
                [[str(s.host_left.reservations), f"{s.host_left.credits:g}"]]),
     ]

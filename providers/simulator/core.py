@@ -409,8 +409,9 @@ def _factor(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     """The simulator's options, shared by ``python -m callwarden.providers.simulator`` and
     ``callwarden simulator``."""
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_port, default=default_port)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument("--port", type=_port, default=default_port,
+                        help="the port to listen on (0: any free port)")
     parser.add_argument("--api-key", default="sim-key",
                         help="the key every provider route accepts (default: sim-key)")
     parser.add_argument("--clock-factor", type=_factor, default=1.0,
