@@ -63,6 +63,43 @@ def test_python_dash_m_callwarden_is_the_cli_and_says_the_installed_version() ->
     assert callwarden.__version__ == md.version("callwarden")
 
 
+def test_python_dash_m_callwarden_help_lists_the_commands() -> None:
+    done = subprocess.run([sys.executable, "-m", "callwarden", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: callwarden ")
+    listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert {"migrate", "worker", "reconcile", "serve", "demo"} <= listed, done.stdout
+
+
+#: What the wheel ships from the folders: modules, SQL, py.typed, the dashboard's assets.
+SHIPPED = {".py", ".sql", ".typed", ".css", ".js"}
+
+
+def test_the_installed_package_has_every_file_of_the_folders() -> None:
+    """The README's editable install is setuptools' strict mode: a tree of links to the
+    files that were there when it ran. A module or migration added since is not in the
+    installed package (an ImportError, or a migration never applied) until the install is
+    run again; this names them. (The wheel, and the mutation check's link tree of folders,
+    have them all.)"""
+    missing = []
+    for folder in FOLDERS.values():
+        for path in sorted(folder.rglob("*")):
+            if path.suffix not in SHIPPED or "__pycache__" in path.parts:
+                continue
+            package = path.parent
+            while not (package / "__init__.py").is_file():
+                package = package.parent
+            installed = resources.files(module_of(package / "__init__.py")).joinpath(
+                *path.relative_to(package).parts)
+            if not installed.is_file():
+                missing.append(path.relative_to(ROOT).as_posix())
+    assert missing == [], (
+        "not in the installed package; run the README's install again "
+        '(.venv/bin/pip install -e ".[test]" --config-settings editable_mode=strict): '
+        f"{missing}")
+
+
 def test_no_test_module_imports_another() -> None:
     """Shared helpers live in conftest.py or tests/support/, never in a test module that
     other test modules import (issue 23.9: 23 did, one of them a fixture library)."""
