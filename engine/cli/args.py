@@ -1,13 +1,17 @@
 """The flags' own ranges: argparse ``type=`` functions that refuse a number outside its
 range, so argparse exits 2 naming the flag before a command starts or connects
-(``argument --batch: want an integer >= 1, got '0'``)."""
+(``argument --batch: want an integer >= 1, got '0'``); and a span of time as people write
+it (``--window 24h``, ``--older-than 10m``)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from datetime import timedelta
 
-__all__ = ["count", "nonnegative_float", "port", "positive_float", "positive_int"]
+from callwarden.projections.stats import parse_window
+
+__all__ = ["count", "nonnegative_float", "port", "positive_float", "positive_int", "window"]
 
 
 def _int(text: str, low: int, high: int | None, want: str) -> int:
@@ -48,3 +52,11 @@ def positive_float(text: str) -> float:
 
 def nonnegative_float(text: str) -> float:
     return _float(text, zero=True, want="a number >= 0")
+
+
+def window(text: str) -> timedelta:
+    """A positive span: ``90m``, ``24h``, ``1d12h``, ``2w`` (s, m, h, d, w)."""
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

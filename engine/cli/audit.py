@@ -1,8 +1,11 @@
 """``callwarden audit | verify | rebuild | stats``: replaying the log for people.
 
 Exit codes: 0 all good; 1 something to look at (unknown job, mismatches, replay errors,
-jobs rebuild could not repair); 2 a job's own log cannot be replayed (``audit``) or the
-database failed (handled by :mod:`callwarden.cli`).
+jobs rebuild could not repair); 2 a job's own log cannot be replayed or a prefix of its id
+names several jobs (``audit``), or the database failed (handled by :mod:`callwarden.cli`).
+
+``audit`` takes a job's whole id or its first hex digits (at least four), as
+``callwarden jobs`` shows them (:mod:`callwarden.replay.lookup`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +23,7 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from callwarden.cli.args import positive_int
+from callwarden.cli.args import positive_int, window
 from callwarden.database.clock import DatabaseClock, utcnow
 from callwarden.database.db import Conn, connect
 from callwarden.errors import JobNotFound
@@ -29,6 +32,7 @@ from callwarden.projections.stats import parse_window
 from callwarden.reconciler.config import load_config
 from callwarden.replay import render
 from callwarden.replay.audit import audit_job, stats
+from callwarden.replay.lookup import digits, jobs_with_prefix
 from callwarden.replay.rebuild import rebuild
 from callwarden.replay.verify import BatchResult, VerifySummary, count_jobs, verify_batches
 
@@ -65,12 +69,42 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
+def _job_ref(text: str) -> str:
+    try:
+        return digits(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+async def _job_id(conn: Conn, ref: str) -> uuid.UUID | int:
+    """The job ``ref`` (hex digits) names, or the exit code after saying why there is
+    none: 1 no job has that id or prefix, 2 several have that prefix (listed)."""
+    if len(ref) == 32:
+        return uuid.UUID(ref)
+    found = await jobs_with_prefix(conn, ref, limit=6)
+    if not found:
+        _err().print(f"no job {ref} (no job id starts with it)", soft_wrap=True)
+        return 1
+    if len(found) == 1:
+        return found[0].id
+    more = " (and more)" if len(found) > 5 else ""
+    _err().print(f"[red]error:[/red] {ref} is the start of {len(found[:5])}{more} job ids; "
+                 "give more digits:", soft_wrap=True)
+    for c in found[:5]:
+        _err().print(f"  {c.id}  {c.kind or '-'}  status {c.status}  "
+                     f"call {c.call_state or '-'}", soft_wrap=True, markup=False)
+    return 2
+
+
 async def _audit(args: argparse.Namespace, url: str) -> int:
     async with await connect(url) as conn:
+        job_id = await _job_id(conn, args.job_id)
+        if isinstance(job_id, int):
+            return job_id
         try:
-            report = await audit_job(conn, args.job_id)
+            report = await audit_job(conn, job_id)
         except JobNotFound:
-            _err().print(f"no job {args.job_id}")
+            _err().print(f"no job {job_id}")
             return 1
         except EventDecodeError as exc:
             _err().print(f"[red]cannot replay:[/red] {exc}")
@@ -80,9 +114,7 @@ async def _audit(args: argparse.Namespace, url: str) -> int:
     elif not report.timeline:
         _out().print(f"job {report.job_id} has no call events (status {report.status})")
     else:
-        _out().print(render.audit_table(report))
-        for line in render.reservation_lines(report):
-            _out().print(line)
+        render.show_audit(_out(), report)
     return 0
 
 
@@ -171,16 +203,11 @@ async def _stats(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-def _window(text: str) -> timedelta:
-    try:
-        return parse_window(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _add_audit(sub: Subparsers) -> None:
     p = sub.add_parser("audit", help="a job's timeline: events, states, settlement")
-    p.add_argument("job_id", type=uuid.UUID, help="the job's id (a UUID)")
+    p.add_argument("job_id", type=_job_ref,
+                   help="the job's id, or its first hex digits (4 or more: what "
+                        "callwarden jobs shows) if no other job's id starts with them")
     p.add_argument("--json", action="store_true", help="the timeline as JSON")
     p.set_defaults(handler=_audit)
 
@@ -209,7 +236,7 @@ def _add_rebuild(sub: Subparsers) -> None:
 def _add_stats(sub: Subparsers) -> None:
     p = sub.add_parser("stats", help="calls by kind and state, stale calls, recoveries")
     p.add_argument("--json", action="store_true", help="the statistics as JSON")
-    p.add_argument("--window", type=_window, default="24h",
+    p.add_argument("--window", type=window, default="24h",
                    help="how far back recoveries, sweeps and latencies look (e.g. 90m, 7d)")
     p.add_argument("--config", type=Path, default=None,
                    help="the reconciler's settings file (thresholds, legacy cutoff)")

@@ -41,9 +41,9 @@ def _console() -> Console:
     return Console()
 
 # Modules adding subcommands; a missing one (not yet written) is skipped.
-COMMAND_MODULES = ["callwarden.cli.audit", "callwarden.cli.worker", "callwarden.cli.reconcile",
-                   "callwarden.cli.demo", "callwarden.cli.serve", "callwarden.cli.check",
-                   "callwarden.cli.grant"]
+COMMAND_MODULES = ["callwarden.cli.audit", "callwarden.cli.jobs", "callwarden.cli.worker",
+                   "callwarden.cli.reconcile", "callwarden.cli.demo", "callwarden.cli.serve",
+                   "callwarden.cli.check", "callwarden.cli.grant"]
 
 
 async def _migrate(args: argparse.Namespace, url: str) -> int:

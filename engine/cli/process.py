@@ -93,7 +93,7 @@ _PROVIDERS = ["CALLWARDEN_CONFIG", "CALLWARDEN_PROVIDERS", "CALLWARDEN_<PROVIDER
               "CALLWARDEN_PRICING_FILE", "CALLWARDEN_CALL_<FIELD>"]
 COMMAND_ENV: dict[str, list[str]] = {
     "migrate": ["DATABASE_URL"], "status": _DB,
-    "audit": _DB, "verify": _DB, "rebuild": _DB,
+    "audit": _DB, "jobs": _DB, "verify": _DB, "rebuild": _DB,
     "stats": [*_DB, "CALLWARDEN_RECONCILE_<FIELD>"],
     "worker": [*_LONG, *_PROVIDERS, "CALLWARDEN_CALLBACK_BASE_URL", "CALLWARDEN_FAILPOINTS"],
     "enqueue": _DB,

@@ -6,6 +6,17 @@ SELECT id, status, call_state, call_version, provider_kind
 FROM jobs
 WHERE id = %(job_id)s;
 
+-- name: audit_job_prefix
+-- The jobs whose id starts with a prefix (`callwarden audit 92ebf615`): the uuids from the
+-- prefix padded with 0s to the prefix padded with fs, a range on the primary key (uuids
+-- order by their bytes, as their hex does); `id::text LIKE` would read every row.
+SELECT id, provider_kind, status, call_state
+FROM jobs
+WHERE id >= %(lower)s::uuid
+  AND id <= %(upper)s::uuid
+ORDER BY id
+LIMIT %(limit)s;
+
 -- name: audit_reservations
 SELECT id, status, credits_reserved, credits_charged, settled_at
 FROM usage_logs

@@ -1,5 +1,9 @@
 """Rich rendering of the audit, verify, rebuild and stats reports (text output only;
-``--json`` encodes the same values with msgspec)."""
+``--json`` encodes the same values with msgspec).
+
+``audit`` is a table on a terminal of :data:`WIDE` columns or more; narrower, or piped,
+it is two lines per event (:func:`audit_lines`): the columns of a table would shrink the
+task and the detail — who settled the credits — to nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from callwarden.projections.stats import StatsReport
 from callwarden.projections.timeline import TimelineRow
@@ -20,8 +26,10 @@ from callwarden.replay.rebuild import RebuildReport
 from callwarden.replay.verify import VerifySummary
 from callwarden.rules.human import duration
 
-__all__ = ["audit_table", "rebuild_table", "show_error", "show_mismatch", "stats_tables",
-           "verify_table"]
+__all__ = ["WIDE", "audit_lines", "audit_table", "rebuild_table", "show_audit", "show_error",
+           "show_mismatch", "stats_tables", "verify_table"]
+
+WIDE = 100  # the narrowest terminal the audit table is drawn on
 
 
 def _t(at: datetime | None) -> str:
@@ -83,6 +91,42 @@ def audit_table(report: AuditReport) -> Table:
         table.add_row(*_cells(r, prev))
         prev = r
     return table
+
+
+def _notes(r: TimelineRow, prev: TimelineRow | None) -> str:
+    task = _changed(r.task_id, prev and prev.task_id)
+    tries = _changed(r.attempts or None, prev and (prev.attempts or None))
+    return " · ".join(x for x in (task and f"task {task}", tries and f"tries {tries}",
+                                  _detail(r)) if x)
+
+
+def audit_lines(report: AuditReport) -> Iterable[tuple[str, str]]:
+    """Per event (markup): ``seq at Δ actor event → state``, then the task and tries where
+    they change, the settlement, the error and the details ("" when there are none)."""
+    wide = max((len(_delta(r.since_previous_s)) for r in report.timeline), default=0)
+    prev = None
+    for r in report.timeline:
+        seq, at, delta, actor, event, state = _cells(r, prev)[:6]
+        yield f"{seq:>3} {at} {delta:>{wide}}  {actor}  {event} → {state}", _notes(r, prev)
+        prev = r
+
+
+def show_audit(console: Console, report: AuditReport) -> None:
+    """The timeline as a table on a wide terminal, else as :func:`audit_lines`: wrapped
+    under each event on a terminal, one line each (never cut) when piped."""
+    piped = not console.is_terminal
+    if not piped and console.width >= WIDE:
+        console.print(audit_table(report))
+    else:
+        console.print(_title(report), soft_wrap=piped, highlight=False)
+        for head, notes in audit_lines(report):
+            console.print(head, soft_wrap=piped, highlight=False)
+            if notes and piped:  # (Padding would cut the line at the console's width)
+                console.print(f"      {notes}", soft_wrap=True, highlight=False)
+            elif notes:
+                console.print(Padding(Text.from_markup(notes), (0, 0, 0, 6)))
+    for line in reservation_lines(report):
+        console.print(line, soft_wrap=piped)
 
 
 def reservation_lines(report: AuditReport) -> Iterable[str]:

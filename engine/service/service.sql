@@ -130,12 +130,15 @@ GROUP BY 1;
 -- name: dashboard_list_calls
 -- One page of calls, newest call start first, after the keyset cursor (%(cursor_at)s,
 -- %(cursor_id)s) (NULL: the first page; never OFFSET), with optional filters (NULL: any):
--- kind, call state, the role that ended the call, a call-start range, and an ILIKE pattern
--- (its % and _ escaped by the caller) on the job's and the reconciler's last error.
+-- kind, call states (an array: the dashboard gives one, `callwarden jobs` several), the
+-- role that ended the call, the user, a call-start range, and an ILIKE pattern (its % and
+-- _ escaped by the caller) on the job's and the reconciler's last error. The dashboard and
+-- `callwarden jobs` (engine/cli/jobs.py) both list calls with it.
 -- jobs_call_started_idx / jobs_kind_started_idx (0009) give the order and bound the range;
 -- the filters are checked on the rows the index walk reads, and the page stops at LIMIT.
 -- ended_by: the terminal event's actor role, read through call_events' primary key.
-SELECT j.id, j.provider_kind, j.call_state, j.provider_task_id,
+SELECT j.id, j.user_id, j.status, j.provider_kind, j.call_state, j.provider_task_id,
+       j.created_at, j.updated_at, j.call_settlement,
        j.provider_call_started_at AS started_at, j.call_finished_at AS finished_at,
        coalesce(j.error_message, j.reconcile_last_error) AS error, t.ended_by
 FROM jobs j
@@ -155,8 +158,9 @@ WHERE j.provider_call_started_at IS NOT NULL
       < (coalesce(%(cursor_at)s::timestamptz, 'infinity'),
          coalesce(%(cursor_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
   AND (%(kind)s::text IS NULL OR j.provider_kind = %(kind)s::text)
-  AND (%(state)s::text IS NULL OR j.call_state = %(state)s::text)
+  AND (%(states)s::text[] IS NULL OR j.call_state = ANY(%(states)s::text[]))
   AND (%(actor)s::text IS NULL OR t.ended_by = %(actor)s::text)
+  AND (%(user_id)s::text IS NULL OR j.user_id = %(user_id)s::text)
   AND (%(error)s::text IS NULL OR j.error_message ILIKE %(error)s::text ESCAPE '\'
        OR j.reconcile_last_error ILIKE %(error)s::text ESCAPE '\')
 ORDER BY j.provider_call_started_at DESC, j.id DESC

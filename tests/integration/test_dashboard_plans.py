@@ -23,7 +23,7 @@ from callwarden.database.db import Conn
 from callwarden.database.queries import QUERIES, load_queries
 from callwarden.reconciler.config import ReconcileConfig
 from callwarden.service.dashboard.calls import Filters, sql_params
-from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS
+from callwarden.service.dashboard.overview import OPEN_STATES, ORIGIN, TERMINAL, WINDOWS
 from callwarden.service.dashboard.rollup import QUERIES as ROLLED
 
 ROWS = int(os.environ.get("CALLWARDEN_DASHBOARD_ROWS", "1000000"))
@@ -127,6 +127,12 @@ def cases(job: uuid.UUID, at: datetime, now: datetime) -> list[tuple[str, dict[s
               Filters(start=at - timedelta(hours=2), end=at),
               Filters(kind="kie-standard", state="completed", cursor=(at, job))):
         out.append(("dashboard_list_calls", sql_params(f)))
+    # `callwarden jobs`: several states (--state open), an age range, a user
+    for f, extra in ((Filters(end=at), {"states": list(OPEN_STATES)}),
+                     (Filters(start=at - timedelta(days=1), end=at),
+                      {"states": ["failed", "swept"]}),
+                     (Filters(), {"user_id": "user-7"})):
+        out.append(("dashboard_list_calls", {**sql_params(f), **extra}))
     return out
 
 

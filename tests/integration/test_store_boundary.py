@@ -101,8 +101,8 @@ async def test_connecting_to_a_dead_server_is_unavailable() -> None:
 
 
 @pytest.mark.parametrize(("argv", "code"), [
-    (["migrate"], 2), (["status"], 2), (["stats"], 2), (["verify"], 2),
-    (["reconcile", "--once", "--json"], 1),
+    (["migrate"], 2), (["status"], 2), (["stats"], 2), (["verify"], 2), (["jobs"], 2),
+    (["audit", "abcd"], 2), (["reconcile", "--once", "--json"], 1),
 ])
 def test_every_command_says_the_database_is_unavailable_and_exits_non_zero(
         argv: list[str], code: int, monkeypatch: pytest.MonkeyPatch,

@@ -117,7 +117,8 @@ def ilike_pattern(text: str) -> str:
 def sql_params(f: Filters, limit: int = PAGE) -> dict[str, Any]:
     """The parameters of ``dashboard_list_calls``; one row more than a page tells whether
     there is a next one."""
-    return {"kind": f.kind, "state": f.state, "actor": f.actor, "from": f.start, "to": f.end,
+    return {"kind": f.kind, "states": None if f.state is None else [f.state],
+            "actor": f.actor, "user_id": None, "from": f.start, "to": f.end,
             "error": None if f.error is None else ilike_pattern(f.error),
             "cursor_at": f.cursor[0] if f.cursor else None,
             "cursor_id": f.cursor[1] if f.cursor else None, "limit": limit + 1}
