@@ -8,4 +8,6 @@ from the ``.sql`` files beside each package), ``migrate``, ``clock`` (the databa
 for every actor), ``outage`` (riding through a database outage: one log line, backoff),
 ``host`` (the host's decision wins: the pure rule every writer applies) and ``jobs``
 (creating a host job row with its reservation, as a host's API does).
-"""
+
+Internal: a host imports ``open_pool``, ``connect``, ``migrate``, ``create_job`` and
+``cancel`` from ``callwarden`` (docs/api.md)."""

@@ -2,4 +2,6 @@
 faults, the reconciler recovering, the verdict computed with SQL. ``run`` (the whole
 demo), ``fleet`` (worker processes), ``queues`` (``--queue celery|arq``: their fleets,
 with ``celery_app``, ``arq_app`` and ``redis_server``), ``workload`` (what it asks for:
-pure), ``summary`` (the verdict), ``report`` (the offline HTML page)."""
+pure), ``summary`` (the verdict), ``report`` (the offline HTML page).
+
+Internal (docs/api.md)."""

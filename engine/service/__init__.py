@@ -5,4 +5,5 @@ listener; ``/metrics``, the dashboard and the admin actions on the operator list
 find the job, record, finalize in the background), ``operator`` (the operator app's
 routes, read token and admin actions), ``probes`` (``/healthz``, ``/readyz``,
 ``/metrics``), ``metrics`` (Prometheus), ``dashboard`` (server-rendered HTML).
-"""
+
+Internal, except :mod:`callwarden.service.app` (docs/api.md)."""

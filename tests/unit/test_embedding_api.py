@@ -117,3 +117,19 @@ def test_importing_engine_loads_no_io_library() -> None:
 def test_events_package_exports_every_event_type() -> None:
     from callwarden import events
     assert {t.__name__ for t in events.EVENT_TYPES.values()} <= set(events.__all__)
+
+
+def test_every_package_says_whether_it_is_internal() -> None:
+    """Visibly internal: each package's docstring (what an editor shows on hover) says it
+    is internal, naming the public modules it holds."""
+    import pkgutil
+    packages = [m.name for m in pkgutil.walk_packages(callwarden.__path__, "callwarden.")
+                if m.ispkg and m.name.count(".") == 1 and m.name != "callwarden.events"
+                and m.name != "callwarden.migrations"]
+    assert len(packages) >= 10, packages
+    for name in packages:
+        doc = importlib.import_module(name).__doc__ or ""
+        assert "Internal" in doc, name
+        for public in callwarden.PUBLIC_MODULES:
+            if public.startswith(name + "."):
+                assert public in doc, (name, public)
