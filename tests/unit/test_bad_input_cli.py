@@ -543,11 +543,13 @@ PARSER = build_parser()
 SUB = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction))
 COMMANDS = sorted(SUB.choices)
 ALWAYS_VALID = {Path}  # any text is a path (a missing --config is checked on its own)
-GARBAGE_ONLY = {"UUID", "parse_since", "_window"}  # text types: garbage is what they refuse
+#: text types: garbage is what they refuse
+GARBAGE_ONLY = {"UUID", "parse_since", "window", "_job_ref", "states"}
 
 #: what each numeric option accepts: (int or float, lowest, highest, lowest excluded)
 RANGES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "concurrency": (int, 1, None, False), "max_deliveries": (int, 1, None, False),
+    "limit": (int, 1, None, False),
     "batch": (int, 1, None, False), "pool_size": (int, 1, None, False),
     "jobs": (int, 1, None, False), "workers": (int, 1, None, False),
     "count": (int, 0, None, False), "seed": (int, None, None, False),
