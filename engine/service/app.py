@@ -260,7 +260,8 @@ def build_operator_app(pool: Pool, config: ServiceConfig, *, now: Clock | None =
              else host_guard(config.allowed_hosts))
     app = web.Application(middlewares=[guard])
     app.add_routes(build_operator_routes(
-        pool, _probes(pool, config, now, outage), Dashboard(pool, config.stale, now=now),
+        pool, _probes(pool, config, now, outage),
+        Dashboard(pool, config.stale, now=now, admin=bool(config.admin_token)),
         config.admin_token, now))
     return app
 

@@ -181,6 +181,20 @@ FROM callwarden.call_events
 WHERE job_id = %(job_id)s::uuid
 ORDER BY seq;
 
+-- name: dashboard_job_io
+-- What went into a job and came out of it (its jobs row, by the primary key).
+SELECT input_data::text AS input_data, output_data::text AS output_data, error_message
+FROM jobs
+WHERE id = %(job_id)s::uuid;
+
+-- name: dashboard_job_assets
+-- A job's stored files (assets_job_key_idx); the page shows the first 50.
+SELECT storage_key, url, content_type, size_bytes
+FROM assets
+WHERE job_id = %(job_id)s::uuid
+ORDER BY storage_key
+LIMIT 50;
+
 -- name: dashboard_ledger
 -- A job's settlement ledger: its usage_logs rows (usage_logs_job_id_idx).
 SELECT id, status, credits_reserved, credits_charged, created_at, settled_at, settled_by_seq

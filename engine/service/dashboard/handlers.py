@@ -6,7 +6,7 @@ allows only this origin's script and stylesheet, and no framing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from html import escape
 from importlib import resources
@@ -25,7 +25,7 @@ from callwarden.service.dashboard.calls import BadFilter, calls_page, parse_filt
 from callwarden.service.dashboard.html import page, table
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview
 from callwarden.service.dashboard.rollup import Rollup, latency_rows
-from callwarden.service.dashboard.story import job_page
+from callwarden.service.dashboard.story import JobIO, job_page, media_origin
 
 __all__ = ["Dashboard"]
 
@@ -34,19 +34,32 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 STATIC = {"callwarden.css": "text/css", "callwarden.js": "text/javascript"}
 
 
-def _html(text: str, status: int = 200) -> web.Response:
+def _csp(media: Sequence[str] = ()) -> str:
+    """:data:`CSP`, letting images, audio and video load from the ``media`` origins too
+    (a job page's stored files, served by the host)."""
+    if not media:
+        return CSP
+    extra = " ".join(sorted(set(media)))
+    return CSP.replace("img-src 'self' data:;", f"img-src 'self' data: {extra}; "
+                       f"media-src 'self' {extra};")
+
+
+def _html(text: str, status: int = 200, *, media: Sequence[str] = ()) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8",
-                        headers={"Content-Security-Policy": CSP,
+                        headers={"Content-Security-Policy": _csp(media),
                                  "X-Content-Type-Options": "nosniff",
                                  "Referrer-Policy": "same-origin"})
 
 
 class Dashboard:
-    """The pages over ``pool``; ``stale``: the reconciler's staleness rule."""
+    """The pages over ``pool``; ``stale``: the reconciler's staleness rule; ``admin``:
+    whether the service takes admin actions (an admin token is configured): without it no
+    job page offers one."""
 
     def __init__(self, pool: Pool, stale: StaleRule, *,
-                 now: Callable[[], datetime], recent_window_s: float = 86400.0) -> None:
-        self.pool, self.stale, self.now = pool, stale, now
+                 now: Callable[[], datetime], recent_window_s: float = 86400.0,
+                 admin: bool = False) -> None:
+        self.pool, self.stale, self.now, self.admin = pool, stale, now, admin
         self.recent_window_s = recent_window_s
         self.rollup = Rollup()
         folder = resources.files("callwarden.service").joinpath("static")
@@ -132,8 +145,15 @@ class Dashboard:
                 report = await audit_job(conn, job_id)
                 ledger = await execute(conn, "dashboard_ledger", {"job_id": job_id})
                 events = await execute(conn, "dashboard_job_events", {"job_id": job_id})
+                row = await execute(conn, "dashboard_job_io", {"job_id": job_id})
+                assets = await execute(conn, "dashboard_job_assets", {"job_id": job_id})
         except JobNotFound:
             return _html(page("No such job", f"<p>No job {escape(str(job_id))}.</p>"), 404)
         except EventDecodeError as exc:
             return _html(page("Cannot replay", f"<p>{escape(str(exc))}</p>"), status=500)
-        return _html(page(f"Job {report.job_id}", job_page(report, ledger, events)))
+        io = JobIO(input_data=row[0]["input_data"], output_data=row[0]["output_data"],
+                   error_message=row[0]["error_message"], assets=assets) if row else JobIO()
+        origins = [o for a in assets if (o := media_origin(str(a["url"]))) is not None]
+        return _html(page(f"Job {report.job_id}", job_page(report, ledger, events, io=io,
+                                                           admin=self.admin)),
+                     media=origins)

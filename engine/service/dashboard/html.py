@@ -7,7 +7,7 @@ the wheel, no CDN); every page is complete without the script.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from html import escape
 from urllib.parse import quote
@@ -16,7 +16,7 @@ from callwarden.service.dashboard.format import when
 
 __all__ = ["Cell", "job_href", "page", "raw", "table"]
 
-ASSET_VERSION = "1"  # bump when the static files change (they are cached for 5 minutes)
+ASSET_VERSION = "2"  # bump when the static files change (they are cached for 5 minutes)
 
 
 class Cell:
@@ -36,30 +36,36 @@ def job_href(job_id: object) -> str:
     return f"/jobs/{quote(str(job_id))}"
 
 
-def _cell(value: object) -> str:
+def _cell(value: object, cls: str = "") -> str:
     if isinstance(value, Cell):
-        return f"<td>{value.html}</td>"
+        return f"<td{cls}>{value.html}</td>"
     if value is None:
         return '<td class="muted">-</td>'
     if isinstance(value, datetime):
         value = when(value)
-    return f"<td>{escape(str(value))}</td>"
+    return f"<td{cls}>{escape(str(value))}</td>"
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, link_first: bool = False,
-          empty: str = "none", caption: str | None = None) -> str:
+          empty: str = "none", caption: str | None = None, fit: bool = False,
+          long: Collection[int] = ()) -> str:
     """An HTML table in its own scrolling container; with ``link_first`` the first column
-    is a job id linking to its page."""
+    is a job id linking to its page. With ``fit`` it is as wide as its container and its
+    cells wrap, those of the ``long`` columns (indices) anywhere in a word, so a long
+    URL or name never pushes a column out of view."""
     head = "".join(f'<th scope="col">{escape(h)}</th>' for h in headers)
     body = []
     for row in rows:
         first = (f'<td><a href="{escape(job_href(row[0]))}">{escape(str(row[0]))}</a></td>'
                  if link_first else _cell(row[0]))
-        body.append(f"<tr>{first}{''.join(_cell(v) for v in row[1:])}</tr>")
+        rest = "".join(_cell(v, ' class="long"' if i in long else "")
+                       for i, v in enumerate(row[1:], 1))
+        body.append(f"<tr>{first}{rest}</tr>")
     if not body:
         return f'<p class="muted">{escape(empty)}</p>'
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
-    return (f'<div class="scroll" tabindex="0"><table>{cap}<thead><tr>{head}</tr></thead>'
+    cls = "scroll fit" if fit else "scroll"
+    return (f'<div class="{cls}" tabindex="0"><table>{cap}<thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 

@@ -31,6 +31,8 @@
   }
 
   function admin() {
+    // The page offers actions only when the service takes them and the call's state
+    // allows them: no box with a job, or no buttons, means nothing to wire.
     var box = document.querySelector(".admin[data-job]");
     if (!box) return;
     var job = box.getAttribute("data-job");
@@ -38,6 +40,7 @@
     var input = document.getElementById("admin-token");
     var actions = box.querySelector(".actions");
     var status = document.getElementById("admin-status");
+    if (!form || !input || !actions || !status) return;
     form.hidden = false;
     actions.hidden = false;
     function token() { return window.sessionStorage.getItem(KEY) || ""; }
