@@ -294,13 +294,14 @@ def load_providers(env: Mapping[str, str]) -> tuple[str, ...]:
 def provider_settings(env: Mapping[str, str]) -> ProviderSettings:
     """The providers' endpoints, keys and answer limit from ``env``
     (:meth:`ProviderSettings.from_env`), a host's registered providers included
-    (:func:`load_providers` first); a bad value is a :class:`ConfigError` naming its
-    variable."""
-    from callwarden.providers.registry import host_providers
+    (:func:`load_providers` first), each read under the host's own variable names where
+    its ``Provider`` gives them and callwarden's are unset; a bad value is a
+    :class:`ConfigError` naming its variable."""
+    from callwarden.providers.registry import host_providers, host_variables
 
     load_providers(env)
     try:
-        return ProviderSettings.from_env(env, hosts=host_providers())
+        return ProviderSettings.from_env(env, hosts=host_providers(), names=host_variables())
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -314,8 +315,6 @@ def configured_media(env: Mapping[str, str], media_dir: Path | None, command: st
     """The store ``env`` (or ``--media-dir``) names; :class:`ConfigError` naming the
     settings (and ``flag``, the command's own option, if it has one) when none does and a
     registered kind's results may be files."""
-    from callwarden.providers.storage import media_from_env  # boto3: only when asked
-
     if media_dir is not None:
         env = {**env, "CALLWARDEN_MEDIA_DIR": str(media_dir)}
     store = named_media(env)
@@ -329,13 +328,22 @@ def configured_media(env: Mapping[str, str], media_dir: Path | None, command: st
             f"host's app reads) or CALLWARDEN_MEDIA_S3_BUCKET"
             f"{f', or pass {flag}' if flag else ''}; calls of {shown} complete with files, "
             f"and this process would store them")
-    return media_from_env(env, default_dir=Path("."))  # text results only: never written
+    return _media(env)  # text results only: never written
 
 
 def named_media(env: Mapping[str, str]) -> MediaStore | None:
     """The store ``env`` names (``None``: none is named; nothing is guessed)."""
-    from callwarden.providers.storage import media_from_env
-
     if not any(env.get(name, "").strip() for name in MEDIA_SETTINGS):
         return None
-    return media_from_env(env, default_dir=Path("."))
+    return _media(env)
+
+
+def _media(env: Mapping[str, str]) -> MediaStore:
+    """:func:`~callwarden.providers.storage.media_from_env`; a bad value is a
+    :class:`ConfigError` naming its variable (``CALLWARDEN_MEDIA_BASE_URL``)."""
+    from callwarden.providers.storage import media_from_env
+
+    try:
+        return media_from_env(env, default_dir=Path("."))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

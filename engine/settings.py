@@ -55,6 +55,7 @@ from callwarden.database.outage import LIMIT_ENV
 from callwarden.errors import ConfigError
 from callwarden.providers.adapters import SETTING as PROVIDERS_VAR
 from callwarden.providers.base import ProviderSettings
+from callwarden.providers.storage import BASE_URL_ENV as MEDIA_BASE_URL_ENV
 from callwarden.providers.storage import MediaStore
 from callwarden.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
 from callwarden.reconciler.config import ReconcileConfig, load_config
@@ -73,8 +74,9 @@ _ACTORS: dict[str, type[msgspec.Struct]] = {
 #: Every other ``CALLWARDEN_*`` variable read (besides each registered provider's
 #: ``CALLWARDEN_<NAME>_URL`` and webhook secret).
 _VARIABLES = (CONFIG_VAR, PROVIDERS_VAR, "CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES", *MEDIA_SETTINGS,
-              "CALLWARDEN_MEDIA_S3_ENDPOINT_URL", "CALLWARDEN_MEDIA_S3_PREFIX", MEDIA_ALLOW_ENV,
-              PRICING_ENV, POOLER_ENV, LIMIT_ENV, "CALLWARDEN_CALLBACK_BASE_URL",
+              "CALLWARDEN_MEDIA_S3_ENDPOINT_URL", "CALLWARDEN_MEDIA_S3_PREFIX",
+              MEDIA_BASE_URL_ENV, MEDIA_ALLOW_ENV, PRICING_ENV, POOLER_ENV, LIMIT_ENV,
+              "CALLWARDEN_CALLBACK_BASE_URL",
               "CALLWARDEN_FAILPOINTS", "CALLWARDEN_ADMIN_TOKEN", "CALLWARDEN_READ_TOKEN",
               "CALLWARDEN_REDIS_URL", "CALLWARDEN_AMBIGUOUS_CREATE",  # (the older name)
               "CALLWARDEN_DEMO_QUEUE", "CALLWARDEN_DEMO_REDELIVER_S",

@@ -97,7 +97,8 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None,
-                 hosts: Mapping[str, str] | None = None) -> ProviderSettings:
+                 hosts: Mapping[str, str] | None = None,
+                 names: Mapping[str, tuple[str, str]] | None = None) -> ProviderSettings:
         """Read ``CALLWARDEN_<PROVIDER>_URL`` and ``<PROVIDER>_API_KEY`` (e.g.
         ``KIE_API_KEY``, ``REPLICATE_API_TOKEN``, ``ELEVENLABS_API_KEY``,
         ``ANTHROPIC_API_KEY``; for each of ``hosts``, a host's provider name -> its
@@ -105,7 +106,10 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
         name upper-cased and ``-`` spelled ``_``), and
         ``CALLWARDEN_PROVIDER_MAX_ANSWER_BYTES`` (the largest answer read, default 16 MiB:
         :class:`RetryPolicy`; a bad value is a ``ValueError``
-        naming the variable)."""
+        naming the variable). ``names``: provider name -> the host's own variables for its
+        URL and key (``("ACME_BASE_URL", "ACME_TOKEN")``; ``""``: none), each read when
+        callwarden's is unset, so that a provider is configured once, under either
+        name (``Provider.url_env`` / ``key_env``)."""
         e = os.environ if env is None else env
         base = cls()
         retry = base.retry
@@ -118,9 +122,15 @@ class ProviderSettings(msgspec.Struct, frozen=True, kw_only=True):
                                  f"{limit!r}") from exc
 
         def ep(name: str, default: Endpoint, key_var: str) -> Endpoint:
-            url = e.get(f"CALLWARDEN_{name}_URL", default.base_url).rstrip("/")
+            url_var = f"CALLWARDEN_{name}_URL"
+            own_url, own_key = (names or {}).get(name.lower().replace("_", "-"), ("", ""))
+            if url_var not in e and own_url in e:
+                url_var = own_url
+            if key_var not in e and own_key in e:
+                key_var = own_key
+            url = e.get(url_var, default.base_url).rstrip("/")
             if name in _BASE_ONLY and url.lower().endswith(("/v1", "/api/v1")):
-                raise ValueError(f"CALLWARDEN_{name}_URL: the provider's base URL, without "
+                raise ValueError(f"{url_var}: the provider's base URL, without "
                                  f"its API version (e.g. {default.base_url}), got {url!r}: "
                                  "callwarden adds the version to each path")
             return Endpoint(base_url=url, api_key=e.get(key_var, default.api_key))

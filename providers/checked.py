@@ -8,11 +8,15 @@ string (at most 512 characters), or an outcome that is not one of
 :class:`~callwarden.providers.errors.MalformedResponse` naming the provider — never a
 ``TaskCreated`` with a bogus id, never an ``AttributeError`` deep in the finalizer.
 An exception the adapter lets out that is not a
-:class:`~callwarden.providers.errors.ProviderError` becomes one: a connection or timeout
-error (``aiohttp.ClientError``, ``OSError``, ``TimeoutError``) a
-:class:`~callwarden.providers.errors.TransientError` (retried), anything else (a
-``KeyError`` from an answer of an unexpected shape) a ``MalformedResponse``; the original
-is kept as ``__cause__``.
+:class:`~callwarden.providers.errors.ProviderError` becomes one: an HTTP error status its
+client raised (aiohttp's ``raise_for_status``: ``ClientResponseError``) the error that
+status means (429 ``RateLimited``, 408 and 5xx ``TransientError``, 401/403
+``AuthenticationError``, 402 ``InsufficientCredits``, any other 4xx ``BadRequest``: a
+create refused, nothing made upstream), so a host's client needs no mapping of its own; a
+connection or timeout error (any other ``aiohttp.ClientError``, ``OSError``,
+``TimeoutError``) a :class:`~callwarden.providers.errors.TransientError` (retried),
+anything else (a ``KeyError`` from an answer of an unexpected shape) a
+``MalformedResponse``; the original is kept as ``__cause__``.
 
 A poll is idempotent, so a transient answer to one (a 5xx, a timeout, a 429) is retried
 here with the built-in clients' bounded, jittered backoff (the settings' retry policy:
@@ -32,7 +36,16 @@ from typing import Any, TypeVar
 import aiohttp
 
 from callwarden.providers.base import AsyncKindClient, RetryPolicy, SyncKindClient
-from callwarden.providers.errors import MalformedResponse, ProviderError, TransientError
+from callwarden.providers.errors import (
+    AuthenticationError,
+    BadRequest,
+    InsufficientCredits,
+    MalformedResponse,
+    ProviderError,
+    RateLimited,
+    TransientError,
+)
+from callwarden.providers.media_guard import shown_url
 from callwarden.providers.outcomes import (
     Failed,
     NotFound,
@@ -59,12 +72,35 @@ async def _guarded(provider: str, what: str, answer: Callable[[], Awaitable[T]])
         return await answer()
     except ProviderError:
         raise
+    except aiohttp.ClientResponseError as exc:
+        raise _by_status(provider, what, exc) from exc
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise TransientError(f"{provider} adapter's {what}: {type(exc).__name__}: {exc}",
                              provider=provider) from exc
     except Exception as exc:
         raise MalformedResponse(f"{provider} adapter's {what} raised "
                                 f"{type(exc).__name__}: {exc}", provider=provider) from exc
+
+
+def _by_status(provider: str, what: str, exc: aiohttp.ClientResponseError) -> ProviderError:
+    """An HTTP error status the host's client raised (aiohttp's ``raise_for_status``) as
+    the provider error it means: 429 throttled (nothing created; its ``Retry-After``
+    kept), 408 and 5xx transient (a create may have been made), 401/403 the key refused,
+    402 no credit left, any other 4xx the request refused (nothing created)."""
+    asked = exc.request_info
+    said = (f"{provider} adapter's {what}: HTTP {exc.status} {exc.message} "
+            f"({asked.method} {shown_url(str(asked.real_url))})")
+    kw: dict[str, Any] = {"provider": provider, "status": exc.status}
+    if exc.status == 429:
+        after = exc.headers.get("Retry-After", "") if exc.headers is not None else ""
+        return RateLimited(said, retry_after=float(after) if after.isdigit() else None, **kw)
+    if exc.status == 408 or exc.status >= 500 or exc.status < 400:
+        return TransientError(said, **kw)
+    if exc.status in (401, 403):
+        return AuthenticationError(said, **kw)
+    if exc.status == 402:
+        return InsufficientCredits(said, **kw)
+    return BadRequest(said, **kw)
 
 
 def _shown(value: object) -> str:

@@ -55,8 +55,8 @@ from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
 __all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
-           "host_providers", "media_fetch_for", "media_url_test", "poll_task", "provider_for",
-           "register"]
+           "host_providers", "host_variables", "media_fetch_for", "media_url_test", "poll_task",
+           "provider_for", "register"]
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
@@ -119,8 +119,11 @@ class Provider:
     to ``name``); ``endpoint`` picks its :class:`~callwarden.providers.base.Endpoint` out of
     the settings (by default ``settings.endpoints[name]``, read from
     ``CALLWARDEN_<NAME>_URL`` and ``<NAME>_API_KEY``, else ``default_url``; the media guard
-    allows that host); ``media`` adjusts how its results are downloaded; ``webhook`` is
-    its callback scheme, if it calls back (the receiver mounts one route per scheme)."""
+    allows that host); ``url_env`` and ``key_env`` name the host's own variables for the
+    same URL and key, read when callwarden's are unset (a provider configured once, under
+    the host's names or callwarden's); ``media`` adjusts how its results are downloaded;
+    ``webhook`` is its callback scheme, if it calls back (the receiver mounts one route per
+    scheme)."""
 
     name: str
     client: Callable[[ClientRequest], AsyncKindClient | SyncKindClient]
@@ -129,6 +132,8 @@ class Provider:
     default_url: str = ""
     media: Callable[[MediaFetch, ProviderSettings], MediaFetch] = _same_fetch
     webhook: WebhookScheme | None = None
+    url_env: str = ""
+    key_env: str = ""
 
     def endpoint_in(self, settings: ProviderSettings) -> Endpoint | None:
         """Where this provider lives under ``settings`` (``None``: nowhere configured)."""
@@ -206,6 +211,13 @@ def host_providers() -> dict[str, str]:
     :meth:`ProviderSettings.from_env` reads their endpoints for)."""
     return {name: p.default_url for name, p in PROVIDERS.items()
             if name not in BUILTIN_PROVIDERS}
+
+
+def host_variables() -> dict[str, tuple[str, str]]:
+    """The registered providers whose host names its own variables for them: name ->
+    (``url_env``, ``key_env``) (what :meth:`ProviderSettings.from_env` falls back to)."""
+    return {name: (p.url_env, p.key_env) for name, p in PROVIDERS.items()
+            if p.url_env or p.key_env}
 
 
 def provider_for(kind: str) -> Provider:

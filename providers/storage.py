@@ -18,6 +18,10 @@ Adapters:
   script in), so most objects are one file; any other type (``audio/x-wav`` under
   ``.wav``, a key without an extension) is kept, with the SHA-256, in a sidecar under
   ``<root>/.meta``, synced the same way.
+- Both take a ``base_url``, the public URL the host serves the store's objects under (a
+  static route on the folder, a CDN in front of the bucket): an object's ``url``, and so
+  its ``assets.url``, is then ``<base_url>/<its path in the folder or bucket>``; without
+  one it is the object's ``uri``.
 - :class:`S3Store` uses one boto3 client (credentials found as boto3 finds them) and keeps the
   content type as the object's ``Content-Type`` and the SHA-256 as ``x-amz-meta-sha256``. An
   object whose type a browser could run script in — ``application/octet-stream``, what
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 __all__ = [
+    "BASE_URL_ENV",
     "InvalidMediaKey",
     "LocalFolderStore",
     "MediaStore",
@@ -113,13 +118,18 @@ class ObjectNotFound(CallwardenError, LookupError):
 
 
 class StoredObject(msgspec.Struct, frozen=True, kw_only=True):
-    """Where a blob landed: ``uri`` is ``file://…`` or ``s3://bucket/…``."""
+    """Where a blob landed: ``uri`` is ``file://…`` (normalised: absolute, no ``.`` or
+    ``..``) or ``s3://bucket/…``; ``url`` is how the host serves it, what the finalizer
+    writes to ``assets.url``: the store's public base URL and the object's path under it
+    when the store was given one (``base_url``, ``CALLWARDEN_MEDIA_BASE_URL``), else
+    ``uri`` (a store of the host's own that leaves it empty gets ``uri`` too)."""
 
     key: str
     uri: str
     size: int
     content_type: str
     sha256: str
+    url: str = ""
 
 
 class MediaStore(Protocol):
@@ -175,6 +185,17 @@ def _check_prefix(prefix: str) -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _base(base_url: str | None) -> str | None:
+    """A store's public base URL without its trailing ``/`` (``None``: none given)."""
+    if base_url is None or not base_url.strip():
+        return None
+    base = base_url.strip()
+    if "?" in base or "#" in base:
+        raise ValueError(f"media base URL {base_url!r}: a URL the object paths are appended "
+                         "to, without a query or fragment")
+    return base.rstrip("/")
 
 
 # --------------------------------------------------------------------------- local folder
@@ -254,10 +275,24 @@ class LocalFolderStore:
     ``LocalFolderStore(Path("media"))`` writes ``media/<job>/0.png``, not
     ``media/media/…``). An object an earlier release wrote at ``<root>/media/<job>/…`` is
     still read, headed and found there, so calls finalized before an upgrade keep their
-    files and a re-finalization after one does not fetch them again."""
+    files and a re-finalization after one does not fetch them again.
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root).absolute()
+    ``base_url``: where the host serves ``root`` (``https://media.example.com``, or a path
+    of its own site such as ``/media``): an object's ``url`` is ``<base_url>/<job>/0.png``.
+    Without it, ``url`` is the file's ``file://`` URI, made from the root's absolute,
+    normalised path (``..`` and ``.`` removed; symlinks are kept as given)."""
+
+    def __init__(self, root: Path, *, base_url: str | None = None) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.base_url = _base(base_url)
+
+    def _object(self, key: str, path: Path, size: int, content_type: str,
+                digest: str) -> StoredObject:
+        uri = path.as_uri()
+        url = (f"{self.base_url}/{path.relative_to(self.root).as_posix()}"
+               if self.base_url is not None else uri)
+        return StoredObject(key=key, uri=uri, size=size, content_type=content_type,
+                            sha256=digest, url=url)
 
     def _parts(self, key: str) -> list[str]:
         parts = check_key(key).split("/")
@@ -287,8 +322,7 @@ class LocalFolderStore:
 
     def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
         path, meta = self._path(key), self._meta_path(key)
-        obj = StoredObject(key=key, uri=path.as_uri(), size=len(data),
-                           content_type=content_type, sha256=_sha256(data))
+        obj = self._object(key, path, len(data), content_type, _sha256(data))
         with _os_errors("put", key):
             folders = _made_folder(self._confined(path), self.root)
             if content_type == _named_type(path):  # the key says it: no sidecar to write
@@ -329,8 +363,7 @@ class LocalFolderStore:
             else:
                 if meta.get("sha256") == digest:  # else a put was cut before the sidecar
                     content_type = str(meta["content_type"])
-        return StoredObject(key=key, uri=path.as_uri(), size=len(data),
-                            content_type=content_type, sha256=digest)
+        return self._object(key, path, len(data), content_type, digest)
 
     def _exists_sync(self, key: str) -> bool:
         with _os_errors("stat", key):
@@ -396,14 +429,18 @@ def _download_only(content_type: str) -> bool:
 
 
 class S3Store:
-    """A :class:`MediaStore` in an S3 (or S3-compatible) bucket, under an optional prefix."""
+    """A :class:`MediaStore` in an S3 (or S3-compatible) bucket, under an optional prefix.
+    ``base_url``: where the host serves the bucket (a CDN, the bucket's public website):
+    an object's ``url`` is ``<base_url>/<prefix>/<key>``; without it, its
+    ``s3://bucket/<prefix>/<key>`` URI."""
 
     def __init__(
         self, bucket: str, *, endpoint_url: str | None = None, region: str | None = None,
-        prefix: str = "", client: S3Client | None = None,
+        prefix: str = "", client: S3Client | None = None, base_url: str | None = None,
     ) -> None:
         self.bucket = bucket
         self.prefix = _check_prefix(prefix)
+        self.base_url = _base(base_url)
         self._client = client or make_s3_client(endpoint_url=endpoint_url, region=region)
 
     def _full(self, key: str) -> str:
@@ -411,8 +448,10 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _object(self, key: str, size: int, content_type: str, digest: str) -> StoredObject:
-        return StoredObject(key=key, uri=f"s3://{self.bucket}/{self._full(key)}", size=size,
-                            content_type=content_type, sha256=digest)
+        uri = f"s3://{self.bucket}/{self._full(key)}"
+        url = f"{self.base_url}/{self._full(key)}" if self.base_url is not None else uri
+        return StoredObject(key=key, uri=uri, size=size, content_type=content_type,
+                            sha256=digest, url=url)
 
     def _put_sync(self, key: str, data: bytes, content_type: str) -> StoredObject:
         obj = self._object(key, len(data), content_type, _sha256(data))
@@ -478,15 +517,27 @@ class S3Store:
 # --------------------------------------------------------------------------- configuration
 
 
+#: Where the host serves the media store's objects: their ``url`` (``assets.url``).
+BASE_URL_ENV = "CALLWARDEN_MEDIA_BASE_URL"
+
+
 def media_from_env(env: Mapping[str, str], *, default_dir: Path) -> MediaStore:
     """``CALLWARDEN_MEDIA_S3_BUCKET`` set -> :class:`S3Store` (with
     ``CALLWARDEN_MEDIA_S3_ENDPOINT_URL``, ``CALLWARDEN_MEDIA_S3_PREFIX``, ``AWS_REGION`` /
     ``AWS_DEFAULT_REGION`` and ``AWS_*`` credentials); else a :class:`LocalFolderStore` in
-    ``CALLWARDEN_MEDIA_DIR`` or ``default_dir``."""
+    ``CALLWARDEN_MEDIA_DIR`` or ``default_dir``. Either is given
+    ``CALLWARDEN_MEDIA_BASE_URL`` as its ``base_url`` (a bad one is a ``ValueError``
+    naming the variable)."""
+    try:
+        base_url = _base(env.get(BASE_URL_ENV))
+    except ValueError as exc:
+        raise ValueError(f"{BASE_URL_ENV}: {exc}") from exc
     bucket = env.get("CALLWARDEN_MEDIA_S3_BUCKET", "").strip()
     if not bucket:
-        return LocalFolderStore(Path(env.get("CALLWARDEN_MEDIA_DIR") or default_dir))
+        return LocalFolderStore(Path(env.get("CALLWARDEN_MEDIA_DIR") or default_dir),
+                                base_url=base_url)
     endpoint_url = env.get("CALLWARDEN_MEDIA_S3_ENDPOINT_URL") or None
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
     client = make_s3_client(endpoint_url=endpoint_url, region=region, env=env)
-    return S3Store(bucket, prefix=env.get("CALLWARDEN_MEDIA_S3_PREFIX", ""), client=client)
+    return S3Store(bucket, prefix=env.get("CALLWARDEN_MEDIA_S3_PREFIX", ""), client=client,
+                   base_url=base_url)

@@ -262,7 +262,7 @@ class Finalizer(AsyncClosing):
                                  allowed_types=fetch.allowed_types)
             key = media_key(str(job_id), index, got.content_type)
             obj = await self.media.put(key, got.data, got.content_type)
-            out.append(StoredMedia(key=obj.key, url=obj.uri,
+            out.append(StoredMedia(key=obj.key, url=obj.url or obj.uri,
                                    content_type=obj.content_type, size=obj.size))
         return tuple(out)
 
@@ -274,7 +274,7 @@ class Finalizer(AsyncClosing):
             obj = await self.media.head(key)
         except ObjectNotFound as exc:
             raise MediaExpired(f"inline result {key} was never stored") from exc
-        return StoredMedia(key=obj.key, url=obj.uri, content_type=obj.content_type,
+        return StoredMedia(key=obj.key, url=obj.url or obj.uri, content_type=obj.content_type,
                            size=obj.size)
 
     # -- ending ----------------------------------------------------------------------------

@@ -79,7 +79,9 @@ CONTRACT: tuple[Table, ...] = (
         _c("job_id", "uuid", "the job the file belongs to"),
         _c("user_id", "text or uuid", "the owner"),
         _c("storage_key", "text", "where the file is stored (unique per job)"),
-        _c("url", "text", "how the host serves it"),
+        _c("url", "text", "how the host serves it: `<base URL>/<path>` when the media "
+           "store has one (`CALLWARDEN_MEDIA_BASE_URL`), else the file's `file://` URI "
+           "(absolute, normalised) or the object's `s3://` URI"),
         _c("content_type", "text", "the file's type"),
         _c("size_bytes", "integer", "its size"),
         _c("is_public", "boolean", "the job's is_public"),

@@ -15,7 +15,8 @@
 An arq worker is one process with one event loop: ``on_startup`` opens its pool, aiohttp
 session and runner into ``ctx`` (:data:`CTX_KEY`), ``on_shutdown`` closes them. A function
 of your own runs a call with :func:`run_job_call` (``ctx`` gives it the runner); the host's
-own provider code for a kind runs as :func:`own_call_function` (:mod:`callwarden.queue.own`).
+own provider code for a kind runs as :func:`own_call_function` (:mod:`callwarden.queue.own`),
+enqueued with :func:`enqueue_own_call`.
 
 arq delivers a job again when the worker running it died: the job stays in the queue while
 it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after the start,
@@ -55,7 +56,7 @@ from callwarden.calls.runner import CallOutcome
 from callwarden.config import load_providers
 from callwarden.errors import ConfigError, DatabaseError
 from callwarden.providers.kinds import get_kind
-from callwarden.queue.own import OwnBody, own_task_name
+from callwarden.queue.own import OwnBody, own_task_name, own_task_of
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -66,7 +67,7 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call",
+__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call", "enqueue_own_call",
            "own_call_function", "run_call", "run_job_call", "run_own_call", "worker_settings"]
 
 log = logging.getLogger("callwarden.queue.arq")
@@ -181,6 +182,20 @@ async def enqueue_call(redis: ArqRedis, job_id: uuid.UUID | str, kind: str,
                                    _job_id=f"callwarden:{job_id}", **options)
 
 
+async def enqueue_own_call(redis: ArqRedis, job_id: uuid.UUID | str, kind: str, *args: Any,
+                           name: str | None = None, **options: Any) -> Job | None:
+    """Enqueue the job's own call of ``kind`` (the :func:`own_call_function` this process
+    made for it; ``name`` picks one when several serve ``kind``) with the body's ``args``,
+    under the arq job id ``callwarden:<job id>``, as :func:`enqueue_call`: while that job
+    is queued, running, or its result kept, enqueueing it again returns ``None``.
+    ``options``: ``enqueue_job``'s (``_defer_by``, ``_queue_name``, ...; a keyword without
+    ``_`` is the body's, as arq passes it). A kind no own function of this process serves
+    is a ``ConfigError`` (import the module that makes it)."""
+    task_name = own_task_of(kind, name, [n for n, k in _own_kinds.items() if k == kind])
+    return await redis.enqueue_job(task_name, str(job_id), *args,
+                                   _job_id=f"callwarden:{job_id}", **options)
+
+
 def own_call_function(kind: str, body: OwnBody, *, name: str | None = None,
                       operation: str | None = None, timeout: float | None = None) -> Any:
     """An arq function ``name(ctx, job_id, *args, **kwargs)`` (default name:
@@ -192,8 +207,7 @@ def own_call_function(kind: str, body: OwnBody, *, name: str | None = None,
 
         WorkerSettings = worker_settings(functions=[own_call_function(
             "replicate-prediction", predict)], kinds=["replicate-prediction"])
-        await redis.enqueue_job(own_task_name(predict, "replicate-prediction"),
-                                str(job_id), "a fox", _job_id=f"callwarden:{job_id}")
+        await enqueue_own_call(redis, job_id, "replicate-prediction", "a fox")
 
     The call is opened with the worker's :class:`~callwarden.calls.own.OwnCalls` and
     dispatched on its action (:mod:`callwarden.queue.own`): the body runs only to create or

@@ -19,7 +19,8 @@ or, in a task of your own (``bind=True``; the same acks and retries)::
 The host's own provider code for a kind, driving the call itself, is a task too
 (:func:`own_call_task`: ``@own_call_task(app, "replicate-prediction")`` on
 ``async def body(call, *args)``, dispatched on the call's action by
-:mod:`callwarden.queue.own`), with the same settings and process life cycle.
+:mod:`callwarden.queue.own`), with the same settings and process life cycle, and sent
+with :func:`enqueue_own_call`.
 
 Each worker *process* owns one event loop (in a daemon thread, for the process's life), one
 psycopg pool and one aiohttp session, opened on ``worker_process_init`` — in each prefork
@@ -58,6 +59,7 @@ from typing import Any, TypeVar
 from celery import Celery, Task, signals
 from celery.app.defaults import DEFAULTS
 from celery.exceptions import Reject
+from celery.result import AsyncResult
 
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.runner import CallOutcome
@@ -65,7 +67,7 @@ from callwarden.config import load_providers
 from callwarden.errors import ConfigError, DatabaseError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.kinds import get_kind
-from callwarden.queue.own import OwnBody, own_task_name
+from callwarden.queue.own import OwnBody, own_task_name, own_task_of
 from callwarden.queue.process import (
     ProcessRunner,
     RunnerOptions,
@@ -77,7 +79,7 @@ from callwarden.queue.process import (
 )
 
 __all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "check_options", "current_runtime",
-           "own_call_task", "register", "start_process", "stop_process",
+           "enqueue_own_call", "own_call_task", "register", "start_process", "stop_process",
            "visibility_timeout_for"]
 
 log = logging.getLogger("callwarden.queue.celery")
@@ -383,6 +385,20 @@ def register(app: Celery, *, name: str = TASK_NAME, options: Options = None,
     return task
 
 
+def enqueue_own_call(app: Celery, job_id: uuid.UUID | str, kind: str, *args: Any,
+                     name: str | None = None, **options: Any) -> AsyncResult[Any]:
+    """Send the job's own call of ``kind`` (the :func:`own_call_task` made on ``app`` for
+    it; ``name`` picks one when several serve ``kind``) with the body's ``args``:
+    ``task.apply_async((str(job_id), *args), **options)`` (``options``: ``apply_async``'s,
+    the body's keywords in ``kwargs=``). A kind no own task of ``app`` serves is a
+    ``ConfigError`` (import the module that makes it). Celery does not deduplicate: a
+    second message is a second delivery, which resumes the call and never creates twice."""
+    task_name = own_task_of(kind, name, [n for (a, n), (k, _) in _own_names.items()
+                                         if a == id(app) and k == kind])
+    task = app.tasks[task_name]
+    return task.apply_async((str(job_id), *args), **options)
+
+
 def own_call_task(app: Celery, kind: str, *, name: str | None = None,
                   operation: str | None = None, options: Options = None,
                   visibility_timeout: float | None = None) -> Callable[[OwnBody], CallTask]:
@@ -399,7 +415,7 @@ def own_call_task(app: Celery, kind: str, *, name: str | None = None,
                     == "still_running":
                 await asyncio.sleep(2)
 
-        predict.delay(str(job_id), "a fox")
+        enqueue_own_call(app, job_id, "replicate-prediction", "a fox")  # or predict.delay
 
     The task is a :class:`CallTask` (acked late, redelivered when its process dies,
     retried through a database outage); the app gets what :func:`register` sets (the

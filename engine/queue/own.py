@@ -24,7 +24,9 @@ recorded so far stands and the reconciler finishes the rest; for a sync kind the
 failed and refunded (:mod:`callwarden.calls.own_sync`).
 
 The Celery and arq faces are :func:`callwarden.queue.celery.own_call_task` and
-:func:`callwarden.queue.arq.own_call_function`.
+:func:`callwarden.queue.arq.own_call_function`, each with an ``enqueue_own_call(queue,
+job_id, kind, *args)`` that finds the task this process made for ``kind``
+(:func:`own_task_of`): a host never writes a task name, nor arq's job id.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from typing import Any
 
 from callwarden.calls.own import CallNotStarted, OwnCalls
 from callwarden.calls.runner import CallOutcome, call_outcome
+from callwarden.errors import ConfigError
 from callwarden.projections.fold import EMPTY
 from callwarden.providers.kinds import get_kind, is_sync_call
 
-__all__ = ["OwnBody", "body_bound_s", "own_task_name", "run_own"]
+__all__ = ["OwnBody", "body_bound_s", "own_task_name", "own_task_of", "run_own"]
 
 #: ``async def body(call, *args)``: the host's own provider code for one kind.
 OwnBody = Callable[..., Awaitable[object]]
@@ -55,6 +58,21 @@ def own_task_name(body: OwnBody, kind: str) -> str:
     """The default queue name of ``body`` run for ``kind``: ``<module>.<name>:<kind>`` (one
     body serving several kinds is one task per kind, each recording its own kind)."""
     return f"{body.__module__}.{getattr(body, '__name__', 'own_call')}:{kind}"
+
+
+def own_task_of(kind: str, name: str | None, names: Sequence[str]) -> str:
+    """The task to enqueue for an own call of ``kind``: the one of ``names`` (the own tasks
+    this process made for ``kind``), or ``name`` when it is one of them; else a
+    ``ConfigError`` saying why (none made here: the host's module that makes it is not
+    imported; several: ``name`` picks one)."""
+    if name is not None and name in names:
+        return name
+    if name is None and len(names) == 1:
+        return names[0]
+    said = f"{name!r} is not one of them" if name is not None and names else (
+        f"{len(names)} serve it ({', '.join(sorted(names))}): pass name=" if names
+        else "none was made in this process (import the module that makes it)")
+    raise ConfigError(f"callwarden: no own call of {kind} to enqueue: {said}")
 
 
 def body_bound_s(calls: OwnCalls, kind: str) -> float:

@@ -37,8 +37,12 @@ from callwarden.database.db import Conn
 from callwarden.database.jobs import create_job
 from callwarden.database.write import execute_script
 from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.queue import arq as cw_arq
+from callwarden.queue import celery as cw_celery
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
-from callwarden.queue.arq import enqueue_call
+from callwarden.queue.arq import enqueue_call, enqueue_own_call, own_call_function
+from callwarden.queue.celery import enqueue_own_call as send_own_call
+from callwarden.queue.celery import own_call_task
 from tests.acceptance import own_host
 from tests.acceptance.conftest import Workers
 from tests.support.queues import Queues, QueueWorker, completed_once, send_celery_task, until, value
@@ -78,8 +82,11 @@ OWN_REQUEST = {"version": "owner/model", "input": {"prompt": "an owl", "_sim": H
 
 
 @pytest.fixture
-async def own_job(conn: Conn) -> uuid.UUID:
-    """A job the host's own Replicate code runs (``tests/acceptance/own_host.py``)."""
+async def own_job(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
+    """A job the host's own Replicate code runs (``tests/acceptance/own_host.py``); the
+    own tasks this test's process makes to enqueue it are forgotten after it."""
+    monkeypatch.setattr(cw_arq, "_own_kinds", {})
+    monkeypatch.setattr(cw_celery, "_own_names", {})
     await execute_script(conn, "demo_audit_trigger")
     return await create_job(conn, input_data={"prompt": "an owl"}, credits=10)
 
@@ -243,9 +250,12 @@ async def test_celery_own_call_task_child_killed_is_resumed_never_created_twice(
     polls the same prediction through the host's code to the end."""
     worker = await queues.celery("own")
     producer = Celery("callwarden-test-producer", broker=redis_url)
+    # as the host's web process sends it: its tasks module made the task on its app, and
+    # enqueue_own_call finds it by kind (never a task name by hand)
+    own_call_task(producer, own_host.KIND, name="tests.predict")(own_host.predict)
     try:
-        await asyncio.to_thread(producer.send_task, "tests.predict",
-                                args=[str(own_job), OWN_REQUEST], task_id="t-own")
+        await asyncio.to_thread(send_own_call, producer, own_job, own_host.KIND,
+                                OWN_REQUEST, task_id="t-own")
     finally:
         producer.close()
     dead = await _poller(conn, own_job)
@@ -339,8 +349,11 @@ async def test_arq_own_call_function_worker_killed_is_resumed_by_another_worker(
     (try 2), is told ``resume``, and finishes the same prediction through the host's
     code: one create, committed once."""
     first = await queues.arq()
-    assert await arq_redis.enqueue_job("tests.predict", str(own_job), OWN_REQUEST,
-                                       _job_id=f"callwarden:{own_job}") is not None
+    # as the host's web process enqueues it: its worker module made the function, and
+    # enqueue_own_call finds it by kind (never a task name or arq's job id by hand)
+    own_call_function(own_host.KIND, own_host.predict, name="tests.predict")
+    assert await enqueue_own_call(arq_redis, own_job, own_host.KIND, OWN_REQUEST) is not None
+    assert await enqueue_own_call(arq_redis, own_job, own_host.KIND, OWN_REQUEST) is None
     dead = await _poller(conn, own_job)
     first.kill()
     assert await first.exited() == -9

@@ -123,13 +123,21 @@ def registry_restored() -> Iterator[None]:
         adapters._LOADED.update(loaded)
 
 
-def load_example_adapter() -> ModuleType:
-    """``docs/examples/acme_host/providers.py`` imported under a name of its own (its file
-    name, ``providers``, is the host's top-level module, not the test process's)."""
-    spec = importlib.util.spec_from_file_location("acme_host_providers", ADAPTER)
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_example_adapter() -> ModuleType:
+    """``docs/examples/acme_host/providers.py`` imported under a name of its own (its file
+    name, ``providers``, is the host's top-level module, not the test process's), after
+    the host's own clients it imports (``vendors.py``, a name the test process has no
+    other module under)."""
+    if "vendors" not in sys.modules:
+        _load("vendors", ADAPTER.parent / "vendors.py")
+    return _load("acme_host_providers", ADAPTER)

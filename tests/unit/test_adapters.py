@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from callwarden.cli.main import main
 from callwarden.config import load_providers, provider_settings
@@ -21,6 +22,8 @@ from callwarden.providers.checked import CheckedAsyncClient, CheckedSyncClient
 from callwarden.providers.errors import (
     AdapterError,
     MalformedResponse,
+    ProviderError,
+    RateLimited,
     TransientError,
     UnknownProviderKind,
 )
@@ -304,3 +307,69 @@ async def test_a_client_request_hands_its_endpoint_and_names_the_setting_it_lack
             _ = bare.base_url
         with pytest.raises(AdapterError, match="CALLWARDEN_REPLICATE_URL"):
             _ = bare.api_key
+
+
+@pytest.mark.parametrize("builtin", [False, True])
+def test_a_provider_is_configured_once_under_the_hosts_names_or_callwardens(
+        builtin: bool) -> None:
+    """A host whose own code reads ``ACME_BASE_URL`` and ``ACME_TOKEN`` names them on its
+    ``Provider`` (``url_env``, ``key_env``): every actor then reads the provider's URL and
+    key from them, and the host sets each once (issue 41 item 6: before, it set its own
+    names and callwarden's ``CALLWARDEN_ACME_URL`` / ``ACME_API_KEY`` both). Callwarden's
+    names, where set, win. The same holds for a host's client of a built-in provider."""
+    name, spec = ("replicate", ()) if builtin else ("acme", (KindSpec(
+        name="acme-render", provider="acme", mode="async", family="render",
+        stale_threshold_s=600, result_url_lifetime_s=3600),))
+    register(Provider(name=name, client=dummy, kinds=spec, url_env="ACME_BASE_URL",
+                      key_env="ACME_TOKEN", default_url="https://api.acme.example"))
+    own = {"ACME_BASE_URL": "http://127.0.0.9:8123/", "ACME_TOKEN": "host-key"}
+    found = PROVIDERS[name].endpoint_in(provider_settings(own))
+    assert found is not None
+    assert (found.base_url, found.api_key) == ("http://127.0.0.9:8123", "host-key")
+    upper = name.upper()
+    theirs = {**own, f"CALLWARDEN_{upper}_URL": "http://127.0.0.7:1",
+              "REPLICATE_API_TOKEN" if builtin else "ACME_API_KEY": "cw-key"}
+    found = PROVIDERS[name].endpoint_in(provider_settings(theirs))
+    assert found is not None
+    assert (found.base_url, found.api_key) == ("http://127.0.0.7:1", "cw-key")
+    if builtin:  # a built-in provider's URL is checked, the error naming the variable read
+        with pytest.raises(ConfigError, match="ACME_BASE_URL: the provider's base URL"):
+            provider_settings({"ACME_BASE_URL": "https://api.replicate.com/v1"})
+
+
+@pytest.mark.parametrize(("status", "error"), [
+    (400, "BadRequest"), (404, "BadRequest"), (401, "AuthenticationError"),
+    (403, "AuthenticationError"), (402, "InsufficientCredits"), (429, "RateLimited"),
+    (408, "TransientError"), (500, "TransientError"), (503, "TransientError")])
+async def test_an_http_status_the_hosts_client_raises_is_the_error_it_means(
+        status: int, error: str) -> None:
+    """A host's client that calls aiohttp's ``raise_for_status()`` needs no mapping of its
+    own (issue 41 item 6): a create refused with a 4xx is refused (``BadRequest``, failed
+    and refunded at once; before, every ``ClientResponseError`` was a ``TransientError``,
+    an ambiguous create left for the reconciler's threshold), a 429 is ``RateLimited``
+    with its ``Retry-After``, a 5xx stays transient."""
+    from yarl import URL
+
+    class RaisesForStatus:
+        kind = "acme-video"
+
+        async def create(self, request: Mapping[str, Any], *,
+                         callback_url: str | None = None) -> str:
+            info = aiohttp.RequestInfo(URL("http://acme.test/v2/renders?sig=s"), "POST",
+                                       CIMultiDictProxy(CIMultiDict()),
+                                       URL("http://acme.test/v2/renders?sig=s"))
+            raise aiohttp.ClientResponseError(info, (), status=status, message="no",
+                                              headers=CIMultiDictProxy(CIMultiDict(
+                                                  {"Retry-After": "7"})))
+
+        async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
+            return Running(raw_state="x")
+
+    with pytest.raises(ProviderError) as caught:
+        await CheckedAsyncClient(RaisesForStatus(), "acme").create({})
+    assert type(caught.value).__name__ == error
+    assert caught.value.status == status
+    assert f"HTTP {status} no (POST http://acme.test/v2/renders)" in str(caught.value)
+    if status == 429:
+        assert isinstance(caught.value, RateLimited)
+        assert caught.value.retry_after == 7.0

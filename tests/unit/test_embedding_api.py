@@ -133,3 +133,31 @@ def test_every_package_says_whether_it_is_internal() -> None:
         for public in callwarden.PUBLIC_MODULES:
             if public.startswith(name + "."):
                 assert public in doc, (name, public)
+
+
+OUTCOMES = ("Running", "Succeeded", "Failed", "NotFound", "PollOutcome")
+
+
+def test_a_docs_block_that_uses_the_outcome_types_imports_them_from_their_module() -> None:
+    """``Running``, ``Succeeded``, ``Failed`` and ``NotFound`` (and ``PollOutcome``) are
+    imported from ``callwarden.providers.outcomes``, a public module: every Python block of
+    the docs, the README and every example file that uses one imports it from there
+    (issue 41 item 6: a host found them nowhere it looked; the adapter's block used them
+    with no import)."""
+    outcomes = importlib.import_module("callwarden.providers.outcomes")
+    assert "callwarden.providers.outcomes" in callwarden.PUBLIC_MODULES
+    assert set(OUTCOMES) <= set(outcomes.__all__)
+    sources = [(p, CODE_BLOCK.findall(p.read_text(encoding="utf-8")))
+               for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    sources += [(p, [p.read_text(encoding="utf-8")])
+                for p in sorted((ROOT / "docs" / "examples").rglob("*.py"))]
+    unimported = []
+    for path, blocks in sources:
+        for block in blocks:
+            used = {n for n in OUTCOMES if re.search(rf"\b{n}\(|-> {n}\b", block)}
+            imported = {n.strip() for m in re.finditer(
+                r"from callwarden\.providers\.outcomes import \(?([\w, \n]+)", block)
+                for n in m.group(1).replace("\n", ",").split(",") if n.strip()}
+            if used - imported:
+                unimported.append((str(path.relative_to(ROOT)), sorted(used - imported)))
+    assert unimported == []

@@ -17,9 +17,11 @@ from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import AdapterError
 from callwarden.providers.storage import LocalFolderStore
+from callwarden.queue import arq as cw_arq
 from callwarden.queue import celery as cw_celery
-from callwarden.queue.arq import own_call_function, worker_settings
+from callwarden.queue.arq import enqueue_own_call, own_call_function, worker_settings
 from callwarden.queue.celery import check_options, own_call_task, register
+from callwarden.queue.celery import enqueue_own_call as send_own_call
 from callwarden.queue.own import own_task_name
 from callwarden.queue.process import RunnerOptions, longest_run_s
 from tests.support.acme import ADAPTER, registry_restored
@@ -38,6 +40,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(cw_celery, "_options", None)
     monkeypatch.setattr(cw_celery, "_own_names", {})
     monkeypatch.setattr(cw_celery, "_needed", {})
+    monkeypatch.setattr(cw_arq, "_own_kinds", {})
     with registry_restored():
         yield
 
@@ -141,3 +144,29 @@ def test_a_client_request_with_an_empty_endpoint_names_the_variable() -> None:
             name="acme-ai-render", provider="acme-ai", mode="async", family="render",
             stale_threshold_s=60, result_url_lifetime_s=3600)
         asyncio.run(check())
+
+
+async def test_an_own_call_is_enqueued_by_its_kind_and_a_missing_or_ambiguous_one_refused(
+        clean: None) -> None:
+    """``enqueue_own_call`` finds the own task this process made for the kind (issue 41
+    item 6: the host wrote the task name and arq's ``_job_id`` by hand); a kind with none,
+    or with several and no ``name=``, is a ``ConfigError`` saying which, before anything
+    is sent (the real queues: ``tests/acceptance/test_queue_integrations.py``, ``*_own_*``)."""
+    app = Celery("host", broker="memory://")
+    with pytest.raises(ConfigError, match="none was made in this process"):
+        send_own_call(app, "6c7f0d1e-0000-4000-8000-000000000001", "kie-standard")
+    with pytest.raises(ConfigError, match="none was made in this process"):
+        await enqueue_own_call(None, "job", "kie-standard")  # type: ignore[arg-type]
+    own_call_task(app, "kie-standard")(body)
+    own_call_task(app, "kie-standard", name="host.again")(other)
+    own_call_function("kie-standard", body)
+    own_call_function("kie-standard", other, name="host.again")
+    with pytest.raises(ConfigError, match=r"2 serve it \(.*host.again.*\): pass name="):
+        send_own_call(app, "job", "kie-standard")
+    with pytest.raises(ConfigError, match="2 serve it"):
+        await enqueue_own_call(None, "job", "kie-standard")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'host\.other' is not one of them"):
+        send_own_call(app, "job", "kie-standard", name="host.other")
+    other_app = Celery("another")  # another app's tasks are not this one's
+    with pytest.raises(ConfigError, match="none was made"):
+        send_own_call(other_app, "job", "kie-standard")

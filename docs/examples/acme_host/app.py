@@ -5,10 +5,13 @@
                                             "request": {"prompt": "a red fox"}}'
     curl localhost:8000/renders/<job id>
 
-An order is a ``jobs`` row and its credit reservation (``callwarden.create_job``, one
-statement), then a Celery message; a render is read back from the host's own row. The app
-knows nothing else of callwarden: the worker runs the call, the reconciler finishes what a
-dead worker left, and a job whose message was lost is refunded after 24 hours.
+An order holds the render's price on the user's balance (the host's ``accounts``), inserts
+the ``jobs`` row and its credit reservation (``callwarden.create_job``), in one
+transaction, then sends a Celery message; a render is read back from the host's own rows,
+its files at the URLs the media store serves them at. The app knows nothing else of
+callwarden: the worker runs the call, the reconciler finishes what a dead worker left, a
+job whose message was lost is refunded after 24 hours, and the balance gets back what a
+settlement does not charge (``db/002_settled.sql``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ async def order(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=f"unknown kind {kind!r}")
     ordered = RenderOrdered(user_id=str(body["user_id"]),
                             prompt=str(body["request"].get("prompt", "")))
-    async with request.app["pool"].connection() as conn:
+    async with request.app["pool"].connection() as conn, conn.transaction():
+        held = await conn.execute(
+            "UPDATE accounts SET balance = balance - %s WHERE user_id = %s AND balance >= %s",
+            (CREDITS[kind], ordered.user_id, CREDITS[kind]))
+        if held.rowcount != 1:
+            raise web.HTTPPaymentRequired(text="not enough credits")
         job_id = await create_job(conn, user_id=ordered.user_id, job_type="render",
                                   input_data=body["request"], credits=CREDITS[kind])
     await asyncio.to_thread(run_call.delay, str(job_id), kind, body["request"])
@@ -47,8 +55,8 @@ async def read(request: web.Request) -> web.Response:
     job_id = uuid.UUID(request.match_info["id"])
     async with request.app["pool"].connection() as conn:
         row = await (await conn.execute(
-            "SELECT status, output_data, error_message FROM jobs WHERE id = %s",
-            (job_id,))).fetchone()
+            "SELECT status, error_message, array(SELECT url FROM assets WHERE job_id = j.id "
+            "ORDER BY storage_key) AS files FROM jobs j WHERE id = %s", (job_id,))).fetchone()
     if row is None:
         raise web.HTTPNotFound()
     return web.json_response(row)
