@@ -24,8 +24,9 @@ write under the user's data folder, on whichever machine they ran; they now refu
 start (exit 2).
 
 :func:`unknown_variables` names each ``CALLWARDEN_*`` variable nothing reads, with the
-closest one that is read (``load_settings`` logs them as warnings, every command prints
-them): a typo there would otherwise leave its setting at its default without a word.
+closest one that is read (``load_settings`` logs the likely typos among them as warnings,
+every command prints them): a typo there would otherwise leave its setting at its default
+without a word.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from callwarden.providers.storage import BASE_URL_ENV as MEDIA_BASE_URL_ENV
 from callwarden.providers.storage import MediaStore
 from callwarden.reconciler.config import ENV_PREFIX as RECONCILE_PREFIX
 from callwarden.reconciler.config import ReconcileConfig, load_config
-from callwarden.rules.spelling import did_you_mean
+from callwarden.rules.spelling import closest, did_you_mean
 from callwarden.service.app import ListenConfig, load_listen_config
 from callwarden.service.webhooks import WebhookConfig, load_webhook_config
 
@@ -130,13 +131,23 @@ def contradictions(calls: CallConfig, reconcile: ReconcileConfig) -> None:
             "between two beats every live call would look dead and be swept")
 
 
-def unknown_variables(env: Mapping[str, str], also: Iterable[str] = ()) -> list[str]:
+#: How alike (difflib's ratio, without the prefix) an unknown variable and a known one must
+#: be for the unknown one to be a likely typo: ``MEDIA_DIRR`` 0.95, ``PRICING`` (for
+#: ``PRICING_FILE``) 0.74; a deployment's own tooling is further (CI's ``CITUS_URL`` 0.67
+#: from ``REDIS_URL``, ``VENDOR`` 0.50).
+TYPO_CUTOFF = 0.7
+
+
+def unknown_variables(env: Mapping[str, str], also: Iterable[str] = (), *,
+                      likely_typos: bool = False) -> list[str]:
     """A line for each ``CALLWARDEN_*`` variable of ``env`` that nothing reads (``also``:
     more names read, e.g. the variable a command's ``--read-token-env`` names), naming the
     closest that is read; the providers are those registered (the host's once
     :func:`~callwarden.config.load_providers` has run). Those under an actor's prefix are
-    left to the actor. Warnings, not errors: a deployment's own tooling may share the
-    prefix."""
+    left to the actor. ``likely_typos``: only those a known name is as close to as
+    :data:`TYPO_CUTOFF` (what every command warns of at start, and ``load_settings``): a
+    deployment's own tooling may share the prefix, and a warning on each of its variables
+    would bury the typo."""
     from callwarden.providers.registry import PROVIDERS, WEBHOOKS
 
     known = {*_VARIABLES, *also, *(s.secret_env for s in WEBHOOKS.values()),
@@ -144,10 +155,13 @@ def unknown_variables(env: Mapping[str, str], also: Iterable[str] = ()) -> list[
     actors = {prefix + f.name.upper() for prefix, cls in _ACTORS.items()
               for f in msgspec.structs.fields(cls)
               if get_origin(f.type) not in (Mapping, dict)}  # (a map is set per kind)
+    unknown = [name for name in sorted(env) if name.startswith("CALLWARDEN_")
+               and name not in known and not name.startswith(tuple(_ACTORS))]
+    if likely_typos:
+        unknown = [name for name in unknown if closest(
+            name, known | actors, prefix="CALLWARDEN_", cutoff=TYPO_CUTOFF) is not None]
     return [f"{name}: unknown variable, ignored"
-            + did_you_mean(name, known | actors, prefix="CALLWARDEN_")
-            for name in sorted(env) if name.startswith("CALLWARDEN_")
-            and name not in known and not name.startswith(tuple(_ACTORS))]
+            + did_you_mean(name, known | actors, prefix="CALLWARDEN_") for name in unknown]
 
 
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
@@ -160,7 +174,7 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     calls, reconcile = load_call_config(path, env), load_config(path, env)
     contradictions(calls, reconcile)
     providers = provider_settings(env)  # (the host's providers registered: their names too)
-    for line in unknown_variables(env):
+    for line in unknown_variables(env, likely_typos=True):
         logging.getLogger("callwarden.settings").warning("%s", line)
     return Settings(
         path=path,

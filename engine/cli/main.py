@@ -145,10 +145,10 @@ def console() -> int:
 
 
 def _warn_unknown(args: argparse.Namespace) -> None:
-    """A line on stderr per ``CALLWARDEN_*`` variable nothing reads (the token variables a
-    command was told to read count as read)."""
+    """A line on stderr per ``CALLWARDEN_*`` variable nothing reads that is a likely typo of
+    one that is (the token variables a command was told to read count as read)."""
     told = [getattr(args, n) for n in ("admin_token_env", "read_token_env") if hasattr(args, n)]
-    for line in unknown_variables(os.environ, also=told):
+    for line in unknown_variables(os.environ, also=told, likely_typos=True):
         Console(stderr=True).print(Text.assemble(("warning:", "yellow"), f" {line}"),
                                    soft_wrap=True)
 

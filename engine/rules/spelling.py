@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterable
 __all__ = ["closest", "did_you_mean"]
 
 
-def closest(name: str, known: Iterable[str], *, prefix: str = "") -> str | None:
-    """The name of ``known`` most like ``name`` (``None``: none is close), compared without
-    case and without the ``prefix`` they share (``CALLWARDEN_``, which would make every
-    variable look alike)."""
+def closest(name: str, known: Iterable[str], *, prefix: str = "",
+            cutoff: float = 0.6) -> str | None:
+    """The name of ``known`` most like ``name`` (``None``: none is as close as ``cutoff``,
+    difflib's ratio), compared without case and without the ``prefix`` they share
+    (``CALLWARDEN_``, which would make every variable look alike)."""
     def stem(text: str) -> str:
         upper = text.upper()
         return upper[len(prefix):] if prefix and upper.startswith(prefix.upper()) else upper
@@ -21,7 +22,7 @@ def closest(name: str, known: Iterable[str], *, prefix: str = "") -> str | None:
     for candidate in known:
         by_stem.setdefault(stem(candidate), candidate)
     by_stem.pop(stem(name), None)  # never suggest the name itself
-    found = difflib.get_close_matches(stem(name), list(by_stem), n=1)
+    found = difflib.get_close_matches(stem(name), list(by_stem), n=1, cutoff=cutoff)
     return by_stem[found[0]] if found else None
 
 

@@ -125,3 +125,18 @@ def test_the_prefix_shared_by_every_variable_does_not_make_them_alike() -> None:
     assert closest("CALLWARDEN_CONFG", known, prefix="CALLWARDEN_") == "CALLWARDEN_CONFIG"
     assert closest("CALLWARDEN_ON_CITUS", known, prefix="CALLWARDEN_") is None
     assert closest("CALLWARDEN_CONFIG", known, prefix="CALLWARDEN_") is None  # not itself
+
+
+def test_at_start_only_a_likely_typo_is_warned_of() -> None:
+    """A deployment's own tooling shares the prefix (CI's CALLWARDEN_VENDOR, ON_CITUS,
+    CITUS_URL): every command warning of each would bury the typo, and broke output the
+    tests read. A likely typo is still named with its fix."""
+    env = dict.fromkeys(["CALLWARDEN_VENDOR", "CALLWARDEN_ON_CITUS", "CALLWARDEN_CITUS_URL",
+                         "CALLWARDEN_CITUS_PORT", "CALLWARDEN_SLOW", "CALLWARDEN_MEDIA_DIRR",
+                         "CALLWARDEN_PRICING", "CALLWARDEN_CONFG"], "x")
+    assert unknown_variables(env, likely_typos=True) == [
+        "CALLWARDEN_CONFG: unknown variable, ignored (did you mean CALLWARDEN_CONFIG?)",
+        "CALLWARDEN_MEDIA_DIRR: unknown variable, ignored (did you mean CALLWARDEN_MEDIA_DIR?)",
+        "CALLWARDEN_PRICING: unknown variable, ignored (did you mean "
+        "CALLWARDEN_PRICING_FILE?)"]
+    assert len(unknown_variables(env)) == len(env)
