@@ -28,8 +28,10 @@ Where an error is also a ``ValueError`` or ``LookupError``, that is said beside 
     ├── OwnCallError                the host's own call misused (bring your own call)
     │   ├── TaskIdConflict          a different task id than the job already holds
     │   ├── WrongKind               the job's call is of another provider_kind
-    │   └── CallNotStarted          the call was not started through this handle
-    │       └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
+    │   ├── CallNotStarted          the call was not started through this handle
+    │   │   └── CallAlreadyStarted  a second start of a sync call (a redelivered route)
+    │   └── CallWaiting             the account's limits refused the start: run the job
+    │                               again after ``retry_after_s`` (nothing was written)
     ├── events.states.InvalidTransition  an event may not follow the call's state
     │   └── TerminalStateError      the call is terminal (absorbing)
     ├── events.codec.EventDecodeError    a stored event cannot be decoded (job and seq)
@@ -50,8 +52,10 @@ Where an error is also a ``ValueError`` or ``LookupError``, that is said beside 
     ├── providers.storage.ObjectNotFound   no stored object (a LookupError)
     ├── providers.simulator.anthropic.ScriptError  a simulator script that cannot run
     │                               (a ValueError)
-    └── service.dashboard.calls.BadFilter  a dashboard filter that cannot be read
-                                    (a ValueError)
+    ├── service.dashboard.calls.BadFilter  a dashboard filter that cannot be read
+    │                               (a ValueError)
+    └── service.dashboard.bulk.BadBulk  a bulk action the service refuses: malformed,
+                                    unknown, or too many jobs (a ValueError)
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallAlreadyStarted",
     "CallNotStarted",
+    "CallWaiting",
     "CallwardenError",
     "ConfigError",
     "ConflictExhausted",
@@ -167,3 +172,15 @@ class CallNotStarted(OwnCallError):
 class CallAlreadyStarted(CallNotStarted):
     """The job already has a call (the context used twice, a redelivered route): a sync
     call cannot be resumed; ``projection`` says how the first one stands."""
+
+
+class CallWaiting(OwnCallError):
+    """The provider account's limits (calls in flight, per user, creates per window:
+    docs/admission.md) refused the start; nothing was written to the job or its log, and
+    the create must not be sent. Run the job again after ``retry_after_s`` (the Celery and
+    arq helpers do, without counting an attempt); ``reason`` names the limit."""
+
+    def __init__(self, reason: str, retry_after_s: float,
+                 projection: CallProjection | None = None) -> None:
+        super().__init__(f"waiting: {reason} (again in {retry_after_s:.2f} s)", projection)
+        self.reason, self.retry_after_s = reason, retry_after_s

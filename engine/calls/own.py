@@ -64,6 +64,7 @@ from callwarden.database.write import AppendResult, Decide
 from callwarden.errors import (
     CallAlreadyStarted,
     CallNotStarted,
+    CallWaiting,
     ConfigError,
     DatabaseError,
     OwnCallError,
@@ -233,9 +234,13 @@ class OwnCalls:
 
     async def _start(self, job_id: uuid.UUID, kind: str,
                      sync: bool) -> tuple[CallProjection, bool]:
+        """``CallStarted`` as if new; :class:`CallWaiting` when the account's limits
+        refuse it."""
         await self.db.sync_clock(self.clock)
         event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
         r = await self.db.append(job_id, EMPTY, event)
+        if r.waiting is not None:
+            raise CallWaiting(r.waiting.reason, r.waiting.retry_after_s, r.projection)
         return r.projection, r.ok
 
     def _beat(self, job_id: uuid.UUID) -> Beat:

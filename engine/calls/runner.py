@@ -74,7 +74,7 @@ log = logging.getLogger("callwarden.calls")
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 Result = Literal["completed", "failed", "swept", "exhausted", "cancelled",
-                 "left_for_reconciler", "still_running"]
+                 "left_for_reconciler", "still_running", "waiting"]
 ACTIVE = (CallState.CREATED, CallState.POLLING)
 _TERMINAL_RESULT: dict[CallState, Result] = {
     CallState.COMPLETED: "completed", CallState.FAILED: "failed", CallState.SWEPT: "swept",
@@ -82,10 +82,15 @@ _TERMINAL_RESULT: dict[CallState, Result] = {
 
 
 class CallOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """``waiting``: the account's limits refused the start (nothing was written; ``detail``
+    names the limit): run the job again after ``retry_after_s``, which its queue does
+    without counting a delivery (docs/admission.md)."""
+
     job_id: uuid.UUID
     result: Result
     projection: CallProjection
     detail: str | None = None
+    retry_after_s: float | None = None
 
 
 def call_outcome(job_id: uuid.UUID, p: CallProjection, detail: str | None = None,
@@ -141,7 +146,15 @@ class CallRunner(AsyncClosing):
         client = client_for(kind, self.session, self.settings, operation=operation,
                             callback_url=self._callback(job_id, kind))
         failpoint("before_call_started")
-        p, started_here = await self._start(job_id, kind, sync)
+        # optimistically started as if new (one statement, fenced on version 0, admitted by
+        # the account's limits); otherwise the append re-reads and we go on from there
+        started = await self.db.append(job_id, EMPTY, CallStarted(
+            at=self.clock(), actor=self.owner, kind=kind, sync=sync))
+        if started.waiting is not None:
+            return CallOutcome(job_id=job_id, result="waiting", projection=started.projection,
+                               detail=started.waiting.reason,
+                               retry_after_s=started.waiting.retry_after_s)
+        p, started_here = started.projection, started.ok
         if p.terminal:
             return call_outcome(job_id, p)
         if p.state is None:  # the host ended the job, or another system's task is on it
@@ -289,14 +302,6 @@ class CallRunner(AsyncClosing):
             done = await self.finalizer.finalize(job_id, current=p)
             return call_outcome(job_id, done.projection, done.error or done.outcome)
         return call_outcome(job_id, p, detail)
-
-    async def _start(self, job_id: uuid.UUID, kind: str,
-                     sync: bool) -> tuple[CallProjection, bool]:
-        """Optimistically start the call as if it were new (one statement, fenced on
-        version 0); otherwise the append re-reads and we continue from what is there."""
-        event = CallStarted(at=self.clock(), actor=self.owner, kind=kind, sync=sync)
-        r = await self.db.append(job_id, EMPTY, event)
-        return r.projection, r.ok
 
     def _if_active(self, event: Event) -> Decide:
         return lambda q: event if q.state in ACTIVE else None

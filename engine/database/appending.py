@@ -36,14 +36,23 @@ from callwarden.projections.columns import to_columns
 from callwarden.projections.fold import CallProjection
 from callwarden.rules.redact import safe_error
 
-__all__ = ["AppendResult", "Decide", "Settled", "append_params", "as_run", "check_run", "observe",
-           "recordable", "recorded", "without_nul"]
+__all__ = ["AppendResult", "Decide", "Settled", "Waiting", "append_params", "as_run", "check_run",
+           "observe", "recordable", "recorded", "without_nul"]
 
 Decide = Callable[[CallProjection], Event | None]
 Settled = Literal["settled", "no_reservation", "already_settled"]
 
 # What the write path moves a reservation to ("host": left to the host, see HostEnded).
 _SETTLES = frozenset({"committed", "refunded"})
+
+
+class Waiting(msgspec.Struct, frozen=True, kw_only=True):
+    """A start the account's limits refused (migrations/0018_admission.sql): nothing was
+    written to the job or its log; ``reason`` names the limit, ``retry_after_s`` is when a
+    start may be admitted (a slot's turn is not known: the limit's ``wait_s``)."""
+
+    reason: str
+    retry_after_s: float
 
 
 class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,7 +62,8 @@ class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
     ``host_ended``: the host had ended the job; :class:`HostEnded` was recorded in place
     of the actor's event (``ok`` is false: the actor's own event was not appended).
     ``event``: the (last) event appended; ``events``: every event of the append, in order
-    (one, or the run an actor decided at once)."""
+    (one, or the run an actor decided at once). ``waiting``: a start refused by the
+    account's limits (``ok`` is false; nothing was written)."""
 
     ok: bool
     projection: CallProjection
@@ -61,6 +71,7 @@ class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
     events: tuple[Event, ...] = ()
     settlement: Settled | None = None
     host_ended: bool = False
+    waiting: Waiting | None = None
 
 
 _observers: list[Callable[[AppendResult], None]] = []

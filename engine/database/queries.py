@@ -8,6 +8,7 @@ rebuild); a query naming an unknown fragment fails at import."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from importlib import resources
 from typing import LiteralString
 
@@ -123,6 +124,7 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
     for start, append in (("append_start", "append_move"),
                           ("append_upd_start_citus", "append_upd_citus")):
         out[start] = swap(start, queries[append], "settled_fence", "")
+    out["append_start"] = _admitted(out["append_start"], text)
     for name in ("append_move", "append_event", "append_completion", "append_upd_citus"):
         out[name] = swap(name, queries[name], "start_fence", "")
     done = swap("append_completion", out["append_completion"], "host_fence",
@@ -131,6 +133,23 @@ def _shapes(loaded: tuple[dict[str, LiteralString], dict[str, str]]
     out["append_completion"] = swap("append_completion", done, "seed_set",
                                     text("seed_set_owned"))
     return out
+
+
+def _admitted(start: str, text: Callable[[str], str]) -> LiteralString:
+    """``append_start`` with its admission (migrations/0018_admission.sql): the ``adm``
+    CTE first, its fence beside ``start_fence``, and its answer's two columns last (on
+    Citus ``admit_citus`` is a statement of its own, run first)."""
+    head = text("append_ctes").splitlines()[0]  # the CTE of the update: WITH upd AS (
+    fence, tail = text("start_fence"), "AS reservations"
+    for part in (head, fence, tail):
+        if start.count(part) != 1:
+            raise RuntimeError(f"append_start must have {part!r} once")
+    if not start.rstrip(" ;\n").endswith(tail):
+        raise RuntimeError("append_start must end with its reservations column")
+    return (start.rstrip(" ;\n")
+            .replace(head, text("admit_cte").rstrip())
+            .replace(fence, f"{fence}\n{text('admit_fence').strip()}")
+            + f"\n{text('admit_cols').strip()}")
 
 
 _LOADED = _load_all()

@@ -124,6 +124,26 @@ jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(ev, n)
     RETURNING u.id
 )
 
+-- fragment: admit_cte
+-- A start's admission (migrations/0018_admission.sql, callwarden.admit), before its
+-- update: append_start's alone (callwarden.database.queries puts it there).
+WITH adm AS MATERIALIZED (
+    SELECT * FROM callwarden.admit(%(job_id)s::uuid, %(provider_kind)s::text)
+), upd AS (
+
+-- fragment: admit_fence
+-- The start's update runs only when admit let it (append_start's start_fence).
+AND (SELECT reason FROM adm) IS NULL
+
+-- fragment: admit_cols
+-- Why a refused start waits, and for how long (append_start's answer).
+, (SELECT reason FROM adm) AS wait_reason, (SELECT retry_after_s FROM adm) AS retry_after_s
+
+-- name: admit_citus
+-- A start's admission on Citus (write.py runs it first in the start's transaction).
+SELECT reason AS wait_reason, retry_after_s
+FROM callwarden.admit(%(job_id)s::uuid, %(provider_kind)s::text);
+
 -- fragment: settled_fence
 -- The settled-reservations fence of every append but a start's (append_start: the same
 -- statement without it, so each statement has one shape and Postgres keeps one generic

@@ -34,6 +34,7 @@ from psycopg.rows import DictRow
 from callwarden.database.appending import (
     AppendResult,
     Decide,
+    Waiting,
     _observers,
     _settled,
     append_params,
@@ -241,6 +242,9 @@ async def _append(
                                 "back, on Citus to before the append; decide again in a new "
                                 "one)") from exc
         rows = []  # rolled back: as if someone else wrote first
+    if rows and rows[0].get("wait_reason") is not None:
+        return AppendResult(ok=False, projection=await load(conn, job_id), waiting=Waiting(
+            reason=rows[0]["wait_reason"], retry_after_s=float(rows[0]["retry_after_s"])))
     if not rows or not rows[0]["appended"]:
         return AppendResult(ok=False, projection=await load(conn, job_id))
     if rows[0]["settled"]:
@@ -290,6 +294,11 @@ async def _append_citus(conn: Conn, job_id: uuid.UUID, new: CallProjection,
         await _run(conn, "clock_now", {})  # the caller's transaction, left open as on plain
     try:
         async with conn.transaction():  # (a savepoint inside the caller's transaction)
+            if params["is_start"]:  # the admission first, as append_start's adm CTE
+                refused = await _run(conn, "admit_citus", params)
+                if refused and refused[0]["wait_reason"] is not None:
+                    return [{"appended": 0, "settled": 0, "reservations": 0,
+                             **refused[0]}]
             won = await _run(conn, "append_upd_start_citus" if params["is_start"]
                              else "append_upd_citus", params)
             if not won:

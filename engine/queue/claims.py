@@ -32,7 +32,7 @@ from callwarden.database.db import Conn
 from callwarden.database.write import AppendResult, cancel_unstarted, execute
 from callwarden.providers.kinds import KINDS
 
-__all__ = ["Claimed", "JobSpec", "ack", "claim", "extend", "input_data", "parse_job",
+__all__ = ["Claimed", "JobSpec", "ack", "claim", "defer", "extend", "input_data", "parse_job",
            "reject"]
 
 _dec = msgspec.json.Decoder()
@@ -104,6 +104,13 @@ async def extend(conn: Conn, job_id: uuid.UUID, *, owner: str, visibility_s: flo
 async def ack(conn: Conn, job_id: uuid.UUID, *, owner: str) -> bool:
     """Take the job out of the queue; false if ``owner`` no longer holds it."""
     return bool(await execute(conn, "queue_ack", {"job_id": job_id, "owner": owner}))
+
+
+async def defer(conn: Conn, job_id: uuid.UUID, *, owner: str, retry_after_s: float) -> bool:
+    """Put a waiting job back, claimable after ``retry_after_s``, this delivery uncounted;
+    false if ``owner`` no longer holds it."""
+    return bool(await execute(conn, "queue_defer", {
+        "job_id": job_id, "owner": owner, "retry_after_s": retry_after_s}))
 
 
 async def reject(conn: Conn, job_id: uuid.UUID, *, owner: str,

@@ -61,3 +61,15 @@ WHERE id = %(job_id)s
   AND queue_owner = %(owner)s
   AND queue_acked_at IS NULL
 RETURNING id;
+
+-- name: queue_defer
+-- A job whose start the account's limits refused (issue 42): back in the queue, claimable
+-- again once retry_after_s has passed (the lease doubles as its "not before"), and this
+-- delivery not counted, so a job waiting for a slot is never given up for it.
+UPDATE jobs
+SET queue_lease_until = now() + make_interval(secs => %(retry_after_s)s::float8),
+    queue_deliveries = GREATEST(queue_deliveries - 1, 0)
+WHERE id = %(job_id)s
+  AND queue_owner = %(owner)s
+  AND queue_acked_at IS NULL
+RETURNING id;

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import uuid
 
 import aiohttp
@@ -41,7 +42,16 @@ from callwarden.database.outage import Outage
 from callwarden.errors import CallwardenError, DatabaseUnavailable
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.storage import MediaStore
-from callwarden.queue.claims import Claimed, JobSpec, ack, claim, extend, parse_job, reject
+from callwarden.queue.claims import (
+    Claimed,
+    JobSpec,
+    ack,
+    claim,
+    defer,
+    extend,
+    parse_job,
+    reject,
+)
 
 __all__ = ["Worker", "run_worker"]
 
@@ -175,6 +185,13 @@ class Worker:
             await keeper.stop()
             if self.callbacks is not None:
                 self.callbacks.forget(job.job_id)
+        if outcome.result == "waiting":  # refused by the account's limits: not a delivery
+            async with connection(self.pool) as conn:
+                back = await defer(conn, job.job_id, owner=self.owner,
+                                   retry_after_s=_jittered(outcome.retry_after_s or 1.0))
+            log.info("job %s kind=%s waiting: %s (deferred=%s)", job.job_id, spec.kind,
+                     outcome.detail, back)
+            return
         acked = await self._ack(job.job_id)
         _log_outcome(job, spec, outcome, acked)
 
@@ -213,6 +230,12 @@ class Worker:
     async def _give_up(self, job: Claimed) -> None:
         await self._reject(job, f"delivered {job.deliveries} times (max "
                                 f"{self.max_deliveries})")
+
+
+def _jittered(delay_s: float) -> float:
+    """``delay_s`` plus up to a quarter of it, so the jobs a limit refused together do not
+    all come back at once."""
+    return delay_s * (1 + random.random() / 4)
 
 
 def _log_outcome(job: Claimed, spec: JobSpec, outcome: CallOutcome, acked: bool) -> None:

@@ -11,7 +11,7 @@ from callwarden.database.migrate import available, migrate
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "schema.md"
 TABLES = ("jobs", "usage_logs", "workflow_executions", "assets", "call_events",
-          "callwarden_migrations", "callback_tokens", "webhook_deliveries")
+          "callwarden_migrations", "callback_tokens", "webhook_deliveries", "limits", "waiting")
 SCHEMAS = ["public", "callwarden"]
 
 

@@ -534,7 +534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "host-api-claims-twice",
         "the host API's start_call tells a second delivery of a started call to create "
         "(a Node worker's redelivery creates a second upstream task)",
-        (Edit("migrations/0017_one_definition.sql",
+        (Edit("migrations/0018_admission.sql",
               "CASE WHEN start_call.recreate THEN 'create' ELSE 'ambiguous' END",
               "'create'"),),
         ("tests/integration/test_host_api.py",)),
