@@ -40,11 +40,15 @@ from callwarden.rules.spelling import did_you_mean
 if TYPE_CHECKING:
     from callwarden.providers.storage import MediaStore
 
-__all__ = ["CONFIG_VAR", "MEDIA_SETTINGS", "SECTIONS", "config_path", "configured_media", "load",
-           "load_providers", "named_media", "provider_settings", "read_section", "register"]
+__all__ = ["CONFIG_VAR", "MEDIA_SETTINGS", "SECTIONS", "TABLES", "config_path", "configured_media",
+           "load", "load_providers", "named_media", "provider_settings", "read_section",
+           "register"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 SECTIONS = ("reconcile", "calls", "webhooks", "serve")
+#: Tables beside the actors' that no actor's struct reads: ``[limits.<account>]``, the
+#: provider accounts' admission limits (:mod:`callwarden.calls.limits`).
+TABLES = (*SECTIONS, "limits")
 #: The settings file every actor reads when it is given none (``--config`` wins).
 CONFIG_VAR = "CALLWARDEN_CONFIG"
 #: section -> its settings struct's field names (:func:`register`): how a flat file is split.
@@ -82,14 +86,14 @@ def _read(path: Path, section: str) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must hold a table/object")
-    if not any(name in data for name in SECTIONS):
+    if not any(name in data for name in TABLES):
         return _flat_share(data, section, path), str(path)
-    unknown = sorted(set(data) - set(SECTIONS))
+    unknown = sorted(set(data) - set(TABLES))
     if unknown:
-        named = ", ".join(f"[{u}]{did_you_mean(u, SECTIONS, show='[{}]'.format)}"
+        named = ", ".join(f"[{u}]{did_you_mean(u, TABLES, show='[{}]'.format)}"
                           for u in unknown)
         raise ConfigError(f"config {path}: unknown table(s) {named} "
-                          f"(known: {', '.join(SECTIONS)})")
+                          f"(known: {', '.join(TABLES)})")
     table = data.get(section, {})
     if not isinstance(table, dict):
         raise ConfigError(f"config {path}: [{section}] must be a table")

@@ -30,6 +30,7 @@ from rich.text import Text
 from callwarden.calls.config import CallConfig, load_call_config
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.grant import privilege_findings
+from callwarden.cli.limits import configured_limits
 from callwarden.config import provider_settings
 from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
 from callwarden.database.db import Conn, connect
@@ -93,6 +94,7 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
         ("[serve] listeners", lambda: load_listen_config(args.config, env)),
         ("price list", lambda: pricing_from_env(env)),
         ("media store", lambda: configured_media(env, args.media_dir, "reconcile and serve")),
+        ("[limits] admission limits", lambda: configured_limits(args.config)),
     ]
     found: list[Finding] = []
     read: list[object] = []

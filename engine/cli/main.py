@@ -43,7 +43,7 @@ def _console() -> Console:
 # Modules adding subcommands; a missing one (not yet written) is skipped.
 COMMAND_MODULES = ["callwarden.cli.audit", "callwarden.cli.jobs", "callwarden.cli.worker",
                    "callwarden.cli.reconcile", "callwarden.cli.demo", "callwarden.cli.serve",
-                   "callwarden.cli.check", "callwarden.cli.grant"]
+                   "callwarden.cli.check", "callwarden.cli.grant", "callwarden.cli.limits"]
 
 
 async def _migrate(args: argparse.Namespace, url: str) -> int:
