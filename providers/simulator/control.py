@@ -1,6 +1,8 @@
 """The simulator's control API under ``/_sim``: arm faults, queue scripts, read the
 journal, move the clock, register an account-level webhook (ElevenLabs' workspace
-webhooks), reset, and inspect a task. Never journaled, never faulted."""
+webhooks), set a provider account's limits and read what they saw
+(:mod:`callwarden.providers.simulator.limits`), reset, and inspect a task. Never
+journaled, never faulted."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from callwarden.providers.simulator.limits import Account, Limits
 from callwarden.providers.simulator.model import Fault, Script
 
 if TYPE_CHECKING:
@@ -36,6 +39,11 @@ class _WebhookRequest(msgspec.Struct, kw_only=True):
     webhook_id: str | None = None
 
 
+class _LimitsRequest(msgspec.Struct, kw_only=True):
+    provider: str
+    limits: Limits
+
+
 class _AdvanceRequest(msgspec.Struct, kw_only=True):
     seconds: float
 
@@ -50,6 +58,16 @@ async def _decode(request: web.Request, kind: type[T]) -> T:
 
 def _ok(data: Any = None) -> web.Response:
     return web.json_response({"ok": True} if data is None else data)
+
+
+def _account(sim: Simulator, provider: str) -> Account:
+    """``provider``'s account; 404 when its module enforces no account limits."""
+    account = sim.accounts.get(provider)
+    if account is None:
+        error = {"error": f"the simulated {provider!r} enforces no account limits"}
+        raise web.HTTPNotFound(text=msgspec.json.encode(error).decode(),
+                               content_type="application/json")
+    return account
 
 
 def control_routes(sim: Simulator) -> list[web.RouteDef]:
@@ -79,6 +97,15 @@ def control_routes(sim: Simulator) -> list[web.RouteDef]:
         return _ok({"webhook_id": sim.register_webhook(req.provider, req.url,
                                                        req.webhook_id)})
 
+    async def set_limits(request: web.Request) -> web.Response:
+        req = await _decode(request, _LimitsRequest)
+        account = _account(sim, req.provider)
+        account.limits = req.limits
+        return _ok(account.to_json())
+
+    async def limits(request: web.Request) -> web.Response:
+        return _ok(_account(sim, request.match_info["provider"]).to_json())
+
     async def reset(request: web.Request) -> web.Response:
         sim.reset()
         return _ok()
@@ -96,6 +123,8 @@ def control_routes(sim: Simulator) -> list[web.RouteDef]:
         web.get("/_sim/journal", journal),
         web.post("/_sim/clock/advance", advance),
         web.post("/_sim/webhooks", register_webhook),
+        web.post("/_sim/limits", set_limits),
+        web.get("/_sim/limits/{provider}", limits),
         web.post("/_sim/reset", reset),
         web.get("/_sim/tasks/{provider}/{task_id}", task),
     ]

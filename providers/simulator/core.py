@@ -4,7 +4,9 @@ Each provider lives in ``providers/simulator/<name>.py`` (``NAME``, ``routes(sim
 ``render_error(...)``) and is mounted as a sub-application under ``/<NAME>``. Core adds to
 each sub-app one middleware that journals the request and then applies the next armed
 fault; it also serves result media at ``/media/{token}`` and the control API at ``/_sim``.
-Nothing provider-specific lives here.
+Nothing provider-specific lives here: a provider module that enforces account limits
+(:mod:`callwarden.providers.simulator.limits`) enrols its account in ``sim.accounts`` and
+asks :meth:`Simulator.refusal` before it creates.
 
 Route names: aiohttp wants them unique per provider, but several paths may be one logical
 route. A name ``"create.by_model"`` is journaled and faulted as ``"create"``.
@@ -26,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import msgspec
 from aiohttp import web
@@ -35,6 +37,7 @@ from aiohttp.typedefs import Handler, Middleware
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.simulator.control import control_routes
 from callwarden.providers.simulator.journal import Faults, Journal, JournalEntry
+from callwarden.providers.simulator.limits import Account, Accounts, Limits, Refusal
 from callwarden.providers.simulator.media import MediaHost
 from callwarden.providers.simulator.model import (
     Clock,
@@ -49,14 +52,18 @@ from callwarden.providers.simulator.model import (
 from callwarden.providers.simulator.webhooks import Delivery, Webhooks
 
 __all__ = [
+    "JOURNALED",
     "MAX_HANG_S",
     "PROVIDER_MODULES",
+    "Account",
+    "Accounts",
     "Clock",
     "Delivery",
     "Fault",
     "Faults",
     "Journal",
     "JournalEntry",
+    "Limits",
     "MediaHost",
     "Phase",
     "ProviderModule",
@@ -81,6 +88,8 @@ PROVIDER_MODULES: tuple[str, ...] = (
     "callwarden.providers.simulator.anthropic",
 )
 MAX_HANG_S = 120.0
+#: The journal entry of the request being handled (set by the journaling middleware).
+JOURNALED: Final = web.RequestKey("callwarden.simulator.journaled", JournalEntry)
 OnPhase = Callable[[Phase], Awaitable[None]]
 
 
@@ -117,7 +126,8 @@ def _secret(rng: random.Random, prefix: str, size: int, *, b64: bool) -> str:
 
 class Simulator:
     """The state shared by every provider route: clock, journal, tasks, faults, media,
-    webhooks, scripts queued through the control API, and background jobs."""
+    webhooks, account limits, scripts queued through the control API, and background
+    jobs."""
 
     def __init__(self, *, api_key: str = "sim-key", clock_factor: float = 1.0,
                  seed: int = 0) -> None:
@@ -128,6 +138,7 @@ class Simulator:
         self.faults = Faults(self.clock.now)
         self.media = MediaHost(self.clock, self.rng)
         self.webhooks = Webhooks(self.clock)
+        self.accounts = Accounts(self.clock.now)
         self.api_key = api_key
         self.base_url = ""
         self.webhook_secrets: dict[str, str] = {
@@ -172,6 +183,26 @@ class Simulator:
         queue = self._scripts.get(provider)
         return queue.popleft() if queue else Script()
 
+    def refusal(self, account: Account, request: web.Request) -> Refusal | None:
+        """Why ``account``'s limits refuse the create ``request`` now (``"rate"`` or
+        ``"concurrency"``), else None. A refusal is counted, and marked in the request's
+        journal entry (which is then not ``processed``)."""
+        reason = account.refusal()
+        if reason is not None:
+            self._journal_refused(request, reason)
+        return reason
+
+    def refused(self, account: Account, request: web.Request, reason: Refusal) -> None:
+        """Count and journal, as :meth:`refusal` does, the create ``request`` refused for
+        ``reason`` by a cap the provider module keeps itself (ElevenLabs' plan)."""
+        account.refused(reason)
+        self._journal_refused(request, reason)
+
+    def _journal_refused(self, request: web.Request, reason: Refusal) -> None:
+        entry = request.get(JOURNALED)
+        if isinstance(entry, JournalEntry):
+            self.journal.refuse(entry, reason)
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` in the background; it is cancelled on reset and close."""
         task = asyncio.get_running_loop().create_task(coro)
@@ -206,12 +237,14 @@ class Simulator:
             await asyncio.sleep(interval_s)
 
     def reset(self) -> None:
-        """Forget tasks, journal, faults, scripts, media and deliveries (clock stays)."""
+        """Forget tasks, journal, faults, scripts, media, deliveries and account limits and
+        counts (clock stays)."""
         for job in self._background:
             job.cancel()
         self.journal.clear()
         self.tasks.clear()
         self.faults.clear()
+        self.accounts.reset()
         self.media.clear()
         self._scripts.clear()
         self.webhooks.reset()
@@ -310,13 +343,15 @@ def _journal_and_faults(sim: Simulator, module: ProviderModule) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = _route_name(request)
         fault = sim.faults.take(module.NAME, route) if route else None
-        sim.journal.record(JournalEntry(
+        entry = JournalEntry(
             provider=module.NAME, route=route, method=request.method, path=request.path,
             query=dict(request.query),
             headers={k.lower(): v for k, v in request.headers.items()},
             body=await request.read(), at=sim.clock.now(),
             fault=fault.kind if fault else None,
-        ))
+        )
+        sim.journal.record(entry)
+        request[JOURNALED] = entry
         if fault is None:
             return await handler(request)
         return await _apply_fault(fault, module, request, handler)

@@ -51,6 +51,14 @@ it; 422 is pydantic's list ``{"detail": [{type, loc, msg, input}]}``. Every resp
 (documented, recorded on STT; absent from the SFX, dubbing and forced-alignment
 recordings); over :data:`MAX_CONCURRENT` a request gets ``429
 concurrent_limit_exceeded``.
+
+Account limits (off unless set: ``sim.accounts["elevenlabs"].limits``, ``POST
+/_sim/limits``; :mod:`callwarden.providers.simulator.limits`) apply to the generation
+requests (:data:`GENERATION_ROUTES`: the dubbing create and every one-round-trip call).
+As ElevenLabs' concurrency limit counts requests, such a request is in flight until it is
+answered (a dub is not counted while it dubs). ``max_in_flight`` refuses with the same
+``429 concurrent_limit_exceeded``, ``create_rate`` with ``429 rate_limit_exceeded``; the
+account also counts the :data:`MAX_CONCURRENT` refusals of generation requests.
 """
 
 from __future__ import annotations
@@ -70,12 +78,14 @@ import msgspec
 from aiohttp import web
 
 from callwarden.providers.elevenlabs.webhook import elevenlabs_sign
-from callwarden.providers.simulator.core import MAX_HANG_S, Script, Simulator, Task
+from callwarden.providers.simulator.core import MAX_HANG_S, Account, Script, Simulator, Task
+from callwarden.providers.simulator.limits import Refusal
 from callwarden.providers.simulator.media import fake_media
 from callwarden.providers.simulator.webhooks import retry_server_errors
 
-__all__ = ["CHARACTER_COST", "CODE_STATUS", "MAX_CONCURRENT", "NAME", "parse_multipart",
-           "render_error", "routes", "set_workspace_webhook", "workspace_webhooks"]
+__all__ = ["CHARACTER_COST", "CODE_STATUS", "GENERATION_ROUTES", "MAX_CONCURRENT", "NAME",
+           "parse_multipart", "render_error", "routes", "set_workspace_webhook",
+           "workspace_webhooks"]
 
 NAME = "elevenlabs"
 MAX_CONCURRENT = 8
@@ -580,6 +590,9 @@ _SYNC: list[_SyncOp] = [
             _voice_design),
     _SyncOp("/v1/forced-alignment", "forced-alignment", True, ("file", "text"), _alignment),
 ]
+#: The routes whose requests the account limits count: the dubbing create and every
+#: one-round-trip call.
+GENERATION_ROUTES = frozenset({"create"} | {op.name for op in _SYNC})
 
 
 async def _fields(request: web.Request, multipart: bool) -> dict[str, Any] | web.Response:
@@ -628,23 +641,46 @@ def _route(request: web.Request) -> str:
     return request.match_info.route.name or ""
 
 
-def _guarded(sim: Simulator, handler: Handler, inflight: list[int]) -> Handler:
-    """Check ``xi-api-key``, count concurrent requests, add the recorded headers."""
+def _guarded(sim: Simulator, handler: Handler, inflight: list[int], account: Account
+             ) -> Handler:
+    """Check ``xi-api-key``, count concurrent requests, apply the account limits, add the
+    recorded headers."""
     async def guarded(request: web.Request) -> web.StreamResponse:
-        resp = await _admitted(sim, handler, inflight, request)
+        resp = await _admitted(sim, handler, inflight, account, request)
         resp.headers["x-region"] = REGION
         resp.headers["x-trace-id"] = uuid.uuid4().hex
         return resp
     return guarded
 
 
-async def _admitted(sim: Simulator, handler: Handler, inflight: list[int],
+def _limit_error(reason: Refusal) -> web.Response:
+    if reason == "rate":
+        return render_error(429, "Too many requests", code="rate_limit_exceeded")
+    return render_error(429, "Too many concurrent requests", code="concurrent_limit_exceeded")
+
+
+def _refusal(sim: Simulator, inflight: list[int], account: Account, request: web.Request
+             ) -> Refusal | None:
+    """The plan's cap on concurrent requests, then (for a generation request) the
+    account limits; a refused generation request is counted."""
+    generation = _route(request) in GENERATION_ROUTES
+    if inflight[0] >= MAX_CONCURRENT:
+        if generation:
+            sim.refused(account, request, "concurrency")
+        return "concurrency"
+    return sim.refusal(account, request) if generation else None
+
+
+async def _admitted(sim: Simulator, handler: Handler, inflight: list[int], account: Account,
                     request: web.Request) -> web.StreamResponse:
     if request.headers.get("xi-api-key") != sim.api_key:
         return render_error(401, "Invalid API key", code="invalid_api_key")
-    if inflight[0] >= MAX_CONCURRENT:
-        return render_error(429, "Too many concurrent requests",
-                            code="concurrent_limit_exceeded")
+    refused = _refusal(sim, inflight, account, request)
+    if refused is not None:
+        return _limit_error(refused)
+    answered = asyncio.Event()
+    if _route(request) in GENERATION_ROUTES:
+        account.accept(answered.is_set)
     inflight[0] += 1
     try:
         resp = await handler(request)
@@ -655,12 +691,14 @@ async def _admitted(sim: Simulator, handler: Handler, inflight: list[int],
         return resp
     finally:
         inflight[0] -= 1
+        answered.set()
 
 
 def routes(sim: Simulator) -> list[web.RouteDef]:
     """Every simulated ElevenLabs route (see the module docstring)."""
     inflight = [0]
+    account = sim.accounts.enrol(NAME)
     defs = _dubbing_routes(sim) + [
         web.post(op.path, _sync_handler(sim, op), name=op.name) for op in _SYNC]
-    return [web.route(d.method, d.path, _guarded(sim, d.handler, inflight),
+    return [web.route(d.method, d.path, _guarded(sim, d.handler, inflight, account),
                       **d.kwargs) for d in defs]

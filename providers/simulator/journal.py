@@ -2,6 +2,7 @@
 
 The journal records every request to a provider route *before* any fault applies, so a
 test can prove "the resume never sent a second create" even when that create was reset.
+A create that the provider's account limits refused is marked so once refused.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
     at: float
     fault: str | None = None  # the fault injected into this request, if any
+    refused: str | None = None  # the account limit that refused it: "rate", "concurrency"
 
     @property
     def processed(self) -> bool:
-        """Whether the provider's handler ran (a 429/5xx/reset fault answers without it)."""
-        return self.fault in (None, "hang", "late", "malformed_json", "gzip_bomb")
+        """Whether the provider's handler ran and did the work (a 429/5xx/reset fault
+        answers without it; an account limit refuses it)."""
+        return self.refused is None and self.fault in (
+            None, "hang", "late", "malformed_json", "gzip_bomb")
 
     def json(self) -> Any:
         """The body decoded as JSON (raises ``msgspec.DecodeError`` when it is not)."""
@@ -53,6 +57,14 @@ class Journal:
 
     def record(self, entry: JournalEntry) -> None:
         self._entries.append(entry)
+
+    def refuse(self, entry: JournalEntry, reason: str) -> None:
+        """Mark ``entry`` (already recorded) as refused for ``reason``; nothing when it is
+        gone (a reset cleared the journal meanwhile)."""
+        for index in range(len(self._entries) - 1, -1, -1):
+            if self._entries[index] is entry:
+                self._entries[index] = msgspec.structs.replace(entry, refused=reason)
+                return
 
     def entries(self, provider: str | None = None, route: str | None = None) -> list[JournalEntry]:
         return [

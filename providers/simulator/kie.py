@@ -32,6 +32,14 @@ sources and evidence: each fixture and the research notes, ``/work/notes/kie.md`
   ``taskId.timestamp``)) [C: docs.kie.ai/common-api/webhook-verification]; whether KIE
   re-signs a retry is not documented. The 15 s answer deadline is not applied per
   delivery: ``Webhooks`` has one client timeout for every provider.
+- Account limits (off unless set: ``sim.accounts["kie"].limits``, ``POST /_sim/limits``;
+  :mod:`callwarden.providers.simulator.limits`): "at most 20 new generation requests per
+  10 s per account; the rest are rejected with HTTP 429, unqueued" [C][3P] is
+  ``create_rate=(20, 10)``, and ``max_in_flight`` caps the tasks created but not yet in a
+  terminal phase. They apply to the task families' creates that pass the key check and
+  validation (not to polls, ``kie-llm`` or the credit endpoint); a refused create is the
+  HTTP 429 ``{"code": 429, "msg": "Rate limit exceeded"}`` of :func:`render_error`, with
+  no ``Retry-After`` (none is documented), and creates no task.
 - ``kie-llm``: ``/claude/v1/messages`` answers an Anthropic message plus
   ``credits_consumed`` [O] without ``stop_sequence`` (SSE unless ``"stream": false``, KIE's
   default being true [C]); ``/{model}/v1/chat/completions`` a ``chat.completion`` with a
@@ -51,7 +59,14 @@ import msgspec
 from aiohttp import web
 
 from callwarden.providers.kie.webhook import kie_sign
-from callwarden.providers.simulator.core import MAX_HANG_S, Phase, Script, Simulator, Task
+from callwarden.providers.simulator.core import (
+    MAX_HANG_S,
+    Account,
+    Phase,
+    Script,
+    Simulator,
+    Task,
+)
 from callwarden.providers.simulator.kie_render import (
     ACCOUNT_CREDITS,
     CREATE_PATHS,
@@ -207,7 +222,13 @@ def _drive(sim: Simulator, task: Task) -> None:
     sim.drive(task, on_phase, observe=False)
 
 
-def _create_handler(sim: Simulator, family: str) -> Handler:
+def _in_flight_until_terminal(sim: Simulator, task: Task) -> Callable[[], bool]:
+    """Whether ``task`` has reached a terminal phase (by polls or on the simulator's
+    clock), without counting a poll."""
+    return lambda: task.peek(sim.clock.now()).terminal
+
+
+def _create_handler(sim: Simulator, account: Account, family: str) -> Handler:
     async def create(request: web.Request) -> web.StreamResponse:
         denied = _gate(sim, request)
         if denied is not None:
@@ -218,9 +239,13 @@ def _create_handler(sim: Simulator, family: str) -> Handler:
         problem = _problem(family, body)
         if problem is not None:
             return envelope(422, problem)
+        refused = sim.refusal(account, request)
+        if refused is not None:
+            return render_error(429, f"account limit: {refused}")
         task = sim.tasks.create(NAME, family, _clean(body), _script(sim, body),
                                 callback_url=body.get("callBackUrl") or None,
                                 task_id=new_task_id(sim, family))
+        account.accept(_in_flight_until_terminal(sim, task))
         if task.callback_url:
             _drive(sim, task)
         data = {"taskId": task.id}
@@ -403,11 +428,14 @@ def _credit_handler(sim: Simulator) -> Handler:
 
 
 def routes(sim: Simulator) -> list[web.RouteDef]:
-    """Every KIE route: ``create``/``poll`` (suffixed per family), ``call``, ``credit``."""
+    """Every KIE route: ``create``/``poll`` (suffixed per family), ``call``, ``credit``;
+    the creates share the account's limits."""
+    account = sim.accounts.enrol(NAME)
     defs: list[web.RouteDef] = []
     for family, path in CREATE_PATHS.items():
         suffix = "" if family == "market" else f".{family}"
-        defs.append(web.post(path, _create_handler(sim, family), name=f"create{suffix}"))
+        defs.append(web.post(path, _create_handler(sim, account, family),
+                             name=f"create{suffix}"))
         defs.append(web.get(POLL_PATHS[family], _poll_handler(sim, family),
                             name=f"poll{suffix}"))
     defs += [
