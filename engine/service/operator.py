@@ -31,6 +31,12 @@ An admin action on a job this database does not have is a 404.
   ``reconcile_next_at`` so the next scan takes the call. An event rather than a bare
   ``UPDATE``: ``reconcile_next_at`` is a folded column, and writing it outside the log
   would make ``verify`` report the job (it counts one reconcile attempt).
+- ``POST /admin/bulk/{action}`` (``force-fail`` or ``requeue-reconcile``): the same action
+  on many jobs, each its own transition through the log, in two phases — a preview of a
+  selection or of the call list's filter (how many calls the action is legal for and the
+  credits they hold reserved; nothing written), then the run of what was previewed,
+  skipping any job whose call state changed since. At most 500 jobs
+  (:mod:`callwarden.service.dashboard.bulk`).
 """
 
 from __future__ import annotations
@@ -49,11 +55,10 @@ from aiohttp.typedefs import Middleware
 
 from callwarden.database.boundary import connection
 from callwarden.database.db import Pool
-from callwarden.database.write import AppendResult, cancel, transition
+from callwarden.database.write import AppendResult
 from callwarden.errors import ConfigError, JobNotFound
-from callwarden.events.types import Event, ReconcileAttempted
-from callwarden.projections.fold import CallProjection
 from callwarden.service.dashboard import Dashboard
+from callwarden.service.dashboard.bulk import BadBulk, act, bulk
 from callwarden.service.probes import Probes
 
 __all__ = ["allowed_host", "build_operator_routes", "host_guard", "host_name", "is_loopback",
@@ -206,42 +211,44 @@ class _Admin:
         self.pool, self.token, self.now = pool, token, now
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/admin/jobs/{job_id}/force-fail", self.force_fail),
+        return [web.post("/admin/bulk/{action}", self.bulk),
+                web.post("/admin/jobs/{job_id}/force-fail", self.force_fail),
                 web.post("/admin/jobs/{job_id}/requeue-reconcile", self.requeue)]
 
-    def _job(self, request: web.Request) -> uuid.UUID:
+    def _check(self, request: web.Request) -> None:
         if not _authorized(request, self.token):
             raise web.HTTPForbidden(text="admin token required")
+
+    def _job(self, request: web.Request) -> uuid.UUID:
+        self._check(request)
         try:
             return uuid.UUID(request.match_info["job_id"])
         except ValueError:
             raise web.HTTPNotFound(text="not a job id") from None
 
-    async def force_fail(self, request: web.Request) -> web.Response:
+    async def _one(self, request: web.Request, action: str) -> web.Response:
         job_id = self._job(request)
         try:
             async with connection(self.pool) as conn:
-                result = await cancel(conn, job_id, by="admin", now=self.now())
+                result = await act(conn, job_id, action, self.now())
         except JobNotFound:
             raise web.HTTPNotFound(text=f"no job {job_id}") from None
         return _answer(job_id, result)
+
+    async def force_fail(self, request: web.Request) -> web.Response:
+        return await self._one(request, "force-fail")
 
     async def requeue(self, request: web.Request) -> web.Response:
-        job_id = self._job(request)
-        now = self.now()
+        return await self._one(request, "requeue-reconcile")
 
-        def decide(p: CallProjection) -> Event | None:
-            if p.state is None or p.terminal:
-                return None
-            return ReconcileAttempted(at=now, actor="admin", outcome="requeued",
-                                      next_attempt_at=None)
-
+    async def bulk(self, request: web.Request) -> web.Response:
+        self._check(request)
         try:
-            async with connection(self.pool) as conn:
-                result = await transition(conn, job_id, decide)
-        except JobNotFound:
-            raise web.HTTPNotFound(text=f"no job {job_id}") from None
-        return _answer(job_id, result)
+            answer = await bulk(self.pool, request.match_info["action"],
+                                await request.read(), self.now)
+        except BadBulk as exc:
+            return web.Response(text=str(exc), status=exc.status)
+        return web.json_response(answer)
 
 
 def _answer(job_id: uuid.UUID, result: AppendResult) -> web.Response:

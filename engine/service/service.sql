@@ -201,3 +201,19 @@ SELECT id, status, credits_reserved, credits_charged, created_at, settled_at, se
 FROM usage_logs
 WHERE job_id = %(job_id)s::uuid
 ORDER BY id;
+
+-- name: dashboard_bulk_jobs
+-- The jobs a bulk admin action looks at (by the primary key), each with its call state and
+-- the credits it still holds reserved (usage_logs_job_id_idx): what the preview counts.
+SELECT j.id, j.call_state,
+       coalesce((SELECT sum(u.credits_reserved) FROM usage_logs u
+                 WHERE u.job_id = j.id AND u.status = 'reserved'), 0) AS reserved
+FROM jobs j
+WHERE j.id = ANY(%(ids)s::uuid[]);
+
+-- name: dashboard_refunded_by
+-- The credits a job's event at %(seq)s refunded: the usage_logs rows its transaction
+-- settled (usage_logs_job_id_idx).
+SELECT coalesce(sum(credits_reserved), 0) AS credits
+FROM usage_logs
+WHERE job_id = %(job_id)s::uuid AND status = 'refunded' AND settled_by_seq = %(seq)s::int;

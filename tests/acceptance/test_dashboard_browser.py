@@ -106,7 +106,8 @@ async def simulated_calls(pool: Pool, sim: RunningSimulator, tmp_path: Path, n: 
 
 async def rows(page: Page) -> list[list[str]]:
     value = await page.js("[...document.querySelectorAll('main tbody tr')].map("
-                          "r => [...r.cells].map(c => c.textContent))")
+                          "r => [...r.cells].filter(c => !c.classList.contains('pick'))"
+                          ".map(c => c.textContent))")
     return list(value)
 
 

@@ -1,9 +1,9 @@
 """The dashboard's queries are served by indexes at scale: 1,000,000 jobs, about 1,000,000
 call_events and 1,000,000 usage_logs rows (bench/dashboard.sql, set-based), analysed and
 vacuumed; then no plan of an overview or call-list query (every window, every filter, a
-later page, a job page) has a sequential scan of jobs, call_events or usage_logs — for
-the parameters given (the custom plan) and for any parameters (the generic plan a
-prepared statement may switch to)."""
+later page, a job page, a bulk action's preview and refund read-back) has a sequential
+scan of jobs, call_events or usage_logs — for the parameters given (the custom plan) and
+for any parameters (the generic plan a prepared statement may switch to)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,10 @@ def cases(job: uuid.UUID, at: datetime, now: datetime) -> list[tuple[str, dict[s
         ("dashboard_search", {"job_id": job, "task_id": str(job)}),
         ("dashboard_search", {"job_id": None, "task_id": "task-4242"}),
         ("dashboard_job_events", {"job_id": job}), ("dashboard_ledger", {"job_id": job}),
-        ("audit_job", {"job_id": job}), ("load_events", {"job_id": job})]
+        ("audit_job", {"job_id": job}), ("load_events", {"job_id": job}),
+        # a bulk admin action: its preview's jobs (up to 500 ids), a run's refund read-back
+        ("dashboard_bulk_jobs", {"ids": [job, *(uuid.uuid4() for _ in range(499))]}),
+        ("dashboard_refunded_by", {"job_id": job, "seq": 2})]
     for w in WINDOWS.values():
         starts = w.starts(now)
         for label, since, until in ((f"{w.name}, closed buckets", starts[0], starts[-1]),

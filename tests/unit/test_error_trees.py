@@ -53,7 +53,7 @@ def _find(name: str) -> type:
                    "callwarden.projections.timeline", "callwarden.providers.errors",
                    "callwarden.providers.webhooks", "callwarden.providers.raw",
                    "callwarden.providers.storage", "callwarden.providers.simulator.anthropic",
-                   "callwarden.service.dashboard.calls"):
+                   "callwarden.service.dashboard.calls", "callwarden.service.dashboard.bulk"):
         found = getattr(importlib.import_module(module), name, None)
         if isinstance(found, type):
             return found

@@ -6,12 +6,15 @@ small script (``engine/service/static/``, shipped in the wheel: no CDN, works of
   terminal per kind, credits settled, and the stale / exhausted / recent lists; the
   script refreshes it from ``/overview/live`` every few seconds.
 - ``/jobs``: the call list with filters and keyset pages; ``/jobs?q=`` finds a job by id
-  or upstream task id (one match: redirected to it).
+  or upstream task id (one match: redirected to it). With an admin token, its rows can be
+  selected (or every call the filter matches) for a bulk action (:mod:`.bulk`: a preview
+  of how many calls and credits, confirmed, then one transition per job).
 - ``/jobs/{id}``: the job's story (:mod:`.story`) and its admin buttons.
 
 Pure renderers (:mod:`.format`, :mod:`.html`, :mod:`.overview`, :mod:`.calls`,
 :mod:`.story`, :mod:`callwarden.service.charts`) are separate from the routes
-(:mod:`.handlers`). Every value shown passes through :func:`html.escape`.
+(:mod:`.handlers`) and the admin actions' writes (:mod:`.bulk`). Every value shown passes
+through :func:`html.escape`.
 """
 
 from callwarden.service.dashboard.handlers import Dashboard

@@ -5,6 +5,11 @@ Filters: kind, call state, who ended the call (the terminal event's actor role),
 of call starts (``from``/``to``, UTC), and text in the job's or the reconciler's last
 error (a case-insensitive substring: ``%`` and ``_`` match themselves). Pages are keyed by
 ``(call start, job id)``, newest first: the cursor is the last row's key, never an offset.
+
+When the service takes admin actions, each row has a checkbox (naming the actions its
+state allows) and the page a bulk panel: select rows, or every call matching the filter,
+then an action, confirmed with the count of calls and credits its preview states
+(:mod:`.bulk`). Both are hidden until the page's script shows them.
 """
 
 from __future__ import annotations
@@ -21,15 +26,17 @@ import msgspec
 from callwarden.events.errors import CallwardenError
 from callwarden.providers.kinds import KINDS
 from callwarden.service.dashboard.format import duration
-from callwarden.service.dashboard.html import table
+from callwarden.service.dashboard.html import TOKEN_FORM, Cell, raw, table
 from callwarden.service.dashboard.overview import OPEN_STATES
+from callwarden.service.dashboard.story import ACTIONS, legal_actions
 
-__all__ = ["ACTORS", "STATES", "BadFilter", "Filters", "calls_page", "ilike_pattern",
-           "parse_filters"]
+__all__ = ["ACTORS", "BULK_LIMIT", "STATES", "BadFilter", "Filters", "bulk_panel", "calls_page",
+           "ilike_pattern", "parse_filters"]
 
 STATES = (*OPEN_STATES, "completed", "failed", "swept", "exhausted", "cancelled")
 ACTORS = ("worker", "reconciler", "webhook", "admin", "host", "user")
 PAGE = 50
+BULK_LIMIT = 500  # jobs per bulk admin action (:mod:`.bulk`)
 
 
 class BadFilter(CallwardenError, ValueError):
@@ -148,14 +155,49 @@ def filter_form(f: Filters) -> str:
             + '<button type="submit">Filter</button> <a href="/jobs">clear</a></form>')
 
 
-def calls_page(f: Filters, rows: Sequence[Mapping[str, Any]], *, limit: int = PAGE) -> str:
+def _picks(rows: Sequence[Mapping[str, Any]]) -> tuple[Cell, list[Cell]]:
+    """The checkbox column: one box per row, naming the actions its call state allows."""
+    head = raw('<th scope="col" class="pick" hidden><input type="checkbox" id="pick-page" '
+               'aria-label="select every call on this page"></th>')
+    cells = [raw(f'<td class="pick" hidden><input type="checkbox" class="pick-row" '
+                 f'value="{escape(str(r["id"]))}" '
+                 f'data-actions="{escape(" ".join(legal_actions(r["call_state"])))}" '
+                 f'aria-label="select {escape(str(r["id"]))}"></td>') for r in rows]
+    return head, cells
+
+
+def bulk_panel(f: Filters) -> str:
+    """The bulk actions' panel (the script shows it): the token form, "every call matching
+    the filter", one button per action (shown for a selection it is legal for), the
+    confirmation dialog and the status line."""
+    danger = ' class="danger"'
+    buttons = " ".join(
+        f'<button type="button"{danger if a == "force-fail" else ""} data-bulk="{a}" '
+        f'hidden>{escape(ACTIONS[a])}</button>' for a in ACTIONS)
+    return (f'<section class="bulk" id="bulk" aria-labelledby="bulk-h" '
+            f'data-filter="{escape(f.query())}" hidden><h2 id="bulk-h">Bulk actions</h2>'
+            + TOKEN_FORM + '<p class="bulk-bar"><label><input type="checkbox" id="pick-all"> '
+            f'Every call matching the filter (up to {BULK_LIMIT})</label> '
+            f'<span id="bulk-count">No call selected</span> {buttons}</p>'
+            '<p id="bulk-status" role="status" aria-live="polite"></p>'
+            '<dialog id="bulk-confirm" aria-labelledby="bulk-title" '
+            'aria-describedby="bulk-question"><h2 id="bulk-title">Confirm</h2>'
+            '<p id="bulk-question"></p><p class="bulk-bar"><button type="button" '
+            'id="bulk-go" class="danger">Confirm</button> <button type="button" '
+            'id="bulk-cancel">Cancel</button></p></dialog></section>')
+
+
+def calls_page(f: Filters, rows: Sequence[Mapping[str, Any]], *, limit: int = PAGE,
+               admin: bool = False) -> str:
     """The form, one page of ``rows`` (up to ``limit + 1``: the extra one means a next
-    page exists) and the link to it."""
+    page exists) and the link to it; with ``admin``, the rows' checkboxes and the bulk
+    panel."""
     shown = rows[:limit]
     body = table(["job", "kind", "state", "ended by", "task", "call started", "took",
                   "error"], ([r["id"], r["provider_kind"], r["call_state"], r["ended_by"],
                               r["provider_task_id"], r["started_at"], _took(r), r["error"]]
-                             for r in shown), link_first=True, empty="no call matches")
+                             for r in shown), link_first=True, empty="no call matches",
+                 lead=_picks(shown) if admin else None)
     more = ""
     if len(rows) > limit:
         last = shown[-1]
@@ -163,8 +205,9 @@ def calls_page(f: Filters, rows: Sequence[Mapping[str, Any]], *, limit: int = PA
         more = f'<p class="pager"><a rel="next" href="/jobs?{escape(q)}">Next page</a></p>'
     first = "" if f.cursor is None else (
         f'<p class="pager"><a href="/jobs?{escape(f.query())}">First page</a></p>')
-    return filter_form(f) + f'<p class="muted">{len(shown)} call(s) on this page</p>' + body \
-        + more + first
+    panel = bulk_panel(f) if admin and shown else ""
+    return filter_form(f) + panel + f'<p class="muted">{len(shown)} call(s) on this page</p>' \
+        + body + more + first
 
 
 def _took(r: Mapping[str, Any]) -> str | None:

@@ -118,7 +118,8 @@ class Dashboard:
                               current="/jobs"), status=400)
         async with connection(self.pool) as conn:
             rows = await execute(conn, "dashboard_list_calls", sql_params(filters))
-        return _html(page("Calls", calls_page(filters, rows), current="/jobs"))
+        return _html(page("Calls", calls_page(filters, rows, admin=self.admin),
+                          current="/jobs"))
 
     async def _search(self, q: str) -> web.Response:
         try:

@@ -14,9 +14,9 @@ from urllib.parse import quote
 
 from callwarden.service.dashboard.format import when
 
-__all__ = ["Cell", "job_href", "page", "raw", "table"]
+__all__ = ["TOKEN_FORM", "Cell", "job_href", "page", "raw", "table"]
 
-ASSET_VERSION = "2"  # bump when the static files change (they are cached for 5 minutes)
+ASSET_VERSION = "3"  # bump when the static files change (they are cached for 5 minutes)
 
 
 class Cell:
@@ -30,6 +30,14 @@ class Cell:
 
 def raw(html: str) -> Cell:
     return Cell(html)
+
+
+#: The admin token's form (the job page's and the call list's): hidden until the page's
+#: script shows it, which keeps the token in ``sessionStorage`` and sends it as a header.
+TOKEN_FORM = ('<form id="token-form" class="token" hidden><label for="admin-token">Admin '
+              'token (kept for this browser session only)</label> <input id="admin-token" '
+              'type="password" autocomplete="off"> <button type="submit">Use token</button> '
+              '<button type="button" id="forget-token">Forget token</button></form>')
 
 
 def job_href(job_id: object) -> str:
@@ -48,19 +56,23 @@ def _cell(value: object, cls: str = "") -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, link_first: bool = False,
           empty: str = "none", caption: str | None = None, fit: bool = False,
-          long: Collection[int] = ()) -> str:
+          long: Collection[int] = (), lead: tuple[Cell, Sequence[Cell]] | None = None) -> str:
     """An HTML table in its own scrolling container; with ``link_first`` the first column
     is a job id linking to its page. With ``fit`` it is as wide as its container and its
     cells wrap, those of the ``long`` columns (indices) anywhere in a word, so a long
-    URL or name never pushes a column out of view."""
-    head = "".join(f'<th scope="col">{escape(h)}</th>' for h in headers)
+    URL or name never pushes a column out of view. ``lead``: a column before the others,
+    its header cell and one cell per row, whole ``<th>``/``<td>`` elements (the call
+    list's checkboxes)."""
+    head = ("" if lead is None else lead[0].html) + "".join(
+        f'<th scope="col">{escape(h)}</th>' for h in headers)
     body = []
-    for row in rows:
+    for n, row in enumerate(rows):
         first = (f'<td><a href="{escape(job_href(row[0]))}">{escape(str(row[0]))}</a></td>'
                  if link_first else _cell(row[0]))
         rest = "".join(_cell(v, ' class="long"' if i in long else "")
                        for i, v in enumerate(row[1:], 1))
-        body.append(f"<tr>{first}{rest}</tr>")
+        pick = "" if lead is None else lead[1][n].html
+        body.append(f"<tr>{pick}{first}{rest}</tr>")
     if not body:
         return f'<p class="muted">{escape(empty)}</p>'
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""

@@ -26,7 +26,7 @@ from callwarden.projections.timeline import TimelineRow
 from callwarden.replay.audit import AuditReport
 from callwarden.service.charts import PALETTE
 from callwarden.service.dashboard.format import credits, duration, when
-from callwarden.service.dashboard.html import Cell, raw, table
+from callwarden.service.dashboard.html import TOKEN_FORM, Cell, raw, table
 from callwarden.service.dashboard.links import provider_task_url
 from callwarden.service.dashboard.redaction import redact_text, redact_value
 
@@ -209,7 +209,7 @@ def _payloads(events: Sequence[Mapping[str, Any]]) -> str:
 
 ACTIONS = {"force-fail": "Force-fail (cancel, refund)",
            "requeue-reconcile": "Requeue for the reconciler"}
-#: The event each action appends (``callwarden.service.operator``): an action is legal
+#: The event each action appends (:mod:`.bulk`, for one job or many): an action is legal
 #: when the transition table lets that event follow the call's state.
 ACTION_EVENTS = {"force-fail": "Cancelled", "requeue-reconcile": "ReconcileAttempted"}
 
@@ -243,11 +243,8 @@ def _admin(report: AuditReport, enabled: bool) -> str:
     curl = " or ".join(f"<code>curl -X POST -H 'Authorization: Bearer $TOKEN' "
                        f"/admin/jobs/{j}/{a}</code>" for a in actions)
     return (head.format(f' data-job="{j}"')
-            + '<form id="token-form" class="token" hidden><label for="admin-token">Admin token '
-            '(kept for this browser session only)</label> <input id="admin-token" '
-            'type="password" autocomplete="off"> <button type="submit">Use token</button> '
-            '<button type="button" id="forget-token">Forget token</button></form>'
-            f'<p class="actions" hidden>{buttons}</p>'
+            + TOKEN_FORM
+            + f'<p class="actions" hidden>{buttons}</p>'
             '<p id="admin-status" role="status" aria-live="polite"></p>'
             f'<noscript><p class="muted">Without JavaScript: {curl}</p></noscript></section>')
 
