@@ -34,6 +34,14 @@ kept as long as arq keeps its own) and gives a job up only after ``max_deliverie
 *deliveries*: tries that did not meet an outage (a worker that died, a SIGTERM). arq's own
 ``max_tries`` is set out of reach: past it arq would fail the job without calling the
 function at all. Details: docs/embedding.md ("On a queue").
+
+A try whose start the provider account's limits refused (the outcome ``waiting``: nothing
+was written, nothing sent upstream) is deferred the same way, ``Retry(defer=)`` after the
+limit's ``retry_after_s`` plus up to a quarter of it, for as long as it is refused, and is
+not a delivery either: those tries have a Redis counter of their own
+(:data:`WAITING_KEY`), so that a job waiting behind a full account never goes past
+``max_deliveries``, and the outage schedule (its doubling delays, its limit) counts only
+the outage's tries.
 """
 
 from __future__ import annotations
@@ -67,8 +75,9 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "enqueue_call", "enqueue_own_call",
-           "own_call_function", "run_call", "run_job_call", "run_own_call", "worker_settings"]
+__all__ = ["CTX_KEY", "MAX_TRIES", "OUTAGE_KEY", "TASK_NAME", "WAITING_KEY", "enqueue_call",
+           "enqueue_own_call", "own_call_function", "run_call", "run_job_call", "run_own_call",
+           "worker_settings"]
 
 log = logging.getLogger("callwarden.queue.arq")
 
@@ -80,30 +89,44 @@ REDIS_ENV = "CALLWARDEN_REDIS_URL"
 MAX_TRIES = sys.maxsize
 #: The Redis key counting an arq job's tries that met a database outage.
 OUTAGE_KEY = "callwarden:arq:outage-retries:"
+#: The Redis key counting an arq job's tries its account's limits refused (waiting).
+WAITING_KEY = "callwarden:arq:waiting-retries:"
 _KEEP_S = 88_400  # as long as arq keeps its own try counter (arq:retry:<id>)
 _own_kinds: dict[str, str] = {}  # own_call_function's name -> its kind
 
 
 class _OutageRetries:
-    """One arq job's tries that met a database outage, counted in Redis (``ctx["redis"]``;
-    without it, none are counted)."""
+    """One arq job's tries that were not deliveries, counted in Redis (``ctx["redis"]``;
+    without it, none are counted): those that met a database outage (:data:`OUTAGE_KEY`)
+    and those its account's limits refused (:data:`WAITING_KEY`)."""
 
     def __init__(self, ctx: Mapping[str, Any]) -> None:
         self.redis: ArqRedis | None = ctx.get("redis")
         self.arq_id = str(ctx.get("job_id"))
         self.key = OUTAGE_KEY + self.arq_id
+        self.waiting_key = WAITING_KEY + self.arq_id
 
     async def count(self) -> int:
-        raw = await self.redis.get(self.key) if self.redis is not None else None
-        return int(raw or 0)
+        """Every try that was not a delivery (an outage's, a refused start's)."""
+        if self.redis is None:
+            return 0
+        return sum(int(raw or 0) for raw in await self.redis.mget(self.key, self.waiting_key))
 
     async def add(self) -> int:
+        """One more outage try; how many so far (the outage schedule's retry)."""
+        return await self._add(self.key)
+
+    async def add_waiting(self) -> int:
+        """One more try refused by the account's limits."""
+        return await self._add(self.waiting_key)
+
+    async def _add(self, key: str) -> int:
         """One more; the arq job's data is kept at least a day longer, so that arq never
-        drops a job waiting for the database as expired."""
+        drops a job waiting for the database, or for a slot, as expired."""
         if self.redis is None:
             return 1
-        count = int(await self.redis.incr(self.key))
-        await self.redis.expire(self.key, _KEEP_S)
+        count = int(await self.redis.incr(key))
+        await self.redis.expire(key, _KEEP_S)
         job_key = job_key_prefix + self.arq_id
         if 0 <= await self.redis.pttl(job_key) < expires_extra_ms:
             await self.redis.pexpire(job_key, expires_extra_ms)
@@ -111,7 +134,7 @@ class _OutageRetries:
 
     async def clear(self) -> None:
         if self.redis is not None:
-            await self.redis.delete(self.key)
+            await self.redis.delete(self.key, self.waiting_key)
 
 
 async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
@@ -121,7 +144,9 @@ async def run_job_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
     ``max_deliveries`` times is given up (refunded if no call ever started on it, else
     left to the reconciler). A try that meets a database outage, or a database error
     before the job's call started (:meth:`ProcessRunner.keeps`), is deferred (``Retry``)
-    for as long as the outage lasts, and is not a delivery."""
+    for as long as the outage lasts, and is not a delivery; nor is a try whose start the
+    account's limits refused (the outcome ``waiting``), deferred (``Retry``) by the limit's
+    ``retry_after_s`` plus up to a quarter of it, for as long as it is refused."""
     return await _durably(ctx, job_id, kind, lambda process, job: process.run(
         job, kind, request, operation=operation))
 
@@ -132,7 +157,8 @@ async def run_own_call(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: st
                        operation: str | None = None) -> CallOutcome:
     """The host's own code for the job's call with this worker's
     :class:`~callwarden.calls.own.OwnCalls` (:func:`callwarden.queue.own.run_own`),
-    given up, deferred and logged as :func:`run_job_call`."""
+    given up, deferred (through an outage, and while the account's limits refuse its
+    start: the body does not run) and logged as :func:`run_job_call`."""
     return await _durably(ctx, job_id, kind, lambda process, job: process.run_own(
         job, kind, body, args, kwargs, operation=operation))
 
@@ -161,8 +187,12 @@ async def _durably(ctx: Mapping[str, Any], job_id: uuid.UUID | str, kind: str,
     except Exception:
         await outages.clear()  # arq fails the job: a new one under this id starts afresh
         raise
-    await outages.clear()
     process.database_answered()
+    if outcome.result == "waiting":  # refused by the account's limits: not a delivery
+        delay = process.defer_waiting(outcome, kind, delivery)
+        await outages.add_waiting()
+        raise Retry(defer=delay)
+    await outages.clear()
     log_outcome(outcome, kind, delivery)
     return outcome
 
@@ -282,7 +312,8 @@ def worker_settings(*, redis_url: str | None = None, functions: Sequence[Any] = 
     default :func:`longest_run_s` for ``kinds`` (a shorter one is warned about: arq
     cancels a call past it, which the reconciler then finishes). ``max_deliveries``:
     deliveries before a job is given up (tries that met a database outage are not
-    deliveries: such a job is deferred until the database answers). ``grace_s``: on
+    deliveries: such a job is deferred until the database answers; nor are tries the
+    account's limits refused: such a job is deferred until a slot frees). ``grace_s``: on
     SIGTERM, how long calls in flight may take to finish before they are cancelled (and
     run again by another worker). ``extra``: any other arq setting (yours win)."""
     config = options.config if options is not None else load_call_config(env=os.environ)

@@ -43,6 +43,13 @@ is retried only within the outage limit, then fails, and an error line names the
 reserved (docs/embedding.md). :func:`register` also defaults the broker's
 ``visibility_timeout`` to :func:`~callwarden.queue.process.longest_run_s` plus a margin and
 ``worker_prefetch_multiplier`` to 1. Why each: docs/embedding.md ("On a queue").
+
+A try whose start the provider account's limits refused (the outcome ``waiting``: nothing
+was written, nothing sent upstream) is retried the same way, ``self.retry(countdown=)``
+after the limit's ``retry_after_s`` plus up to a quarter of it, for as long as it is
+refused, whatever ``max_retries`` says (a publish that fails is rejected with
+``requeue=True``, as an outage retry's). Run eagerly (no queue to wait in), the task
+returns the ``waiting`` outcome, with its ``retry_after_s``, for the host to run it again.
 """
 
 from __future__ import annotations
@@ -222,7 +229,7 @@ class CallTask(Task):  # type: ignore[type-arg]
     (``reject_on_worker_lost``), acked when it raised or timed out
     (``acks_on_failure_or_timeout``: what is left of the call belongs to the reconciler),
     and retried, not failed, for as long as the database is unreachable (or fails before
-    the job's call started)."""
+    the job's call started), and for as long as the account's limits refuse its start."""
 
     acks_late = True
     reject_on_worker_lost = True
@@ -234,7 +241,10 @@ class CallTask(Task):  # type: ignore[type-arg]
         left for the reconciler or out of poll budget. A try that meets a database outage,
         or a database error before the job's call started (:meth:`ProcessRunner.keeps`),
         is retried (``self.retry``, published again with a countdown, then acked; when
-        that publish fails, the message is rejected with ``requeue=True``, never acked)."""
+        that publish fails, the message is rejected with ``requeue=True``, never acked).
+        A try whose start the account's limits refused (the outcome ``waiting``) is
+        retried the same way after the limit's ``retry_after_s`` (plus up to 25 %), not
+        counted against ``max_retries``."""
         return self._durably(job_id, kind, lambda runtime, job: runtime.run(
             job, kind, request, operation=operation))
 
@@ -267,8 +277,30 @@ class CallTask(Task):  # type: ignore[type-arg]
             if retried is None:
                 raise
             raise retried from exc
+        if outcome.result == "waiting":  # refused by the account's limits: not an attempt
+            waited = self._retry_waiting(runtime.process, outcome, kind, delivery)
+            if waited is not None:
+                raise waited
         log_outcome(outcome, kind, delivery)
         return outcome
+
+    def _retry_waiting(self, process: ProcessRunner, outcome: CallOutcome, kind: str,
+                       delivery: str) -> BaseException | None:
+        """Publish the task again, deferred until the account's limits may admit it
+        (:meth:`ProcessRunner.defer_waiting`), unbounded by ``max_retries``; what to raise
+        (``None``: run eagerly, where a retry would run at once, nested, and be refused
+        again: the task returns the ``waiting`` outcome instead, for the host to run it
+        again after its ``retry_after_s``)."""
+        if self.request.is_eager:
+            log.warning("job %s kind=%s %s: waiting: %s, in a task run eagerly "
+                        "(task_always_eager or apply), which has no queue to wait in: the "
+                        "task returns the waiting outcome; run it again in %g s",
+                        outcome.job_id, kind, delivery, outcome.detail,
+                        outcome.retry_after_s or 0.0)
+            return None
+        delay = process.defer_waiting(outcome, kind, delivery)
+        return self._publish_retry(outcome.job_id, delivery, "waiting retry", delay,
+                                   sys.maxsize, None)
 
     def _retry_after_outage(self, process: ProcessRunner, job: uuid.UUID, delivery: str,
                             exc: DatabaseError) -> BaseException | None:
@@ -290,6 +322,13 @@ class CallTask(Task):  # type: ignore[type-arg]
             return None
         delay = process.retry_after_outage(job, delivery, retry, exc)
         bound = process.options.outage.within_limit if self.request.is_eager else sys.maxsize
+        return self._publish_retry(job, delivery, f"outage retry {retry}", delay, bound, exc)
+
+    def _publish_retry(self, job: uuid.UUID, delivery: str, what: str, delay: float,
+                       bound: int, exc: Exception | None) -> BaseException:
+        """``self.retry`` with ``countdown=delay`` and ``max_retries=bound``: the
+        exception to raise (Celery's ``Retry``, or a ``Reject`` with ``requeue=True`` when
+        the publish failed: see :meth:`_retry_after_outage`)."""
         try:
             retried: BaseException = self.retry(exc=exc, countdown=delay, max_retries=bound,
                                                 throw=False)
@@ -297,8 +336,8 @@ class CallTask(Task):  # type: ignore[type-arg]
             reason = getattr(rejected, "reason", None)  # the stubs name neither
             if getattr(rejected, "requeue", False):
                 raise
-            log.warning("job %s %s: outage retry %d not published (%r): the message is "
-                        "rejected with requeue=True, not acked", job, delivery, retry, reason)
+            log.warning("job %s %s: %s not published (%r): the message is rejected with "
+                        "requeue=True, not acked", job, delivery, what, reason)
             return Reject(reason, requeue=True)
         finally:  # Celery keeps the bound on the task object for autoretry_for: not ours
             vars(self).pop("override_max_retries", None)

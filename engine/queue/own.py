@@ -18,6 +18,11 @@ host's create again:
 - ``ambiguous`` (a start with no task id: the reconciler sweeps it), ``done`` and
   ``not_started``: nothing runs; the outcome says why.
 
+A start the provider account's limits refuse (:class:`~callwarden.errors.CallWaiting`:
+nothing was written, the body does not run) is the outcome ``waiting``, with the limit in
+its ``detail`` and ``retry_after_s``: the Celery and arq faces put the job back on its
+queue for that long, without counting a delivery.
+
 When the body returns with the call still open (it stopped polling), the call is the
 reconciler's. An exception from the body propagates: for an async kind, what the call
 recorded so far stands and the reconciler finishes the rest; for a sync kind the call is
@@ -38,11 +43,12 @@ from typing import Any
 
 from callwarden.calls.own import CallNotStarted, OwnCalls
 from callwarden.calls.runner import CallOutcome, call_outcome
-from callwarden.errors import ConfigError
+from callwarden.errors import CallWaiting, ConfigError
 from callwarden.projections.fold import EMPTY
 from callwarden.providers.kinds import get_kind, is_sync_call
 
-__all__ = ["OwnBody", "body_bound_s", "own_task_name", "own_task_of", "run_own"]
+__all__ = ["OwnBody", "body_bound_s", "own_task_name", "own_task_of", "run_own",
+           "waiting_outcome"]
 
 #: ``async def body(call, *args)``: the host's own provider code for one kind.
 OwnBody = Callable[..., Awaitable[object]]
@@ -75,6 +81,13 @@ def own_task_of(kind: str, name: str | None, names: Sequence[str]) -> str:
     raise ConfigError(f"callwarden: no own call of {kind} to enqueue: {said}")
 
 
+def waiting_outcome(job_id: uuid.UUID, exc: CallWaiting) -> CallOutcome:
+    """The outcome of a start the account's limits refused: ``waiting``, the limit in
+    ``detail``, when to try again in ``retry_after_s`` (as ``CallRunner.run`` answers)."""
+    return CallOutcome(job_id=job_id, result="waiting", projection=exc.projection or EMPTY,
+                       detail=exc.reason, retry_after_s=exc.retry_after_s)
+
+
 def body_bound_s(calls: OwnCalls, kind: str) -> float:
     """How long a body may run: the kind's poll budget plus a create and a last poll with
     their retries (what the queue's visibility timeout is sized for)."""
@@ -92,13 +105,22 @@ async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
     get_kind(kind)  # an unknown kind is refused before anything is written
     kwargs = kwargs or {}
     if is_sync_call(kind, operation):
+        entered = False
         try:
             async with calls.sync_call(job_id, kind, operation=operation) as sync:
+                entered = True
                 await body(sync, *args, **kwargs)
         except CallNotStarted as exc:
             return call_outcome(job_id, exc.projection or EMPTY, str(exc))
+        except CallWaiting as exc:
+            if entered:  # the body's own (another job's start): the call failed with it
+                raise
+            return waiting_outcome(job_id, exc)
         return call_outcome(job_id, await calls.db.load(job_id))
-    call = await calls.start(job_id, kind, operation=operation)
+    try:
+        call = await calls.start(job_id, kind, operation=operation)
+    except CallWaiting as exc:
+        return waiting_outcome(job_id, exc)
     if call.action == "finalize":
         return await call.finalize()
     if call.action not in ("create", "resume"):

@@ -13,6 +13,11 @@ the media store (S3 when ``CALLWARDEN_MEDIA_S3_BUCKET`` is set, else
 ``CALLWARDEN_DB_OUTAGE_LIMIT_S`` (:class:`~callwarden.queue.outage.OutageRetries`: how a
 job is retried through a database outage, and how long a try waits for a connection).
 
+A job whose start its provider account's limits refused (``CallOutcome.result`` is
+``waiting``: nothing was written) is handed back to its queue the same way, after
+:meth:`ProcessRunner.defer_waiting` (the limit's ``retry_after_s`` plus up to a quarter of
+it), and that try is not a delivery either (docs/admission.md).
+
 Each process gets its own owner id, made when the runner is opened: a forked child (Celery's
 prefork pool) must not share its parent's :func:`~callwarden.calls.identity.incarnation`, which
 is fixed when the module is first imported.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +63,15 @@ from callwarden.providers.storage import MediaStore
 from callwarden.queue.outage import OutageRetries
 from callwarden.queue.own import OwnBody, run_own
 
-__all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome", "longest_run_s",
-           "open_runner", "options_from_env", "outcome_dict"]
+__all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "jittered", "log_outcome",
+           "longest_run_s", "open_runner", "options_from_env", "outcome_dict"]
 
 log = logging.getLogger("callwarden.queue")
 
 #: Media per result assumed by :func:`longest_run_s` (KIE image models answer up to 4).
 MEDIA_PER_RESULT = 4
+#: The wait of a waiting outcome that names none (the runner always names one).
+WAITING_DEFAULT_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +230,16 @@ class ProcessRunner:
                  delay)
         return delay
 
+    def defer_waiting(self, outcome: CallOutcome, kind: str, delivery: str) -> float:
+        """The account's limits refused the job's start (``outcome.result`` is
+        ``waiting``; nothing was written) and the queue is to run it again: the seconds to
+        defer it by, its ``retry_after_s`` plus up to a quarter of it (:func:`jittered`),
+        logged at info with the limit it waits for. Such a try is not a delivery."""
+        delay = jittered(outcome.retry_after_s or WAITING_DEFAULT_S)
+        log.info("job %s kind=%s %s pid=%d waiting: %s; again in %.2f s (not a delivery)",
+                 outcome.job_id, kind, delivery, os.getpid(), outcome.detail, delay)
+        return delay
+
     def left_after_eager_retries(self, job_id: uuid.UUID, delivery: str,
                                  exc: BaseException) -> None:
         """A task run eagerly (no queue to keep it in) spent the retries within the outage
@@ -238,6 +256,12 @@ class ProcessRunner:
     def database_answered(self) -> None:
         """A job's try reached the database: the process's outage, if any, is over."""
         self.outage.up()
+
+
+def jittered(delay_s: float) -> float:
+    """``delay_s`` plus up to a quarter of it, so the jobs a limit refused together do not
+    all come back at once."""
+    return delay_s * (1 + random.random() / 4)
 
 
 def _what_failed(exc: BaseException) -> str:
@@ -275,10 +299,12 @@ def longest_run_s(config: CallConfig | None = None, settings: ProviderSettings |
 
 
 def outcome_dict(outcome: CallOutcome) -> dict[str, Any]:
-    """A JSON-able summary of an outcome (what the queue tasks return)."""
+    """A JSON-able summary of an outcome (what the queue tasks return; ``retry_after_s``
+    is set for a ``waiting`` one)."""
     state = outcome.projection.state
     return {"job_id": str(outcome.job_id), "result": outcome.result,
-            "state": state.value if state is not None else None, "detail": outcome.detail}
+            "state": state.value if state is not None else None, "detail": outcome.detail,
+            "retry_after_s": outcome.retry_after_s}
 
 
 def log_outcome(outcome: CallOutcome, kind: str, delivery: str) -> None:
