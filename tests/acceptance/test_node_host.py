@@ -6,6 +6,8 @@ typecheck (``tsc`` with ``checkJs``, ``strict``).
 - ``client.test.js`` and ``rpc.test.js``: every host-API call of the client and its typed
   errors, ``runTask``/``runSync``, and the supabase-js ``rpc`` face (a fake client, and the
   real supabase-js through a stand-in for PostgREST over the real functions).
+- ``admission.test.js``: ``startCall`` answers ``wait`` over a full account, and the BullMQ
+  helper delays the job (not an attempt) until the slot frees (issue 42);
 - ``bullmq.test.js``: real BullMQ workers (child processes) SIGKILLed mid-poll and paused
   (SIGSTOP) inside their create past BullMQ's lock, a sync route beating through
   ``callwarden reconcile --once``, and Node's ``succeeded`` racing the reconciler; one create
@@ -118,6 +120,18 @@ async def test_bullmq_workers_killed_and_paused_create_once_and_settle_once(
     assert "ℹ fail 0" in out
     creates = [e for e in sim.sim.journal.entries("kie", "create") if "job:" in e.body.decode()]
     assert len(creates) == 12  # (a) 6 jobs, (b) 2, (d) 4: one create each
+
+
+@pytest.mark.xdist_group("fleets")  # a BullMQ worker over Redis
+async def test_the_node_client_waits_on_a_full_account_and_bullmq_delays_the_job(
+        node_modules: Path, db_url: str, redis_url: str) -> None:
+    """``clients/node/test/admission.test.js``: ``startCall`` answers ``wait`` with the
+    limit and ``retryAfterMs`` over both faces, ``runTask``/``runSync`` answer
+    ``status: 'waiting'`` without calling the host's code, and the BullMQ helper moves a
+    waiting job to the delayed set (not an attempt) until the slot frees, then it runs
+    once (see the file)."""
+    out = await node_test(["test/admission.test.js"], node_env(db_url, None, redis_url))
+    assert "ℹ fail 0" in out
 
 
 def test_the_node_client_typechecks(node_modules: Path) -> None:

@@ -145,19 +145,39 @@ export class Callwarden {
   }
 
   /**
-   * The claim before the create: what this delivery must do (`action`).
+   * The claim before the create: what this delivery must do (`action`). `wait`: the
+   * provider account's limits refused the start (nothing was written); `reason` and
+   * `retryAfterMs` say why and for how long (`callwarden.waiting_for`, a second call).
    * @param {{jobId: string, kind: string, actor: string, sync?: boolean,
    *          recreate?: boolean}} args
    * @returns {Promise<StartCall>}
    */
   async startCall(args) {
     const r = asRow('start_call', await this.#call('startCall', args));
-    return {
+    /** @type {StartCall} */
+    const start = {
       action: /** @type {StartCall['action']} */ (String(r.action)),
       taskId: str(r.task_id),
       state: /** @type {StartCall['state']} */ (str(r.state)),
       version: Number(r.version),
     };
+    if (start.action !== 'wait') return start;
+    const why = await this.waitingFor({ jobId: args.jobId });
+    return { ...start, reason: why?.reason ?? null, retryAfterMs: why?.retryAfterMs ?? 0 };
+  }
+
+  /**
+   * Why a job waits (its start refused by the account's limits): the limit, and the ms
+   * until a start may be admitted; null when it does not wait.
+   * @param {{jobId: string}} args
+   * @returns {Promise<{reason: string, retryAfterMs: number} | null>}
+   */
+  async waitingFor(args) {
+    const answer = await this.#call('waitingFor', args);
+    if (answer === null) return null;
+    const r = asRow('waiting_for', answer);
+    return { reason: String(r.reason),
+             retryAfterMs: Math.max(0, Math.round(Number(r.retry_after_s) * 1000)) };
   }
 
   /**

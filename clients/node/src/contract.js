@@ -1,12 +1,15 @@
-// The host API's SQL functions (migration 0014_host_api.sql), declared once: each
+// The host API's SQL functions (migration 0014_host_api.sql; 0018 added admission
+// control: `start_call`'s `wait`, and `waiting_for`), declared once: each
 // method's arguments (the JS name, the SQL parameter it binds by name, its SQL type,
 // whether it is required) and the shape of its answer. Both faces (pg and supabase-js
 // rpc) are driven by this table, so they cannot disagree on a name.
 
 /** The answers of `startCall`. `already_started`: a sync call that started before (only
- * the first start of a sync call answers `create`). */
+ * the first start of a sync call answers `create`). `wait`: the provider account's limits
+ * (`callwarden.limits`) refused the start, nothing was written: run the job again after
+ * `retryAfterMs` (host API version 2). */
 /** @typedef {'create' | 'resume' | 'ambiguous' | 'finalize' | 'done' | 'not_started'
- *            | 'already_started'} StartAction */
+ *            | 'already_started' | 'wait'} StartAction */
 
 /** @typedef {'created' | 'polling' | 'upstream_succeeded' | 'finalizing' | 'completed'
  *            | 'failed' | 'swept' | 'exhausted' | 'cancelled'} CallState */
@@ -18,6 +21,10 @@
  * @property {string | null} taskId the task the job holds (set for `resume`)
  * @property {CallState | null} state the call's state after the start
  * @property {number} version the call's version (number of events) after the start
+ * @property {string | null} [reason] for `wait` only: the limit that refused the start
+ *   (`kie-main: 5 of 5 calls in flight`), from `callwarden.waiting_for`
+ * @property {number} [retryAfterMs] for `wait` only: when a start may be admitted, in ms
+ *   (0 when the database no longer holds the job as waiting: try again now)
  */
 
 /**
@@ -76,7 +83,8 @@
  * @typedef {Object} FunctionSpec
  * @property {string} sql the function's name in schema `callwarden`
  * @property {Param[]} params
- * @property {'scalar' | 'row'} returns a single value, or one row of a TABLE function
+ * @property {'scalar' | 'row' | 'optional_row'} returns a single value, one row of a TABLE
+ *   function, or one row or none (null) of a SETOF function
  */
 
 /** @type {Readonly<Record<string, FunctionSpec>>} */
@@ -122,10 +130,15 @@ export const FUNCTIONS = Object.freeze({
     sql: 'cancel', returns: 'row', params: [
       ['jobId', 'job_id', 'uuid', 'required'], ['by', 'by', 'text', 'required']],
   },
+  waitingFor: {
+    sql: 'waiting_for', returns: 'optional_row', params: [
+      ['jobId', 'job_id', 'uuid', 'required']],
+  },
 });
 
 /** The schema the functions live in. */
 export const SCHEMA = 'callwarden';
 
-/** The contract version this client speaks (`callwarden.host_api_version()`). */
-export const HOST_API_VERSION = 1;
+/** The contract version this client speaks (`callwarden.host_api_version()`): 2 since
+ * migration 0018 (`start_call` may answer `wait`; `waiting_for`). */
+export const HOST_API_VERSION = 2;

@@ -2,7 +2,9 @@
 // create (startCall), create only when told to, record the task id the moment the provider
 // answers it (taskCreated), resume by task id on a redelivery, heartbeat while the host's
 // code runs, and record the outcome with its settlement. runSync is the same for a call
-// answered in one round trip (a sync route).
+// answered in one round trip (a sync route). A start the provider account's limits refuse
+// (`wait`) runs nothing and answers `status: 'waiting'` with `retryAfterMs`: the host's
+// queue runs the job again then (for BullMQ: bullmq.js, `delayWhenWaiting`).
 
 import { actorId } from './actor.js';
 import { Beater } from './beat.js';
@@ -94,6 +96,9 @@ import { CallwardenError, CreateRefused } from './errors.js';
  * - `recorded`: this run recorded the outcome (`outcome.ok` false: another actor ended the
  *   call first; `outcome.state` says how it stands)
  * - `skipped`: `startCall` said not to run (ambiguous, finalize, done, not_started, ...)
+ * - `waiting`: `startCall` answered `wait`: the account's limits refused the start and
+ *   nothing was written or sent; run the job again after `retryAfterMs` (`reason` names
+ *   the limit). Not a failure: the job's queue delays it, and it is no attempt
  * - `stopped`: the call stopped being this worker's (a heartbeat answered false, or the
  *   task id could not be recorded because the call had ended)
  * - `aborted`: the caller's signal (the call is left open, except before the create:
@@ -101,10 +106,12 @@ import { CallwardenError, CreateRefused } from './errors.js';
  * @typedef {Object} RunResult
  * @property {StartAction} action what `startCall` answered
  * @property {string | null} taskId
- * @property {'recorded' | 'skipped' | 'stopped' | 'aborted'} status
+ * @property {'recorded' | 'skipped' | 'stopped' | 'aborted' | 'waiting'} status
  * @property {'succeeded' | 'failed' | 'not_found' | null} upstream the provider's answer
  *   that was recorded
  * @property {Outcome | null} outcome
+ * @property {string | null} [reason] `waiting` only: the limit that refused the start
+ * @property {number} [retryAfterMs] `waiting` only: run the job again after this long
  */
 
 /**
@@ -124,10 +131,13 @@ import { CallwardenError, CreateRefused } from './errors.js';
  * @template {SyncOutcome} A
  * @typedef {Object} RunSyncResult
  * @property {StartAction} action
- * @property {'recorded' | 'skipped'} status
+ * @property {'recorded' | 'skipped' | 'waiting'} status `waiting`: as `runTask`'s (the
+ *   route answers the user "busy, try again", or queues the job, after `retryAfterMs`)
  * @property {'succeeded' | 'failed' | null} upstream
  * @property {Outcome | null} outcome
- * @property {A | null} answer what `call()` answered (null when skipped)
+ * @property {A | null} answer what `call()` answered (null when skipped or waiting)
+ * @property {string | null} [reason] `waiting` only: the limit that refused the start
+ * @property {number} [retryAfterMs] `waiting` only: try again after this long
  */
 
 const RECORD_ATTEMPTS = 6;
@@ -237,6 +247,15 @@ function record(cw, jobId, actor, answer, onError) {
   }
 }
 
+/**
+ * What a `wait` answer says: the limit, and when to try again.
+ * @param {StartCall} start
+ * @returns {{reason: string | null, retryAfterMs: number}}
+ */
+function waiting(start) {
+  return { reason: start.reason ?? null, retryAfterMs: start.retryAfterMs ?? 0 };
+}
+
 const OUTCOMES = new Set(['running', 'succeeded', 'failed', 'not_found']);
 
 /**
@@ -284,6 +303,9 @@ export async function runTask(cw, options) {
   const result = (status, taskId, more = {}) => ({
     action: start.action, taskId, status, upstream: null, outcome: null, ...more,
   });
+  if (start.action === 'wait') {
+    return result('waiting', null, waiting(start));
+  }
   if (start.action !== 'create' && start.action !== 'resume') {
     return result('skipped', start.taskId);
   }
@@ -383,6 +405,10 @@ export async function runSync(cw, options) {
   options.signal?.throwIfAborted();
   const start = await retrying(() => cw.startCall({ jobId, kind, actor, sync: true }),
                                onError, 'start_call');
+  if (start.action === 'wait') {
+    return { action: start.action, status: 'waiting', upstream: null, outcome: null,
+             answer: null, ...waiting(start) };
+  }
   if (start.action !== 'create') {
     return { action: start.action, status: 'skipped', upstream: null, outcome: null,
              answer: null };

@@ -36,7 +36,8 @@ import { CallwardenError, InvalidArgument, classify } from './errors.js';
 
 /**
  * How the client reaches the functions. `invoke` answers the function's value (a
- * `scalar` spec) or its one row, with the SQL column names (a `row` spec).
+ * `scalar` spec) or its one row, with the SQL column names (a `row` spec; an
+ * `optional_row` spec answers null when the function returned no row).
  * @typedef {Object} Transport
  * @property {'pg' | 'rpc'} face
  * @property {(spec: FunctionSpec, args: Record<string, unknown>) => Promise<unknown>} invoke
@@ -143,14 +144,14 @@ export function statement(spec, bound) {
 
 /**
  * @param {string} fn
- * @param {'scalar' | 'row'} returns
+ * @param {FunctionSpec['returns']} returns
  * @param {unknown} row
  */
 function one(fn, returns, row) {
   if (returns === 'row' && (row === null || typeof row !== 'object')) {
     throw new CallwardenError(`${fn}: answered no row`, { fn, code: null });
   }
-  return row;
+  return returns === 'optional_row' && (row === null || typeof row !== 'object') ? null : row;
 }
 
 /**
@@ -209,7 +210,7 @@ export function rpcTransport(supabase) {
       if (error) {
         throw classify(fn, { ...error, code: error.code || undefined });
       }
-      const row = spec.returns === 'row' && Array.isArray(data) ? data[0] : data;
+      const row = spec.returns !== 'scalar' && Array.isArray(data) ? data[0] : data;
       return spec.returns === 'scalar' ? row : one(fn, spec.returns, row ?? null);
     },
   };

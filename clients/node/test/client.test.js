@@ -46,9 +46,9 @@ async function polling(task = `task-${randomUUID()}`) {
 }
 
 describe('the contract', () => {
-  test('the database speaks host API version 1', async () => {
-    assert.equal(await cw.hostApiVersion(), 1);
-    assert.equal(await cw.checkVersion(), 1);
+  test('the database speaks host API version 2', async () => {
+    assert.equal(await cw.hostApiVersion(), 2);
+    assert.equal(await cw.checkVersion(), 2);
   });
 
   test('every function of the table exists with these parameter names and defaults', async () => {

@@ -150,7 +150,7 @@ describe('rpc face, real supabase-js over HTTP to the real functions', () => {
   });
 
   test('a whole call: create, start, task, beat, succeed', async () => {
-    assert.equal(await cw.hostApiVersion(), 1);
+    assert.equal(await cw.hostApiVersion(), 2);
     const jobId = await cw.createJob({ userId: 'user-rpc', credits: '8.5',
                                       input: { prompt: 'x' } });
     assert.deepEqual(await cw.startCall({ jobId, kind: 'kie-standard', actor: 'worker:rpc:1' }),

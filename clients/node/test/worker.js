@@ -15,7 +15,9 @@
 //                    the release file, then report the outcome
 //
 // Every event is one JSON line on stdout: ready, created-upstream, polled, hanging,
-// holding, done (with runTask's result or the manual handler's), failed, error.
+// holding, done (with runTask's result or the manual handler's), waiting (a start the
+// account's limits refused: the job goes back to BullMQ's delayed set, src/bullmq.js),
+// failed, error.
 
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -23,6 +25,7 @@ import { join } from 'node:path';
 import { Worker } from 'bullmq';
 import pg from 'pg';
 
+import { delayIfWaiting } from '../src/bullmq.js';
 import { Beater, Callwarden, actorId } from '../src/index.js';
 import { KieClient, KieTaskFailed, KieTaskNotFound } from './support/kie.js';
 import { storeMedia } from './support/media.js';
@@ -143,6 +146,10 @@ async function runHandler(data, signal) {
 async function manualHandler(data) {
   const { jobId } = data;
   const call = await cw.startCall({ jobId, kind: KIND, actor }); // 1: the claim
+  if (call.action === 'wait') { // the account's limits: delayed, below (no attempt)
+    return { action: call.action, status: 'waiting', reason: call.reason,
+             retryAfterMs: call.retryAfterMs };
+  }
   if (call.action !== 'create' && call.action !== 'resume') {
     return { action: call.action, status: 'skipped' };
   }
@@ -177,13 +184,14 @@ async function manualHandler(data) {
 }
 
 const url = new URL(need('REDIS_URL'));
-const worker = new Worker(QUEUE, async (job, _token, signal) => {
+const worker = new Worker(QUEUE, async (job, token, signal) => {
   /** @type {JobData} */
   const data = job.data;
   const result = HANDLER === 'manual' ? await manualHandler(data)
     : await runHandler(data, signal);
-  emit('done', { jobId: data.jobId, handler: HANDLER, result });
-  return result;
+  emit(result.status === 'waiting' ? 'waiting' : 'done',
+       { jobId: data.jobId, handler: HANDLER, result });
+  return delayIfWaiting(job, token, result);
 }, {
   connection: { host: url.hostname, port: Number(url.port || 6379),
                 db: Number(url.pathname.slice(1) || 0), maxRetriesPerRequest: null },
