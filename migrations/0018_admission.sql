@@ -33,6 +33,12 @@ CREATE TABLE IF NOT EXISTS callwarden.limits (
     creates          int CHECK (creates > 0),
     per_s            double precision CHECK (per_s > 0),
     wait_s           double precision NOT NULL DEFAULT 2 CHECK (wait_s > 0),
+    -- the provider's own 429s (callwarden.slow_down): no start before paused_until, and
+    -- the caps scaled by rate_factor as of the pause (halved), one call's worth back per
+    -- wait_s since the pause ended (callwarden.limit_factor)
+    paused_until     timestamptz,
+    rate_factor      double precision NOT NULL DEFAULT 1
+                     CHECK (rate_factor > 0 AND rate_factor <= 1),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     CHECK ((creates IS NULL) = (per_s IS NULL))
 );
@@ -58,6 +64,18 @@ DECLARE
     host text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.oid = to_regclass('jobs'));
     body text := $fns$
+-- The share of an account's caps it admits at `at`: 1, or after the provider's 429s the
+-- factor slow_down left (halved) plus one call's worth per wait_s since the pause ended
+-- (additive increase, computed: nothing is written on a start).
+CREATE OR REPLACE FUNCTION callwarden.limit_factor(l callwarden.limits, at timestamptz)
+RETURNS double precision
+LANGUAGE sql STABLE SET search_path = @host@, pg_temp AS $body$
+    SELECT CASE WHEN l.rate_factor >= 1 OR l.paused_until IS NULL THEN l.rate_factor
+                ELSE LEAST(1, l.rate_factor + GREATEST(0, floor(
+                         EXTRACT(epoch FROM at - l.paused_until) / l.wait_s))
+                     / GREATEST(1, COALESCE(l.in_flight, l.creates))) END
+$body$;
+
 -- A start's admission: NULL when the job may start now (no limit names its kind; the job's
 -- call has started already, or the row holds a task: the start's own fences answer it),
 -- else the reason and the seconds to wait; a refusal is recorded in callwarden.waiting,
@@ -72,6 +90,7 @@ DECLARE
     v_now timestamptz;
     v_n bigint;
     v_edge timestamptz;
+    v_cap bigint;
 BEGIN
     SELECT * INTO v_limit FROM callwarden.limits l WHERE l.kinds @> ARRAY[admit.kind]
     ORDER BY l.account LIMIT 1;
@@ -85,14 +104,22 @@ BEGIN
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(
         pg_catalog.hashtextextended('callwarden.admit:' || v_limit.account, 0));
+    -- read again under the lock: a pause or a rate another start wrote meanwhile
+    SELECT * INTO v_limit FROM callwarden.limits l WHERE l.account = v_limit.account;
     v_now := pg_catalog.clock_timestamp();
-    IF v_limit.in_flight IS NOT NULL THEN
+    IF v_limit.paused_until > v_now THEN
+        admit.reason := pg_catalog.format('%s: the provider refused a create (429): paused',
+                                          v_limit.account);
+        admit.retry_after_s := EXTRACT(epoch FROM v_limit.paused_until - v_now);
+    END IF;
+    IF admit.reason IS NULL AND v_limit.in_flight IS NOT NULL THEN
+        v_cap := GREATEST(1, floor(v_limit.in_flight * callwarden.limit_factor(v_limit, v_now)));
         SELECT count(*) INTO v_n FROM @host@.jobs j
         WHERE j.provider_kind = ANY (v_limit.kinds)
           AND j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing');
-        IF v_n >= v_limit.in_flight THEN
+        IF v_n >= v_cap THEN
             admit.reason := pg_catalog.format('%s: %s of %s calls in flight', v_limit.account,
-                                              v_n, v_limit.in_flight);
+                                              v_n, v_cap);
             admit.retry_after_s := v_limit.wait_s;
         END IF;
     END IF;
@@ -107,15 +134,16 @@ BEGIN
         END IF;
     END IF;
     IF admit.reason IS NULL AND v_limit.creates IS NOT NULL THEN
-        -- the window's creates-th newest start: while it is in the window, the window is full
+        v_cap := GREATEST(1, floor(v_limit.creates * callwarden.limit_factor(v_limit, v_now)));
+        -- the window's cap-th newest start: while it is in the window, the window is full
         SELECT j.provider_call_started_at INTO v_edge FROM @host@.jobs j
         WHERE j.provider_kind = ANY (v_limit.kinds)
           AND j.provider_call_started_at > v_now - pg_catalog.make_interval(secs => v_limit.per_s)
         ORDER BY j.provider_call_started_at DESC
-        OFFSET v_limit.creates - 1 LIMIT 1;
+        OFFSET v_cap - 1 LIMIT 1;
         IF FOUND THEN
             admit.reason := pg_catalog.format('%s: %s creates in %s s', v_limit.account,
-                                              v_limit.creates, v_limit.per_s);
+                                              v_cap, v_limit.per_s);
             admit.retry_after_s := GREATEST(0.05, EXTRACT(epoch FROM
                 v_edge + pg_catalog.make_interval(secs => v_limit.per_s) - v_now));
         END IF;
@@ -130,6 +158,33 @@ BEGIN
     ON CONFLICT ON CONSTRAINT waiting_pkey DO UPDATE
         SET reason = EXCLUDED.reason, retry_at = EXCLUDED.retry_at,
             account = EXCLUDED.account, refusals = w.refusals + 1;
+END
+$body$;
+
+-- The provider answered a create with 429 (after the transport's own retries): the
+-- account of `kind` stops admitting starts for retry_after_s (its wait_s when the provider
+-- said none), and, unless it was paused already (one decrease per pause, however many
+-- workers saw the 429), its caps are halved (multiplicative decrease; limit_factor adds
+-- one call's worth back per wait_s after the pause). No row when no limit names the kind.
+CREATE OR REPLACE FUNCTION callwarden.slow_down(kind text, retry_after_s double precision,
+                                                OUT account text, OUT paused_s double precision,
+                                                OUT rate_factor double precision)
+RETURNS SETOF record
+LANGUAGE plpgsql SET search_path = @host@, pg_temp AS $body$
+#variable_conflict error
+DECLARE
+    v_now timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    RETURN QUERY
+    UPDATE callwarden.limits l
+    SET rate_factor = CASE WHEN COALESCE(l.paused_until, v_now) <= v_now
+                           THEN GREATEST(callwarden.limit_factor(l, v_now) / 2, 1.0 / 64)
+                           ELSE l.rate_factor END,
+        paused_until = GREATEST(l.paused_until, v_now + pg_catalog.make_interval(
+            secs => COALESCE(slow_down.retry_after_s, l.wait_s)))
+    WHERE l.account = (SELECT m.account FROM callwarden.limits m
+                       WHERE m.kinds @> ARRAY[slow_down.kind] ORDER BY m.account LIMIT 1)
+    RETURNING l.account, EXTRACT(epoch FROM l.paused_until - v_now)::float8, l.rate_factor;
 END
 $body$;
 
@@ -215,6 +270,8 @@ DECLARE
 BEGIN
     REVOKE ALL ON FUNCTION callwarden.admit(uuid, text) FROM PUBLIC;
     REVOKE ALL ON FUNCTION callwarden.waiting_for(uuid) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION callwarden.slow_down(text, double precision) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION callwarden.limit_factor(callwarden.limits, timestamptz) FROM PUBLIC;
     REVOKE ALL ON callwarden.limits, callwarden.waiting FROM PUBLIC;
     FOR r IN
         SELECT DISTINCT a.grantee::regrole
@@ -224,14 +281,19 @@ BEGIN
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.admit(uuid, text) TO %s', r);
         EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.waiting_for(uuid) TO %s', r);
-        EXECUTE format('GRANT SELECT ON callwarden.limits TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.slow_down(text, double precision) '
+                       'TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.limit_factor(callwarden.limits, '
+                       'timestamptz) TO %s', r);
+        EXECUTE format('GRANT SELECT, UPDATE (paused_until, rate_factor) ON callwarden.limits '
+                       'TO %s', r);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON callwarden.waiting TO %s', r);
     END LOOP;
 END
 $grant$;
 
--- grant_runtime (0017's) and the new tables: a runtime role reads the limits and keeps
--- the waiting rows (the functions are granted by the loop over every callwarden function).
+-- grant_runtime (0017's) and the new tables: a runtime role reads the limits (and writes
+-- only their pause and rate), and keeps the waiting rows (the functions are granted by the loop over every callwarden function).
 CREATE OR REPLACE FUNCTION callwarden.grant_runtime(runtime regrole) RETURNS SETOF text
 LANGUAGE plpgsql
 SET search_path = ''
@@ -245,7 +307,9 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM callwarden.grant_runtime_tables(runtime);
     FOREACH stmt IN ARRAY ARRAY[
-        pg_catalog.format('GRANT SELECT ON callwarden.limits TO %s', runtime),
+        -- (the caps are the operator's: a runtime only pauses and scales them)
+        pg_catalog.format('GRANT SELECT, UPDATE (paused_until, rate_factor) ON '
+                          'callwarden.limits TO %s', runtime),
         pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON callwarden.waiting TO %s',
                           runtime)] LOOP
         EXECUTE stmt;

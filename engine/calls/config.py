@@ -42,7 +42,10 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     past it the call is charged its reservation, logged. ``provider_call_timeout_s``: the
     longest a create or a sync call may run in the provider's code, a host adapter's
     included (the call heartbeats meanwhile, so no reconciler takes it over); past it a
-    create is ambiguous (left for the reconciler) and a sync call fails and refunds."""
+    create is ambiguous (left for the reconciler) and a sync call fails and refunds.
+    ``rate_limited_wait_s``: how long a create the provider refuses with 429 keeps trying
+    (the kind's ``[limits]`` account paused and slowed meanwhile: docs/admission.md) before
+    the call fails and refunds; a kind no limit names fails at the first 429."""
 
     finalize_lease_s: float = 120.0
     heartbeat_every_s: float = 10.0
@@ -51,6 +54,7 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     store_timeout_s: float = 60.0
     pricing_timeout_s: float = 5.0
     provider_call_timeout_s: float = 900.0
+    rate_limited_wait_s: float = 300.0
     lease_margin_s: float | None = None
     media_allow_hosts: tuple[str, ...] = ()
     ambiguous_create: AmbiguousCreate = "sweep"
@@ -62,7 +66,7 @@ class CallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     def __post_init__(self) -> None:
         for name in ("finalize_lease_s", "heartbeat_every_s", "media_timeout_s",
                      "store_timeout_s", "media_max_bytes", "pricing_timeout_s",
-                     "provider_call_timeout_s"):
+                     "provider_call_timeout_s", "rate_limited_wait_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.margin_s < self.finalize_lease_s:

@@ -19,6 +19,8 @@ RETURNING account;
 -- name: limits_show
 -- Each account, its calls in flight (jobs_open_kind_user_idx) and the jobs waiting for it.
 SELECT l.account, l.kinds, l.in_flight, l.tenant_in_flight, l.creates, l.per_s, l.wait_s,
+       callwarden.limit_factor(l, clock_timestamp()) AS rate_factor,
+       GREATEST(0, EXTRACT(epoch FROM l.paused_until - clock_timestamp()))::float8 AS paused_s,
        (SELECT count(*) FROM jobs j
         WHERE j.provider_kind = ANY (l.kinds)
           AND j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing'))

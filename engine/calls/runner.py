@@ -189,27 +189,54 @@ class CallRunner(AsyncClosing):
     async def _create(self, job_id: uuid.UUID, p: CallProjection, client: AsyncKindClient,
                       request: Mapping[str, Any]) -> tuple[CallProjection, str | None]:
         failpoint("before_create")
-        try:
-            task_id = await self._beating(job_id, client.create(
-                request, callback_url=self._callback(job_id, client.kind)))
-        except TimeoutError:  # cancelled in flight: the task may exist upstream
-            return p, (f"create did not answer within provider_call_timeout_s "
-                       f"({self.config.provider_call_timeout_s:g} s): left for the "
-                       "reconciler")
-        except (RateLimited, NotSent) as exc:  # provably not created: fail now and refund
-            code = "rate_limited" if isinstance(exc, RateLimited) else "not_sent"
-            return await self._record(job_id, self._if_active(UpstreamFailed(
-                at=self.clock(), actor=self.owner, error=str(exc), code=code)), p), None
-        except TransientError as exc:  # ambiguous: the task may exist upstream
-            return p, f"create failed ambiguously ({exc}): left for the reconciler"
-        except ProviderError as exc:  # refused: nothing was created
-            return await self._record(job_id, self._if_active(UpstreamFailed(
-                at=self.clock(), actor=self.owner, error=str(exc),
-                code=type(exc).__name__)), p), None
+        until = self.monotonic() + self.config.rate_limited_wait_s
+        while True:
+            try:
+                task_id = await self._beating(job_id, client.create(
+                    request, callback_url=self._callback(job_id, client.kind)))
+            except RateLimited as exc:  # provably not created: slow down, or fail and refund
+                account, pause = await self._slowed(client.kind, exc, until)
+                if pause is None:
+                    error = str(exc) if account is None else (
+                        f"{exc} (account {account}: the provider refused every create for "
+                        f"rate_limited_wait_s, {self.config.rate_limited_wait_s:g} s)")
+                    return await self._failed(job_id, p, error, "rate_limited"), None
+                await self._beating(job_id, self.sleep(pause))
+                continue
+            except TimeoutError:  # cancelled in flight: the task may exist upstream
+                return p, (f"create did not answer within provider_call_timeout_s "
+                           f"({self.config.provider_call_timeout_s:g} s): left for the "
+                           "reconciler")
+            except NotSent as exc:  # provably not created: fail now and refund
+                return await self._failed(job_id, p, str(exc), "not_sent"), None
+            except TransientError as exc:  # ambiguous: the task may exist upstream
+                return p, f"create failed ambiguously ({exc}): left for the reconciler"
+            except ProviderError as exc:  # refused: nothing was created
+                return await self._failed(job_id, p, str(exc), type(exc).__name__), None
+            break
         failpoint("after_create")
         event = TaskCreated(at=self.clock(), actor=self.owner, task_id=task_id)
         return await self._record(job_id, lambda q: event if q.state is CallState.CREATED
                                   else None, p), None
+
+    async def _slowed(self, kind: str, exc: RateLimited,
+                      until: float) -> tuple[str | None, float | None]:
+        """A 429 on a create: the kind's account (if a limit names it) pauses its starts and
+        halves its caps for the whole fleet (``Database.slow_down``), and this call creates
+        again after the pause while ``rate_limited_wait_s`` lasts. The account, and the
+        pause (``None``: fail the call now)."""
+        slowed = await self.db.slow_down(kind, exc.retry_after)
+        if slowed is None:
+            return None, None
+        pause = max(slowed.paused_s, exc.retry_after or 0.0, 0.05)
+        log.info("%s create refused (%s): account %s paused %.2f s, caps x%.3f", kind, exc,
+                 slowed.account, pause, slowed.rate_factor)
+        return slowed.account, pause if self.monotonic() + pause <= until else None
+
+    async def _failed(self, job_id: uuid.UUID, p: CallProjection, error: str,
+                      code: str) -> CallProjection:
+        return await self._record(job_id, self._if_active(UpstreamFailed(
+            at=self.clock(), actor=self.owner, error=error, code=code)), p)
 
     async def _poll(self, job_id: uuid.UUID, kind: str, p: CallProjection,
                     client: AsyncKindClient) -> tuple[CallProjection, str | None, bool]:

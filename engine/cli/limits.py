@@ -44,6 +44,10 @@ def _cap(row: dict[str, Any]) -> str:
         parts.append(f"{row['tenant_in_flight']} per user")
     if row["creates"] is not None:
         parts.append(f"{row['creates']} creates per {row['per_s']:g} s")
+    if row["rate_factor"] < 1:  # the provider's 429s slowed it (docs/admission.md)
+        parts.append(f"slowed to x{row['rate_factor']:.2f} by the provider's 429s")
+    if row["paused_s"]:
+        parts.append(f"paused {row['paused_s']:.0f} s more")
     return ", ".join(parts)
 
 

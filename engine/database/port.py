@@ -50,6 +50,7 @@ __all__ = [
     "Decide",
     "Load",
     "Row",
+    "SlowedDown",
     "transition_via",
 ]
 
@@ -88,6 +89,15 @@ class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
                 "reserved_before": self.reserved_before}
 
 
+class SlowedDown(msgspec.Struct, frozen=True, kw_only=True):
+    """An account :meth:`Database.slow_down` paused: for ``paused_s`` more seconds, its
+    caps scaled by ``rate_factor``."""
+
+    account: str
+    paused_s: float
+    rate_factor: float
+
+
 @runtime_checkable
 class Database(Protocol):
     """Everything the actors ask of the database (the module's docstring groups it by actor)."""
@@ -111,6 +121,11 @@ class Database(Protocol):
         ...
 
     async def sync_clock(self, clock: Clock) -> None: ...
+
+    async def slow_down(self, kind: str, retry_after_s: float | None) -> SlowedDown | None:
+        """The provider refused a create of ``kind`` with 429: its account pauses starts
+        and halves its caps (docs/admission.md); ``None`` when no limit names the kind."""
+        ...
 
     # -- the reconciler ---------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from callwarden.database.citus import on_citus
 from callwarden.database.clock import Clock
 from callwarden.database.clock import sync_clock as _sync_clock
 from callwarden.database.db import Conn, Pool
-from callwarden.database.port import Before, ClaimRequest, Row, transition_via
+from callwarden.database.port import Before, ClaimRequest, Row, SlowedDown, transition_via
 from callwarden.database.snapshot import snapshot
 from callwarden.database.write import AppendResult, Decide
 from callwarden.database.write import execute as _execute
@@ -86,6 +86,12 @@ class PostgresDatabase:
 
     async def sync_clock(self, clock: Clock) -> None:
         await _sync_clock(clock, self.pool)
+
+    async def slow_down(self, kind: str, retry_after_s: float | None) -> SlowedDown | None:
+        async with connection(self.pool) as conn:
+            rows = await _execute(conn, "slow_down", {"kind": kind,
+                                                      "retry_after_s": retry_after_s})
+        return SlowedDown(**rows[0]) if rows else None
 
     # -- the reconciler ------------------------------------------------------------------
 

@@ -260,6 +260,12 @@ INSERT INTO usage_logs (job_id, user_id, status, credits_reserved)
 SELECT id, user_id, 'reserved', %(credits)s FROM j WHERE %(credits)s::numeric IS NOT NULL
 RETURNING id;
 
+-- name: slow_down
+-- The provider answered a create with 429: pause the kind's account and halve its caps
+-- (migrations/0018_admission.sql, callwarden.slow_down). No row: no limit names the kind.
+SELECT account, paused_s, rate_factor
+FROM callwarden.slow_down(%(kind)s::text, %(retry_after_s)s::float8);
+
 -- name: heartbeat
 -- Projection-only: proves the owner is alive and reports progress. Never an event.
 UPDATE jobs

@@ -43,7 +43,7 @@ import msgspec
 
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
-from callwarden.database.port import Before, ClaimRequest, Row, transition_via
+from callwarden.database.port import Before, ClaimRequest, Row, SlowedDown, transition_via
 from callwarden.database.postgres import PostgresDatabase
 from callwarden.database.write import AppendResult, Decide, as_run
 from callwarden.events.types import Event, StoredMedia
@@ -225,6 +225,10 @@ class Gated:
 
     async def sync_clock(self, clock: Callable[[], datetime]) -> None:
         return None
+
+    async def slow_down(self, kind: str, retry_after_s: float | None) -> SlowedDown | None:
+        await self.sched.gate("slow_down")
+        return await self.inner.slow_down(kind, retry_after_s)
 
     async def claim(self, request: ClaimRequest) -> list[Row]:
         await self.sched.gate("claim")
