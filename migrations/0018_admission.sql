@@ -25,6 +25,17 @@
 -- jobs, and the Python write path calls admit as its own statement in the start's
 -- transaction; the counts run on the coordinator across the shards (docs/admission.md).
 
+-- On Citus, this transaction's DDL one statement after the other: an index built on the
+-- distributed jobs and then a function (propagated to every node) are refused in parallel
+-- mode ("there was a parallel operation on a distributed table").
+DO $sequential$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+END
+$sequential$;
+
 CREATE TABLE IF NOT EXISTS callwarden.limits (
     account          text PRIMARY KEY CHECK (account <> ''),
     kinds            text[] NOT NULL CHECK (cardinality(kinds) > 0),
@@ -152,6 +163,12 @@ BEGIN
         DELETE FROM callwarden.waiting w WHERE w.job_id = admit.job_id;
         RETURN;
     END IF;
+    -- rows of jobs that stopped asking (ended, or given up by their queue) long ago: the
+    -- account's waiting list holds only jobs still waiting (a row comes back with its next
+    -- refusal; only the wait path pays for this)
+    DELETE FROM callwarden.waiting w
+    WHERE w.account = v_limit.account
+      AND w.retry_at < v_now - pg_catalog.make_interval(secs => GREATEST(600, 60 * v_limit.wait_s));
     INSERT INTO callwarden.waiting AS w (job_id, account, reason, since, retry_at)
     VALUES (admit.job_id, v_limit.account, admit.reason, v_now,
             v_now + pg_catalog.make_interval(secs => admit.retry_after_s))

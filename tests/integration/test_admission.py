@@ -161,3 +161,20 @@ async def test_a_started_call_delivered_again_is_not_refused_by_a_full_account(
     assert again.waiting is None
     assert again.projection.state is not None
     assert (await sql_start(conn, job))["action"] == "resume"
+
+
+async def test_a_refusal_clears_the_accounts_waiting_rows_of_jobs_that_stopped_asking(
+        conn: Conn) -> None:
+    """A waiting row whose retry time passed over ten minutes ago (its job ended or its
+    queue gave it up) is deleted by the account's next refusal; a recent one stays."""
+    await limit(conn, in_flight=1)
+    held, refused, gone, recent = [await new_job(conn) for _ in range(4)]
+    await conn.execute(
+        "INSERT INTO callwarden.waiting (job_id, account, reason, since, retry_at) VALUES "
+        "(%s, 'kie-main', 'old', now() - interval '3 h', now() - interval '2 h'), "
+        "(%s, 'kie-main', 'recent', now() - interval '1 min', now() - interval '5 min')",
+        (gone, recent))
+    assert (await py_start(conn, held)).ok
+    assert (await py_start(conn, refused)).waiting is not None
+    cur = await conn.execute("SELECT job_id FROM callwarden.waiting ORDER BY since")
+    assert [r["job_id"] for r in await cur.fetchall()] == [recent, refused]

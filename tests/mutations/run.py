@@ -531,6 +531,28 @@ MUTANTS: tuple[Mutant, ...] = (
               '    "resume": "",\n    "ambiguous": "ambiguous create'),),
         (QUEUES,)),
     Mutant(
+        "admission-unlocked",
+        "a start counts the account's calls without the account's lock (issue 42): two "
+        "starts at once both see a free slot and both start",
+        (Edit("migrations/0018_admission.sql",
+              "    PERFORM pg_catalog.pg_advisory_xact_lock(\n"
+              "        pg_catalog.hashtextextended('callwarden.admit:' || v_limit.account, 0));",
+              "    PERFORM 1;"),),
+        ("tests/integration/test_admission.py",)),
+    Mutant(
+        "admission-one-over",
+        "a full account admits one start more than its cap (issue 42)",
+        (Edit("migrations/0018_admission.sql",
+              "        IF v_n >= v_cap THEN", "        IF v_n > v_cap THEN"),),
+        ("tests/integration/test_admission.py",)),
+    Mutant(
+        "provider-429-fails-limited-call",
+        "a provider's 429 on a create of a limited account's kind fails and refunds the "
+        "call at once instead of slowing the account and creating again (issue 42)",
+        (Edit("engine/calls/runner.py",
+              "                if pause is None:\n", "                if True:\n"),),
+        ("tests/integration/test_admission_backoff.py",)),
+    Mutant(
         "host-api-claims-twice",
         "the host API's start_call tells a second delivery of a started call to create "
         "(a Node worker's redelivery creates a second upstream task)",
