@@ -10,7 +10,14 @@ number. Names: ``callwarden_calls{kind,state}`` (open calls),
 ``recent_window_s``), ``callwarden_calls_stale{kind}``,
 ``callwarden_reservations_leaked_recent{kind}``, ``callwarden_jobs_without_call``,
 ``callwarden_reservations_host_left`` (reservations still held on jobs the host ended
-longer than ``host_left_after_s`` ago: its commit or refund never came).
+longer than ``host_left_after_s`` ago: its commit or refund never came),
+``callwarden_jobs_waiting{account}`` and ``callwarden_waiting_oldest_seconds{account}``
+(jobs waiting now for a provider account's slot, and how long the oldest has waited: one
+sample per account of ``callwarden.limits``, 0 when none waits; docs/admission.md).
+
+No count of admission refusals is exported: the ``refusals`` of ``callwarden.waiting``
+live only while their job waits (the start that admits it deletes its row), so their sum
+falls when a job starts and is no counter; a refusal writes nothing else to count.
 """
 
 from __future__ import annotations
@@ -52,8 +59,9 @@ class CallGauges:
     index), calls ended in the last ``recent_window_s`` (events' time index), stale calls
     per kind (by the reconciler's ``stale`` rule), reservations still reserved on calls
     that ended in that window (``verify``'s rule: 0 unless something settled around the
-    write path), and the host's jobs waiting without a call with credits reserved (older
-    than the legacy threshold, newer than the legacy cutoff: never swept, so reported)."""
+    write path), the host's jobs waiting without a call with credits reserved (older
+    than the legacy threshold, newer than the legacy cutoff: never swept, so reported),
+    and per provider account the jobs waiting for its slot and the oldest one's wait."""
 
     def __init__(self, stale: StaleRule, *, recent_window_s: float = 3600.0,
                  legacy_cutoff: datetime | None = None,
@@ -72,6 +80,7 @@ class CallGauges:
             "legacy_cutoff": self.legacy_cutoff})
         left = await execute(conn, "audit_host_left", {
             "before": now - timedelta(seconds=self.host_left_after_s)})
+        slots = await execute(conn, "metrics_waiting", {})
         return [
             _family("callwarden_reservations_host_left",
                     f"Reservations still reserved on jobs the host ended over "
@@ -92,6 +101,13 @@ class CallGauges:
                     "In-flight jobs with credits reserved and no call, created after the "
                     "legacy cutoff (the host's: never swept)", [],
                     [([], float(waiting[0]["n"]))]),
+            _family("callwarden_jobs_waiting",
+                    "Jobs waiting now for a slot of a provider account (a start its limits "
+                    "refused: no call yet)", ["account"],
+                    (([r["account"]], float(r["jobs"])) for r in slots)),
+            _family("callwarden_waiting_oldest_seconds",
+                    "How long the account's longest-waiting job has waited (0: none waits)",
+                    ["account"], (([r["account"]], _waited(r["oldest"], now)) for r in slots)),
         ]
 
     def _per_kind(self, rows: Iterable[Mapping[str, object]], column: str) -> Iterator[
@@ -100,6 +116,10 @@ class CallGauges:
         found = {str(r["kind"]): float(str(r[column])) for r in rows}
         for kind in sorted(set(self.stale.thresholds) | set(found)):
             yield [kind], found.get(kind, 0.0)
+
+
+def _waited(since: datetime | None, now: datetime) -> float:
+    return 0.0 if since is None else max(0.0, (now - since).total_seconds())
 
 
 def exposition(extra: list[Metric] | None = None) -> bytes:

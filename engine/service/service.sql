@@ -217,3 +217,54 @@ WHERE j.id = ANY(%(ids)s::uuid[]);
 SELECT coalesce(sum(credits_reserved), 0) AS credits
 FROM usage_logs
 WHERE job_id = %(job_id)s::uuid AND status = 'refunded' AND settled_by_seq = %(seq)s::int;
+
+-- fragment: waiting_jobs
+-- The jobs waiting for a provider account's slot now: the rows of callwarden.waiting
+-- (migration 0018: a start the account's limits refused; the start that admits the job
+-- deletes its row) whose job could still start, as start_call tells (no call, no task,
+-- still pending or processing): a job the host ended or removed while it waited is not
+-- waiting any more, even if its row is left. Each row reaches its job by jobs' primary
+-- key (a LATERAL ... LIMIT 1, which the planner keeps a nested loop over the waiting rows:
+-- joined plainly, it may hash a scan of every job it guesses has no call), so the cost
+-- grows with the waiting rows, never with jobs. dashboard_waiting (the dashboard's
+-- /waiting page, `callwarden jobs --state waiting`) and metrics_waiting (the overview's
+-- card, /metrics) read these rows.
+(SELECT w.job_id, w.account, w.reason, w.since, w.retry_at, w.refusals,
+        j.user_id, j.status, j.created_at
+ FROM callwarden.waiting w
+ CROSS JOIN LATERAL (
+     SELECT j.user_id, j.status, j.created_at
+     FROM jobs j
+     WHERE j.id = w.job_id AND j.call_state IS NULL AND j.provider_task_id IS NULL
+       AND coalesce(j.status, 'pending') IN ('pending', 'processing')
+     LIMIT 1
+ ) j)
+
+-- name: dashboard_waiting
+-- The jobs waiting for a slot (the waiting_jobs fragment), longest waiting first, with
+-- optional filters (NULL: any): the job's user, a kind (the account whose kinds hold
+-- it), a range of the time the job began to wait.
+SELECT w.job_id AS id, w.user_id, w.status, w.created_at, w.account, w.reason, w.since,
+       w.retry_at, w.refusals
+FROM {{waiting_jobs}} w
+WHERE (%(user_id)s::text IS NULL OR w.user_id = %(user_id)s::text)
+  AND (%(kind)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM callwarden.limits l
+        WHERE l.account = w.account AND l.kinds @> ARRAY[%(kind)s::text]))
+  AND w.since >= coalesce(%(from)s::timestamptz, '-infinity')
+  AND w.since < coalesce(%(to)s::timestamptz, 'infinity')
+ORDER BY w.since, w.job_id
+LIMIT %(limit)s;
+
+-- name: metrics_waiting
+-- Per provider account (each of callwarden.limits, and any other a waiting row names):
+-- its jobs waiting now (the waiting_jobs fragment; 0 when none), since when the oldest
+-- waits, the soonest retry, and the reasons of their latest refusals.
+SELECT a.account, count(w.job_id) AS jobs, min(w.since) AS oldest, min(w.retry_at) AS next_retry,
+       coalesce(array_agg(DISTINCT w.reason ORDER BY w.reason)
+                FILTER (WHERE w.reason IS NOT NULL), '{}') AS reasons
+FROM (SELECT l.account FROM callwarden.limits l
+      UNION SELECT r.account FROM callwarden.waiting r) a
+LEFT JOIN {{waiting_jobs}} w ON w.account = a.account
+GROUP BY a.account
+ORDER BY a.account;

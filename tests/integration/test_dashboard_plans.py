@@ -1,9 +1,10 @@
 """The dashboard's queries are served by indexes at scale: 1,000,000 jobs, about 1,000,000
 call_events and 1,000,000 usage_logs rows (bench/dashboard.sql, set-based), analysed and
 vacuumed; then no plan of an overview or call-list query (every window, every filter, a
-later page, a job page, a bulk action's preview and refund read-back) has a sequential
-scan of jobs, call_events or usage_logs — for the parameters given (the custom plan) and
-for any parameters (the generic plan a prepared statement may switch to)."""
+later page, a job page, a bulk action's preview and refund read-back, the jobs waiting for
+a provider account's slot and their counts per account, with 1,000 of them) has a
+sequential scan of jobs, call_events or usage_logs — for the parameters given (the custom
+plan) and for any parameters (the generic plan a prepared statement may switch to)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,15 @@ async def generic_plan(conn: Conn, name: str, params: dict[str, Any]) -> dict[st
 async def million(conn: Conn) -> tuple[uuid.UUID, datetime]:
     for name in ("load_jobs", "load_call_events", "load_usage_logs"):
         await conn.execute(LOAD[name], {"rows": ROWS, "open": 200})
-    await conn.execute("VACUUM ANALYZE jobs, callwarden.call_events, usage_logs")
+    # jobs waiting for a slot (callwarden.waiting is small: each row reaches its job by
+    # the primary key)
+    await conn.execute("INSERT INTO callwarden.limits (account, kinds, in_flight) "
+                       "VALUES ('kie-main', ARRAY['kie-standard'], 1)")
+    await conn.execute("INSERT INTO callwarden.waiting (job_id, account, reason, retry_at) "
+                       "SELECT id, 'kie-main', 'kie-main: 1 of 1 calls in flight', "
+                       "now() + interval '2 s' FROM jobs ORDER BY id LIMIT 1000")
+    await conn.execute("VACUUM ANALYZE jobs, callwarden.call_events, usage_logs, "
+                       "callwarden.waiting, callwarden.limits")
     counts = await (await conn.execute(
         "SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM "
         "callwarden.call_events) AS "
@@ -130,6 +139,13 @@ def cases(job: uuid.UUID, at: datetime, now: datetime) -> list[tuple[str, dict[s
               Filters(start=at - timedelta(hours=2), end=at),
               Filters(kind="kie-standard", state="completed", cursor=(at, job))):
         out.append(("dashboard_list_calls", sql_params(f)))
+    # the jobs waiting for a slot: the /waiting page and `jobs --state waiting` (a user, a
+    # kind, an age range), the overview's card and /metrics
+    waiting = {"user_id": None, "kind": None, "from": None, "to": None, "limit": 201}
+    out += [("dashboard_waiting", waiting),
+            ("dashboard_waiting", {**waiting, "user_id": "user-7", "kind": "kie-standard",
+                                   "from": now - timedelta(days=1), "to": now}),
+            ("metrics_waiting", {})]
     # `callwarden jobs`: several states (--state open), an age range, a user
     for f, extra in ((Filters(end=at), {"states": list(OPEN_STATES)}),
                      (Filters(start=at - timedelta(days=1), end=at),

@@ -10,11 +10,14 @@ small script (``engine/service/static/``, shipped in the wheel: no CDN, works of
   selected (or every call the filter matches) for a bulk action (:mod:`.bulk`: a preview
   of how many calls and credits, confirmed, then one transition per job).
 - ``/jobs/{id}``: the job's story (:mod:`.story`) and its admin buttons.
+- ``/waiting``: the jobs waiting for a provider account's slot (a start its limits
+  refused: no call yet), with the reason and the retry time (:mod:`.waiting`); the
+  overview shows a card of them per account while any job waits.
 
 Pure renderers (:mod:`.format`, :mod:`.html`, :mod:`.overview`, :mod:`.calls`,
-:mod:`.story`, :mod:`callwarden.service.charts`) are separate from the routes
-(:mod:`.handlers`) and the admin actions' writes (:mod:`.bulk`). Every value shown passes
-through :func:`html.escape`.
+:mod:`.story`, :mod:`.waiting`, :mod:`callwarden.service.charts`) are separate from the
+routes (:mod:`.handlers`) and the admin actions' writes (:mod:`.bulk`). Every value shown
+passes through :func:`html.escape`.
 """
 
 from callwarden.service.dashboard.handlers import Dashboard

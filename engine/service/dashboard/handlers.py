@@ -26,6 +26,8 @@ from callwarden.service.dashboard.html import page, table
 from callwarden.service.dashboard.overview import ORIGIN, TERMINAL, WINDOWS, Overview, overview
 from callwarden.service.dashboard.rollup import Rollup, latency_rows
 from callwarden.service.dashboard.story import JobIO, job_page, media_origin
+from callwarden.service.dashboard.waiting import PAGE as WAITING_PAGE
+from callwarden.service.dashboard.waiting import waiting_page
 
 __all__ = ["Dashboard"]
 
@@ -68,6 +70,7 @@ class Dashboard:
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/", self.home), web.get("/overview/live", self.live),
                 web.get("/jobs", self.calls), web.get("/jobs/{job_id}", self.job),
+                web.get("/waiting", self.waiting),
                 web.get("/static/{name}", self.static)]
 
     async def static(self, request: web.Request) -> web.Response:
@@ -97,7 +100,8 @@ class Dashboard:
                 exhausted=await execute(conn, "dashboard_recent_outcomes", {
                     "since": recent, "types": ["Exhausted"], "limit": 20}),
                 recent=await execute(conn, "dashboard_recent_outcomes", {
-                    "since": recent, "types": list(TERMINAL), "limit": 30}))
+                    "since": recent, "types": list(TERMINAL), "limit": 30}),
+                waiting=await execute(conn, "metrics_waiting", {}))
         return overview(o)
 
     async def home(self, request: web.Request) -> web.Response:
@@ -120,6 +124,15 @@ class Dashboard:
             rows = await execute(conn, "dashboard_list_calls", sql_params(filters))
         return _html(page("Calls", calls_page(filters, rows, admin=self.admin),
                           current="/jobs"))
+
+    async def waiting(self, request: web.Request) -> web.Response:
+        """The jobs waiting for a provider account's slot, longest waiting first."""
+        now = self.now()
+        async with connection(self.pool) as conn:
+            rows = await execute(conn, "dashboard_waiting", {
+                "user_id": None, "kind": None, "from": None, "to": None,
+                "limit": WAITING_PAGE + 1})
+        return _html(page("Waiting", waiting_page(rows, now), current="/waiting"))
 
     async def _search(self, q: str) -> web.Response:
         try:

@@ -82,7 +82,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, link_firs
 
 
 def _nav(current: str) -> str:
-    links = [("/", "Overview"), ("/jobs", "Calls")]
+    links = [("/", "Overview"), ("/jobs", "Calls"), ("/waiting", "Waiting")]
     here = ' aria-current="page"'
     items = "".join(f'<a href="{href}"{here if href == current else ""}>{name}</a>'
                     for href, name in links)

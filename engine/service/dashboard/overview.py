@@ -1,6 +1,8 @@
 """The overview page's content (pure): calls in flight and stale per kind with their
 thresholds, calls reaching each terminal state over the window, who ended them, time to
-terminal per kind, credits settled over time, and the lists (stale, exhausted, recent).
+terminal per kind, credits settled over time, and the lists (stale, exhausted, recent);
+when a job waits for a provider account's slot, a card of the waiting jobs per account
+(:mod:`.waiting`).
 
 :func:`overview` renders the part the page's script refreshes (``/overview/live``); the
 page itself is the same markup in the frame, so it reads complete without JavaScript.
@@ -20,6 +22,7 @@ from callwarden.rules.stale import StaleRule
 from callwarden.service import charts
 from callwarden.service.dashboard.format import credits, duration
 from callwarden.service.dashboard.html import table
+from callwarden.service.dashboard.waiting import waiting_card
 
 __all__ = ["OPEN_STATES", "ORIGIN", "TERMINAL", "WINDOWS", "Overview", "Window", "overview"]
 
@@ -61,6 +64,7 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     stale: Sequence[Row]          # dashboard_stale_calls
     exhausted: Sequence[Row]      # dashboard_recent_outcomes (Exhausted)
     recent: Sequence[Row]         # dashboard_recent_outcomes (every terminal type)
+    waiting: Sequence[Row] = ()   # metrics_waiting: account, jobs, oldest, next_retry, ...
 
 
 def _switch(current: Window) -> str:
@@ -188,6 +192,7 @@ def overview(o: Overview) -> str:
             + _switch(o.window)
             + '<div class="grid">'
             + f'<section class="card wide">{in_flight(o)}</section>'
+            + waiting_card(o.waiting, o.now)
             + f'<section class="card">{ended_chart(o)}</section>'
             + f'<section class="card">{enders(o)}</section>'
             + f'<section class="card">{latency(o)}</section>'
