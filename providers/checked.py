@@ -10,9 +10,11 @@ string (at most 512 characters), or an outcome that is not one of
 An exception the adapter lets out that is not a
 :class:`~callwarden.providers.errors.ProviderError` becomes one: an HTTP error status its
 client raised (aiohttp's ``raise_for_status``: ``ClientResponseError``) the error that
-status means (429 ``RateLimited``, 408 and 5xx ``TransientError``, 401/403
-``AuthenticationError``, 402 ``InsufficientCredits``, any other 4xx ``BadRequest``: a
-create refused, nothing made upstream), so a host's client needs no mapping of its own; a
+status means, as for the built-in clients
+(:func:`~callwarden.providers.errors.error_for_status`: 429 ``RateLimited`` with its
+``Retry-After``, 408 and 5xx ``TransientError``, 401/403 ``AuthenticationError``, 402
+``InsufficientCredits``, any other 4xx ``BadRequest``: a create refused, nothing made
+upstream), so a host's client needs no mapping of its own; a
 connection or timeout error (any other ``aiohttp.ClientError``, ``OSError``,
 ``TimeoutError``) a :class:`~callwarden.providers.errors.TransientError` (retried),
 anything else (a ``KeyError`` from an answer of an unexpected shape) a
@@ -37,13 +39,10 @@ import aiohttp
 
 from callwarden.providers.base import AsyncKindClient, RetryPolicy, SyncKindClient
 from callwarden.providers.errors import (
-    AuthenticationError,
-    BadRequest,
-    InsufficientCredits,
     MalformedResponse,
     ProviderError,
-    RateLimited,
     TransientError,
+    error_for_status,
 )
 from callwarden.providers.media_guard import shown_url
 from callwarden.providers.outcomes import (
@@ -54,6 +53,7 @@ from callwarden.providers.outcomes import (
     Succeeded,
     SyncOutcome,
 )
+from callwarden.providers.raw import parse_retry_after
 from callwarden.providers.transport import retry_delay
 
 __all__ = ["MAX_TASK_ID", "CheckedAsyncClient", "CheckedSyncClient"]
@@ -84,23 +84,19 @@ async def _guarded(provider: str, what: str, answer: Callable[[], Awaitable[T]])
 
 def _by_status(provider: str, what: str, exc: aiohttp.ClientResponseError) -> ProviderError:
     """An HTTP error status the host's client raised (aiohttp's ``raise_for_status``) as
-    the provider error it means: 429 throttled (nothing created; its ``Retry-After``
-    kept), 408 and 5xx transient (a create may have been made), 401/403 the key refused,
-    402 no credit left, any other 4xx the request refused (nothing created)."""
+    the error it means (:func:`~callwarden.providers.errors.error_for_status`, the mapping
+    the built-in clients use; a 429's ``Retry-After`` read as they read it, seconds or an
+    HTTP date). A ``ClientResponseError`` that carries no error status (aiohttp's
+    ``ContentTypeError`` on a 200, ``TooManyRedirects`` on a 3xx) is no refusal: transient,
+    as a connection error is (a create may have been made)."""
     asked = exc.request_info
     said = (f"{provider} adapter's {what}: HTTP {exc.status} {exc.message} "
             f"({asked.method} {shown_url(str(asked.real_url))})")
-    kw: dict[str, Any] = {"provider": provider, "status": exc.status}
-    if exc.status == 429:
-        after = exc.headers.get("Retry-After", "") if exc.headers is not None else ""
-        return RateLimited(said, retry_after=float(after) if after.isdigit() else None, **kw)
-    if exc.status == 408 or exc.status >= 500 or exc.status < 400:
-        return TransientError(said, **kw)
-    if exc.status in (401, 403):
-        return AuthenticationError(said, **kw)
-    if exc.status == 402:
-        return InsufficientCredits(said, **kw)
-    return BadRequest(said, **kw)
+    if exc.status < 400:
+        return TransientError(said, provider=provider, status=exc.status)
+    after = exc.headers.get("Retry-After") if exc.headers is not None else None
+    return error_for_status(exc.status, said, provider=provider,
+                            retry_after=parse_retry_after(after, now=time.time()))
 
 
 def _shown(value: object) -> str:

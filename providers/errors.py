@@ -27,10 +27,15 @@
     SignatureError                    a webhook signature is missing or wrong
     └── StaleSignature                its timestamp is outside the scheme's tolerance
 
-``is_transient(err)`` tells a caller whether retrying the same request may succeed.
+``is_transient(err)`` tells a caller whether retrying the same request may succeed;
+``error_for_status(status, message)`` is the error an HTTP error status means, the one
+mapping of a status for every caller that has nothing more specific to go on (a host
+adapter's ``raise_for_status``, Replicate's problem+json answers).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from callwarden.events.errors import CallwardenError
 
@@ -55,6 +60,7 @@ __all__ = [
     "TaskNotFound",
     "TransientError",
     "UnknownProviderKind",
+    "error_for_status",
     "is_transient",
 ]
 
@@ -177,3 +183,32 @@ class StaleSignature(SignatureError):
 def is_transient(err: BaseException) -> bool:
     """True when retrying the same request later may succeed."""
     return isinstance(err, TransientError | StorageError)
+
+
+def error_for_status(status: int, message: str, *, retry_after: float | None = None,
+                     provider: str = "", code: str | None = None) -> ProviderError:
+    """The error an HTTP error status means, carrying ``message``, ``provider``, ``status``
+    and ``code``:
+
+    - 429: :class:`RateLimited` (throttled, nothing created), with ``retry_after`` (s;
+      the caller reads its ``Retry-After``, or its body's equivalent);
+    - 408 and 5xx: :class:`TransientError`. A 408 Request Timeout says the server did
+      not process the request (it timed out waiting for it), so sending it again may
+      succeed, as after a 5xx (where a create may have been made);
+    - 401 and 403: :class:`AuthenticationError`; 402: :class:`InsufficientCredits`;
+    - any other 4xx: :class:`BadRequest` (the request refused: nothing created);
+    - a status that is no error (1xx to 3xx): :class:`MalformedResponse`, an answer the
+      caller did not expect.
+    """
+    kw: dict[str, Any] = {"provider": provider, "status": status, "code": code}
+    if status == 429:
+        return RateLimited(message, retry_after=retry_after, **kw)
+    if status == 408 or status >= 500:
+        return TransientError(message, **kw)
+    if status in (401, 403):
+        return AuthenticationError(message, **kw)
+    if status == 402:
+        return InsufficientCredits(message, **kw)
+    if status >= 400:
+        return BadRequest(message, **kw)
+    return MalformedResponse(f"unexpected HTTP {status}: {message}", **kw)

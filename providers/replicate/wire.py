@@ -24,9 +24,10 @@ Mapping of a prediction/training object (reference §11, §14):
   gone after one hour: fail and refund)
 - ``failed`` / ``canceled`` / ``aborted``       -> ``Failed(error=error or status)``
 - HTTP 404 on GET                               -> ``NotFound``
-- problem+json errors: 401/403 auth, 402 credits, 429 ``RateLimited`` (``Retry-After``, or
-  the body's ``retry_after`` / "Expected available in N seconds" when the header is
-  absent), 5xx transient, other 4xx ``BadRequest``; anything else is
+- problem+json errors, as :func:`~callwarden.providers.errors.error_for_status` maps a
+  status: 401/403 auth, 402 credits, 429 ``RateLimited`` (``Retry-After``, or the body's
+  ``retry_after`` / "Expected available in N seconds" when the header is absent), 408
+  and 5xx transient, other 4xx ``BadRequest``; anything else is
   :class:`MalformedResponse`.
 """
 
@@ -41,14 +42,11 @@ import msgspec
 
 from callwarden.providers.data_uri import is_data_uri
 from callwarden.providers.errors import (
-    AuthenticationError,
     BadRequest,
-    InsufficientCredits,
     MalformedResponse,
     MediaExpired,
     ProviderError,
-    RateLimited,
-    TransientError,
+    error_for_status,
 )
 from callwarden.providers.kinds import REPLICATE_MEDIA_HOSTS
 from callwarden.providers.outcomes import (
@@ -179,18 +177,8 @@ def throttle_delay(raw: RawResponse) -> float | None:
 
 def _error_for(raw: RawResponse) -> ProviderError:
     message, title = _detail(raw)
-    kw: dict[str, Any] = {"provider": PROVIDER, "status": raw.status, "code": title}
-    if raw.status == 429:
-        return RateLimited(message, retry_after=throttle_delay(raw), **kw)
-    if raw.status >= 500:
-        return TransientError(message, **kw)
-    if raw.status in (401, 403):
-        return AuthenticationError(message, **kw)
-    if raw.status == 402:
-        return InsufficientCredits(message, **kw)
-    if raw.status >= 400:
-        return BadRequest(message, **kw)
-    return MalformedResponse(f"unexpected HTTP {raw.status}: {message}", **kw)
+    return error_for_status(raw.status, message, provider=PROVIDER, code=title,
+                            retry_after=throttle_delay(raw) if raw.status == 429 else None)
 
 def classify_replicate(raw: RawResponse) -> ProviderError | None:
     """For creates and cancels: any non-2xx is an error (404 = bad model/destination)."""
