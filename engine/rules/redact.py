@@ -24,6 +24,10 @@ applied to every error an event carries, once, in the write path
 
 It errs on the side of dropping: a word that merely looks like a secret's name loses the
 value after it.
+
+:func:`without_callback_token` blanks the token of a callback path
+(``/webhooks/<provider>/<job>/<token>``): the job page applies it to what it shows, the
+service's access log to each request's path.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["MAX_ERROR", "REDACTED", "STEPS", "safe_error", "unescaped"]
+__all__ = ["CALLBACK_TOKEN", "MAX_ERROR", "REDACTED", "STEPS", "safe_error", "unescaped",
+           "without_callback_token"]
 
 #: The longest error text recorded (characters).
 MAX_ERROR = 1000
@@ -89,6 +94,22 @@ def unescaped(text: str) -> str:
     for escaped, plain in UNESCAPE:
         text = text.replace(escaped, plain)
     return unquote(text)
+
+
+#: A callback path of a signal scheme, ``/webhooks/<provider>/<job>/<token>`` (KIE's; see
+#: ``callwarden.service.webhooks.Receiver.routes``): its last segment is the job's secret
+#: token. Any provider's (a host adapter's scheme is registered after this is compiled),
+#: anywhere in a text: a stored answer echoes the callback URL, a request's path is one.
+CALLBACK_TOKEN = re.compile(r"(/webhooks/[^/\s?#'\"<>]+/[^/\s?#'\"<>]+/)[^/\s?#'\"<>]+")
+
+
+def without_callback_token(text: str, marker: str = REDACTED) -> str:
+    """``text`` with the token of every callback path in it replaced by ``marker`` (the
+    provider and job are kept, and anything after the token: a query string, a further
+    segment). The one rule for the job page (:mod:`callwarden.service.dashboard.redaction`)
+    and the access log (:func:`callwarden.service.app.redact_path`, whose ``marker`` must
+    be a path segment)."""
+    return CALLBACK_TOKEN.sub(lambda found: found[1] + marker, text)
 
 
 def safe_error(text: str, limit: int = MAX_ERROR) -> str:

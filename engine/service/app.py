@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
@@ -39,8 +38,8 @@ from callwarden.database.db import Pool
 from callwarden.database.outage import Outage
 from callwarden.database.write import execute
 from callwarden.errors import ConfigError, DatabaseError, DatabaseUnavailable
-from callwarden.providers.registry import WEBHOOKS
 from callwarden.reconciler.config import ReconcileConfig
+from callwarden.rules.redact import without_callback_token
 from callwarden.rules.stale import StaleRule
 from callwarden.service.dashboard import Dashboard
 from callwarden.service.operator import (
@@ -54,6 +53,7 @@ from callwarden.service.probes import Probes
 from callwarden.service.webhooks import Receiver, TaskPoll, WebhookConfig
 
 __all__ = [
+    "PATH_REDACTED",
     "RECEIVER",
     "ListenConfig",
     "RedactingAccessLogger",
@@ -177,17 +177,16 @@ async def _prune_loop(pool: Pool, config: ServiceConfig, now: Callable[[], datet
         await asyncio.sleep(config.prune_every_s)
 
 
-# Signal schemes carry a per-job secret token in their callback path
-# (/webhooks/<provider>/<job>/<token>, see callwarden.service.webhooks.Receiver.routes).
-_SIGNALS = "|".join(re.escape(n) for n, s in sorted(WEBHOOKS.items()) if not s.trusts_body)
-_SECRET_PATH = re.compile(rf"^(/webhooks/(?:{_SIGNALS})/[^/?]+/)[^/?]+" if _SIGNALS
-                          else r"(?!)")
+#: What stands for a callback token in a logged path (a path segment: ``[redacted]``
+#: would be percent-escaped in it).
+PATH_REDACTED = "redacted"
 
 
 def redact_path(path: str) -> str:
-    """``path`` with the secret callback token of a signal scheme's callback URL (KIE's)
-    blanked out."""
-    return _SECRET_PATH.sub(r"\1redacted", path)
+    """``path`` with the secret callback token of a signal scheme's callback URL (KIE's:
+    ``/webhooks/<provider>/<job>/<token>``) blanked out, as the job page blanks it
+    (:func:`callwarden.rules.redact.without_callback_token`)."""
+    return without_callback_token(path, PATH_REDACTED)
 
 
 class RedactingAccessLogger(AccessLogger):

@@ -8,7 +8,8 @@ host's request may carry an API key. Before any of it reaches the page:
 * a string under a key whose name says secret (``token``, ``secret``, ``api_key``,
   ``signature``, ``password``, ``authorization``, ``cookie``...) becomes ``[redacted]``
   (numbers stay: ``input_tokens`` is a count);
-* in every string, the token segment of a callback path is blanked, and
+* in every string, the token segment of a callback path is blanked
+  (:func:`callwarden.rules.redact.without_callback_token`, as in the access log), and
   :data:`callwarden.rules.redact.STEPS` apply (URL query strings and user info, credential
   headers, ``Bearer`` values, key-like words) — the redaction every recorded error passes.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from callwarden.rules.redact import REDACTED, STEPS, unescaped
+from callwarden.rules.redact import REDACTED, STEPS, unescaped, without_callback_token
 
 __all__ = ["SECRET_KEY", "redact_text", "redact_value"]
 
@@ -27,15 +28,13 @@ SECRET_KEY = re.compile(
     r"(?i)(?<![a-z])(?:api[_-]?key|apikey|token|secret|signature|sig|password|passwd|pwd"
     r"|authorization|cookie|credentials?|private[_-]?key|session|auth)(?![a-z])"
     r"|(?:token|secret|signature|password|apikey)")
-# /webhooks/<provider>/<job>/<token>: the callback path of a signal scheme (KIE's).
-_CALLBACK = re.compile(r"(/webhooks/[^/\s?#'\"<>]+/[^/\s?#'\"<>]+/)[^/\s?#'\"<>]+")
 
 
 def redact_text(text: str) -> str:
     """``text`` without callback tokens, URL query strings or credentials. A text with
     escaped slashes (``\\/``, ``%2F``) is judged, and shown, unescaped."""
     out = unescaped(text) if ("\\/" in text or "%2f" in text.lower()) else text
-    out = _CALLBACK.sub(rf"\1{REDACTED}", out)
+    out = without_callback_token(out)
     for pattern, replacement in STEPS:
         out = pattern.sub(replacement, out)
     return out
