@@ -32,7 +32,8 @@ from callwarden.service.dashboard.format import credits, duration
 from callwarden.service.dashboard.links import provider_task_url
 from callwarden.service.dashboard.overview import WINDOWS, Overview, overview
 from callwarden.service.dashboard.rollup import latency_rows, percentile
-from callwarden.service.dashboard.story import gap_layout, job_page, lanes_svg
+from callwarden.service.dashboard.story import job_page
+from callwarden.service.dashboard.timeline import gap_layout, lanes_svg
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EVIL = '<script>alert("x")</script>&'

@@ -19,14 +19,8 @@ from callwarden.events.states import TERMINAL, CallState
 from callwarden.projections.timeline import TimelineRow
 from callwarden.replay.audit import AuditReport
 from callwarden.service.dashboard.redaction import redact_text, redact_value
-from callwarden.service.dashboard.story import (
-    MIN_STEP,
-    JobIO,
-    job_page,
-    lanes_svg,
-    legal_actions,
-    safe_url,
-)
+from callwarden.service.dashboard.story import JobIO, job_page, legal_actions, safe_url
+from callwarden.service.dashboard.timeline import MIN_STEP, lanes_svg
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EVIL = '<script>alert("x")</script>'
