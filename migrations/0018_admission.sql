@@ -66,6 +66,8 @@ CREATE TABLE IF NOT EXISTS callwarden.waiting (
 -- The counts admit makes: the account's open calls and a user's, index-only (their cost
 -- grows with the calls in flight, never with jobs), and the starts in a window (0009's
 -- jobs_kind_started_idx). Plain CREATE INDEX (see 0009 for a large, busy table).
+CREATE INDEX IF NOT EXISTS waiting_account_idx ON callwarden.waiting (account, retry_at);
+
 CREATE INDEX IF NOT EXISTS jobs_open_kind_user_idx
     ON jobs (provider_kind, user_id)
     WHERE call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing');
@@ -102,16 +104,28 @@ DECLARE
     v_n bigint;
     v_edge timestamptz;
     v_cap bigint;
+    v_prior int;
 BEGIN
     SELECT * INTO v_limit FROM callwarden.limits l WHERE l.kinds @> ARRAY[admit.kind]
     ORDER BY l.account LIMIT 1;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- the row first, as start_call locks it (one order of locks: no deadlock between them)
+    -- The counts read fresh snapshots only at READ COMMITTED: under REPEATABLE READ a start
+    -- would not see the starts committed since its transaction began (SERIALIZABLE aborts
+    -- one of two such starts: safe).
+    IF pg_catalog.current_setting('transaction_isolation') = 'repeatable read' THEN
+        RAISE EXCEPTION 'callwarden.admit: a start must run at READ COMMITTED (or SERIALIZABLE), '
+                        'not REPEATABLE READ: its counts would miss starts committed meanwhile'
+            USING ERRCODE = '0A000';
+    END IF;
+    -- The row first, as start_call locks it: the Python and the SQL starts take their locks
+    -- in one order. The account's lock is held until the start's transaction ends: a start
+    -- belongs in a transaction of its own, or as its last write (docs/admission.md).
     SELECT * INTO v_job FROM @host@.jobs j WHERE j.id = admit.job_id FOR UPDATE;
-    IF NOT FOUND OR v_job.call_state IS NOT NULL OR v_job.provider_task_id IS NOT NULL THEN
-        RETURN;
+    IF NOT FOUND OR v_job.call_state IS NOT NULL OR v_job.provider_task_id IS NOT NULL
+       OR COALESCE(v_job.status, 'pending') NOT IN ('pending', 'processing') THEN
+        RETURN;  -- no start to admit: the start's own fences answer (not_started, resume...)
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(
         pg_catalog.hashtextextended('callwarden.admit:' || v_limit.account, 0));
@@ -141,22 +155,29 @@ BEGIN
         IF v_n >= v_limit.tenant_in_flight THEN
             admit.reason := pg_catalog.format('%s: this user holds %s of %s calls in flight',
                                               v_limit.account, v_n, v_limit.tenant_in_flight);
-            admit.retry_after_s := v_limit.wait_s;
+            -- twice as long per refusal of this job, up to 16 wait_s: a user's backlog
+            -- comes back to the queue ever more rarely, so other users' jobs are reached
+            SELECT w.refusals INTO v_prior FROM callwarden.waiting w
+            WHERE w.job_id = admit.job_id;
+            admit.retry_after_s := v_limit.wait_s * LEAST(16, 2 ^ COALESCE(v_prior, 0));
         END IF;
     END IF;
     IF admit.reason IS NULL AND v_limit.creates IS NOT NULL THEN
         v_cap := GREATEST(1, floor(v_limit.creates * callwarden.limit_factor(v_limit, v_now)));
-        -- the window's cap-th newest start: while it is in the window, the window is full
+        -- the window's cap-th newest start: while it is in the window, the window is full.
+        -- A quarter second more than the window: a start is stamped before it waits for
+        -- this lock (its CallStarted's time), so it looks older than its commit by that wait
         SELECT j.provider_call_started_at INTO v_edge FROM @host@.jobs j
         WHERE j.provider_kind = ANY (v_limit.kinds)
-          AND j.provider_call_started_at > v_now - pg_catalog.make_interval(secs => v_limit.per_s)
+          AND j.provider_call_started_at
+              > v_now - pg_catalog.make_interval(secs => v_limit.per_s + 0.25)
         ORDER BY j.provider_call_started_at DESC
         OFFSET v_cap - 1 LIMIT 1;
         IF FOUND THEN
             admit.reason := pg_catalog.format('%s: %s creates in %s s', v_limit.account,
                                               v_cap, v_limit.per_s);
             admit.retry_after_s := GREATEST(0.05, EXTRACT(epoch FROM
-                v_edge + pg_catalog.make_interval(secs => v_limit.per_s) - v_now));
+                v_edge + pg_catalog.make_interval(secs => v_limit.per_s + 0.25) - v_now));
         END IF;
     END IF;
     IF admit.reason IS NULL THEN
@@ -165,7 +186,7 @@ BEGIN
     END IF;
     -- rows of jobs that stopped asking (ended, or given up by their queue) long ago: the
     -- account's waiting list holds only jobs still waiting (a row comes back with its next
-    -- refusal; only the wait path pays for this)
+    -- refusal). A range of waiting_account_idx: it costs the stale rows, not the list
     DELETE FROM callwarden.waiting w
     WHERE w.account = v_limit.account
       AND w.retry_at < v_now - pg_catalog.make_interval(secs => GREATEST(600, 60 * v_limit.wait_s));
@@ -247,6 +268,7 @@ BEGIN
             RETURN QUERY SELECT 'wait'::text, NULL::text, NULL::text, v_job.call_version;
             RETURN;
         END IF;
+        v_at := pg_catalog.clock_timestamp();  -- admitted now (not when the transaction began)
         PERFORM callwarden.write_events(v_job, jsonb_build_array(jsonb_build_object(
             'type', 'CallStarted', 'at', v_at, 'actor', start_call.actor,
             'kind', start_call.kind, 'sync', start_call.sync)));

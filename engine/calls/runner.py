@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -197,10 +198,8 @@ class CallRunner(AsyncClosing):
             except RateLimited as exc:  # provably not created: slow down, or fail and refund
                 account, pause = await self._slowed(client.kind, exc, until)
                 if pause is None:
-                    error = str(exc) if account is None else (
-                        f"{exc} (account {account}: the provider refused every create for "
-                        f"rate_limited_wait_s, {self.config.rate_limited_wait_s:g} s)")
-                    return await self._failed(job_id, p, error, "rate_limited"), None
+                    return await self._failed(job_id, p, self._limited(exc, account),
+                                              "rate_limited"), None
                 await self._beating(job_id, self.sleep(pause))
                 continue
             except TimeoutError:  # cancelled in flight: the task may exist upstream
@@ -228,7 +227,8 @@ class CallRunner(AsyncClosing):
         slowed = await self.db.slow_down(kind, exc.retry_after)
         if slowed is None:
             return None, None
-        pause = max(slowed.paused_s, exc.retry_after or 0.0, 0.05)
+        # (up to a quarter more: the calls one pause stopped do not all call again at once)
+        pause = max(slowed.paused_s, exc.retry_after or 0.0, 0.05) * (1 + random.random() / 4)
         log.info("%s create refused (%s): account %s paused %.2f s, caps x%.3f", kind, exc,
                  slowed.account, pause, slowed.rate_factor)
         return slowed.account, pause if self.monotonic() + pause <= until else None
@@ -298,21 +298,39 @@ class CallRunner(AsyncClosing):
         # the call's heartbeat runs through the call and the storing of its inline media:
         # once it has beaten, the reconciler judges it by the heartbeat timeout
         async with Beat(lambda: self._heartbeat(job_id, None), self.config.heartbeat_every_s):
-            try:
-                outcome: PollOutcome = await self._timed(client.call(request))
-            except TimeoutError:
-                outcome = Failed(error=f"the call did not answer within "
-                                       f"provider_call_timeout_s "
-                                       f"({self.config.provider_call_timeout_s:g} s)",
-                                 code="timeout")
-            except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
-                outcome = Failed(error=str(exc), code=type(exc).__name__)
+            outcome = await self._sync_call(kind, client, request)
             failpoint("after_sync_call")
             outcome, keys = await self.inline(job_id, kind, outcome)
         event = upstream_event(outcome, self.owner, self.clock(), stored_keys=keys)
         assert event is not None
         p = await self._record(job_id, self._if_active(event), p)
         return await self._after_upstream(job_id, p, None)
+
+    async def _sync_call(self, kind: str, client: SyncKindClient,
+                         request: Mapping[str, Any]) -> PollOutcome:
+        """The sync call's answer; a 429 of a limited account's kind slows the account and
+        calls again after the pause, as a create does (:meth:`_slowed`)."""
+        until = self.monotonic() + self.config.rate_limited_wait_s
+        while True:
+            try:
+                return await self._timed(client.call(request))
+            except TimeoutError:
+                return Failed(error=f"the call did not answer within provider_call_timeout_s "
+                                    f"({self.config.provider_call_timeout_s:g} s)",
+                              code="timeout")
+            except RateLimited as exc:  # not processed: slow down, or fail and refund
+                account, pause = await self._slowed(kind, exc, until)
+                if pause is None:
+                    return Failed(error=self._limited(exc, account), code=type(exc).__name__)
+                await self.sleep(pause)
+            except ProviderError as exc:  # nothing to recover for a sync call: fail, refund
+                return Failed(error=str(exc), code=type(exc).__name__)
+
+    def _limited(self, exc: RateLimited, account: str | None) -> str:
+        """A 429's error text: the provider's, and the account's wait that ran out."""
+        return str(exc) if account is None else (
+            f"{exc} (account {account}: the provider refused every create for "
+            f"rate_limited_wait_s, {self.config.rate_limited_wait_s:g} s)")
 
     async def inline(self, job_id: uuid.UUID, kind: str,
                      outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:

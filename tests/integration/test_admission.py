@@ -10,6 +10,9 @@ import asyncio
 import uuid
 from typing import Any
 
+import psycopg
+import pytest
+
 from callwarden.database.clock import utcnow
 from callwarden.database.db import Conn, connect
 from callwarden.database.write import append, cancel, load
@@ -104,6 +107,10 @@ async def test_one_user_cannot_take_every_slot_of_the_account(conn: Conn) -> Non
     assert refused.waiting is not None
     assert refused.waiting.reason == "kie-main: this user holds 1 of 1 calls in flight"
     assert (await py_start(conn, u2)).ok
+    again = [(await py_start(conn, u1b)).waiting for _ in range(5)]
+    # each refusal of the user's job waits twice as long, to 16 wait_s: its backlog comes
+    # back ever more rarely and the queue reaches other users' jobs
+    assert [w.retry_after_s for w in again if w is not None] == [4.0, 8.0, 16.0, 32.0, 32.0]
 
 
 async def test_the_creates_per_window_wait_for_the_oldest_to_leave_the_window(
@@ -118,7 +125,7 @@ async def test_the_creates_per_window_wait_for_the_oldest_to_leave_the_window(
     refused = await py_start(conn, jobs[2])
     assert refused.waiting is not None
     assert refused.waiting.reason == "kie-main: 2 creates in 60 s"
-    assert 50 < refused.waiting.retry_after_s <= 60
+    assert 50 < refused.waiting.retry_after_s <= 60.25  # (the window's quarter second more)
     await conn.execute("UPDATE jobs SET provider_call_started_at = now() - interval '61 s' "
                        "WHERE id = ANY(%s)", (jobs[:2],))
     assert (await py_start(conn, jobs[2])).ok
@@ -178,3 +185,31 @@ async def test_a_refusal_clears_the_accounts_waiting_rows_of_jobs_that_stopped_a
     assert (await py_start(conn, refused)).waiting is not None
     cur = await conn.execute("SELECT job_id FROM callwarden.waiting ORDER BY since")
     assert [r["job_id"] for r in await cur.fetchall()] == [recent, refused]
+
+
+async def test_a_job_the_host_ended_is_not_told_to_wait(conn: Conn) -> None:
+    """A full account and a job the host failed by SQL: neither start tells it to wait
+    (start_call: not_started; Python: not started, no waiting row), so no queue defers a
+    job that can never start."""
+    await limit(conn, in_flight=1)
+    held, ended = await new_job(conn), await new_job(conn)
+    assert (await py_start(conn, held)).ok
+    await conn.execute("UPDATE jobs SET status = 'failed' WHERE id = %s", (ended,))
+    refused = await py_start(conn, ended)
+    assert not refused.ok
+    assert refused.waiting is None
+    assert (await sql_start(conn, ended))["action"] == "not_started"
+    assert (await one(conn, "SELECT count(*) AS n FROM callwarden.waiting"))["n"] == 0
+
+
+async def test_a_start_at_repeatable_read_is_refused_with_a_clear_error(conn: Conn) -> None:
+    """Under REPEATABLE READ the counts would miss starts committed since the transaction
+    began: admit refuses such a start (0A000, naming the isolation), writing nothing."""
+    await limit(conn, in_flight=1)
+    job = await new_job(conn)
+    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
+        await conn.execute("SELECT * FROM callwarden.start_call(%s, %s, 'node:1')",
+                           (job, KIND))
+    await conn.execute("ROLLBACK")
+    assert await events_of(conn, job) == 0

@@ -133,3 +133,26 @@ async def test_slow_down_pauses_for_the_providers_retry_after_or_the_accounts_wa
     none = await (await conn.execute("SELECT * FROM callwarden.slow_down('replicate-prediction',"
                                      " 1)")).fetchall()
     assert none == []
+
+
+async def test_a_sync_calls_429_slows_its_account_and_it_calls_again(
+        conn: Conn, pool: Pool, http: aiohttp.ClientSession, sim: RunningSimulator,
+        tmp_path: Path) -> None:
+    """anthropic-sync in a limited account, its call answered 429 (past the transport's
+    retries) once: the account is paused and halved, and the call is made again and
+    completes, committing once, where before it failed and refunded at the first 429."""
+    await conn.execute("INSERT INTO callwarden.limits (account, kinds, in_flight, wait_s) "
+                       "VALUES ('anthropic-main', ARRAY['anthropic-sync'], 4, 30)")
+    sim.sim.faults.arm("anthropic", "call", Fault(kind="rate_limit", times=ATTEMPTS))
+    job = await create_job(conn, credits=10)
+    out = await runner(pool, http, sim, tmp_path).run(job, "anthropic-sync", {
+        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    assert out.result == "completed"
+    calls = sim.sim.journal.entries("anthropic", "call")
+    assert (len(calls), sum(e.processed for e in calls)) == (ATTEMPTS + 1, 1)
+    slowed = await row(conn, "SELECT rate_factor, paused_until > now() AS paused "
+                             "FROM callwarden.limits")
+    assert slowed == {"rate_factor": 0.5, "paused": True}
+    settled = await row(conn, "SELECT status FROM usage_logs WHERE job_id = %s", job)
+    assert settled["status"] == "committed"
+    assert await verify_job(conn, job) == []
