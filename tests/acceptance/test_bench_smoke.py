@@ -21,6 +21,8 @@ RUNS = {
     "replay": ["--events", "3000", "--batch", "200"],
     "reconcile": ["--rows", "2000", "--stale", "40", "--processes", "1", "--trials", "1"],
     "webhooks": ["--jobs", "20", "--concurrency", "1", "4"],
+    "admission": ["--jobs", "10", "--rounds", "1", "--warmup", "2", "--burst", "6",
+                  "--others", "2", "--hold", "0.05"],
 }
 
 
