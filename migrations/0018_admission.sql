@@ -80,13 +80,16 @@ DECLARE
 -- The share of an account's caps it admits at `at`: 1, or after the provider's 429s the
 -- factor slow_down left (halved) plus one call's worth per wait_s since the pause ended
 -- (additive increase, computed: nothing is written on a start).
-CREATE OR REPLACE FUNCTION callwarden.limit_factor(l callwarden.limits, at timestamptz)
-RETURNS double precision
-LANGUAGE sql STABLE SET search_path = @host@, pg_temp AS $body$
-    SELECT CASE WHEN l.rate_factor >= 1 OR l.paused_until IS NULL THEN l.rate_factor
-                ELSE LEAST(1, l.rate_factor + GREATEST(0, floor(
-                         EXTRACT(epoch FROM at - l.paused_until) / l.wait_s))
-                     / GREATEST(1, COALESCE(l.in_flight, l.creates))) END
+CREATE OR REPLACE FUNCTION callwarden.limit_factor(
+    rate_factor double precision, paused_until timestamptz, wait_s double precision,
+    calls int, at timestamptz) RETURNS double precision
+-- (its columns, not the row: on Citus a query of the reference table runs on a shard,
+-- whose row type is the shard's)
+LANGUAGE sql IMMUTABLE SET search_path = @host@, pg_temp AS $body$
+    SELECT CASE WHEN rate_factor >= 1 OR paused_until IS NULL THEN rate_factor
+                ELSE LEAST(1, rate_factor + GREATEST(0, floor(
+                         EXTRACT(epoch FROM at - paused_until) / wait_s))
+                     / GREATEST(1, calls)) END
 $body$;
 
 -- A start's admission: NULL when the job may start now (no limit names its kind; the job's
@@ -105,6 +108,7 @@ DECLARE
     v_edge timestamptz;
     v_cap bigint;
     v_prior int;
+    v_factor double precision;
 BEGIN
     SELECT * INTO v_limit FROM callwarden.limits l WHERE l.kinds @> ARRAY[admit.kind]
     ORDER BY l.account LIMIT 1;
@@ -132,13 +136,16 @@ BEGIN
     -- read again under the lock: a pause or a rate another start wrote meanwhile
     SELECT * INTO v_limit FROM callwarden.limits l WHERE l.account = v_limit.account;
     v_now := pg_catalog.clock_timestamp();
+    v_factor := callwarden.limit_factor(v_limit.rate_factor, v_limit.paused_until,
+                                        v_limit.wait_s,
+                                        COALESCE(v_limit.in_flight, v_limit.creates), v_now);
     IF v_limit.paused_until > v_now THEN
         admit.reason := pg_catalog.format('%s: the provider refused a create (429): paused',
                                           v_limit.account);
         admit.retry_after_s := EXTRACT(epoch FROM v_limit.paused_until - v_now);
     END IF;
     IF admit.reason IS NULL AND v_limit.in_flight IS NOT NULL THEN
-        v_cap := GREATEST(1, floor(v_limit.in_flight * callwarden.limit_factor(v_limit, v_now)));
+        v_cap := GREATEST(1, floor(v_limit.in_flight * v_factor));
         SELECT count(*) INTO v_n FROM @host@.jobs j
         WHERE j.provider_kind = ANY (v_limit.kinds)
           AND j.call_state IN ('created', 'polling', 'upstream_succeeded', 'finalizing');
@@ -163,7 +170,7 @@ BEGIN
         END IF;
     END IF;
     IF admit.reason IS NULL AND v_limit.creates IS NOT NULL THEN
-        v_cap := GREATEST(1, floor(v_limit.creates * callwarden.limit_factor(v_limit, v_now)));
+        v_cap := GREATEST(1, floor(v_limit.creates * v_factor));
         -- the window's cap-th newest start: while it is in the window, the window is full.
         -- A quarter second more than the window: a start is stamped before it waits for
         -- this lock (its CallStarted's time), so it looks older than its commit by that wait
@@ -216,7 +223,9 @@ BEGIN
     RETURN QUERY
     UPDATE callwarden.limits l
     SET rate_factor = CASE WHEN COALESCE(l.paused_until, v_now) <= v_now
-                           THEN GREATEST(callwarden.limit_factor(l, v_now) / 2, 1.0 / 64)
+                           THEN GREATEST(callwarden.limit_factor(
+                                    l.rate_factor, l.paused_until, l.wait_s,
+                                    COALESCE(l.in_flight, l.creates), v_now) / 2, 1.0 / 64)
                            ELSE l.rate_factor END,
         paused_until = GREATEST(l.paused_until, v_now + pg_catalog.make_interval(
             secs => COALESCE(slow_down.retry_after_s, l.wait_s)))
@@ -310,7 +319,9 @@ BEGIN
     REVOKE ALL ON FUNCTION callwarden.admit(uuid, text) FROM PUBLIC;
     REVOKE ALL ON FUNCTION callwarden.waiting_for(uuid) FROM PUBLIC;
     REVOKE ALL ON FUNCTION callwarden.slow_down(text, double precision) FROM PUBLIC;
-    REVOKE ALL ON FUNCTION callwarden.limit_factor(callwarden.limits, timestamptz) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION callwarden.limit_factor(double precision, timestamptz,
+                                                   double precision, int, timestamptz)
+        FROM PUBLIC;
     REVOKE ALL ON callwarden.limits, callwarden.waiting FROM PUBLIC;
     FOR r IN
         SELECT DISTINCT a.grantee::regrole
@@ -322,8 +333,8 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.waiting_for(uuid) TO %s', r);
         EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.slow_down(text, double precision) '
                        'TO %s', r);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.limit_factor(callwarden.limits, '
-                       'timestamptz) TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.limit_factor(double precision, '
+                       'timestamptz, double precision, int, timestamptz) TO %s', r);
         EXECUTE format('GRANT SELECT, UPDATE (paused_until, rate_factor) ON callwarden.limits '
                        'TO %s', r);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON callwarden.waiting TO %s', r);

@@ -112,4 +112,4 @@ async def apply_limits(conn: Conn, limits: Mapping[str, AccountLimit]) -> list[s
 
 async def shown_limits(conn: Conn) -> list[dict[str, Any]]:
     """Each account's row, with its calls in flight and the jobs waiting for it."""
-    return [dict(r) for r in await execute(conn, "limits_show", {})]
+    return [dict(r) for r in await execute(conn, "limits_show", {"now": None})]

@@ -7,8 +7,12 @@ the host's tables against the host contract (:mod:`callwarden.database.contract`
 column callwarden reads or writes present with a compatible type, no NOT NULL column
 without a default in a table callwarden inserts into, and a CHECK on ``jobs.status`` that
 allows the statuses callwarden writes; and who can reach callwarden's schema (every role
-but its owner and the runtime roles is a problem: :mod:`callwarden.cli.grant`). Each
-finding is one line (a problem on stderr);
+but its owner and the runtime roles is a problem: :mod:`callwarden.cli.grant`). The
+admission limits (``[limits.<account>]``, docs/admission.md): each account's kinds and caps
+in words (a note), a kind callwarden does not know (a problem, with the closest known
+kind), and the file against ``callwarden.limits``: an account the database lacks or holds
+with other caps is a problem (run ``callwarden limits apply``), one only the database
+holds a note. Each finding is one line (a problem on stderr);
 exit 2 if any is a problem, 0 otherwise (notes, such as a provider with no API key, do not
 fail it). One run names every problem: the settings' and the database's. ``--json``: one
 object, ``{"findings": [{"level", "text"}...], "problems": N}``, the exit status the same.
@@ -20,6 +24,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -28,9 +33,10 @@ from rich.console import Console
 from rich.text import Text
 
 from callwarden.calls.config import CallConfig, load_call_config
+from callwarden.calls.limits import AccountLimit, shown_limits
 from callwarden.calls.pricing import pricing_from_env
 from callwarden.cli.grant import privilege_findings
-from callwarden.cli.limits import configured_limits
+from callwarden.cli.limits import caps_in_words, configured_limits, limit_of
 from callwarden.config import provider_settings
 from callwarden.database.contract import CONTRACT, JOB_STATUSES_WRITTEN, Column, Family
 from callwarden.database.db import Conn, connect
@@ -42,6 +48,7 @@ from callwarden.providers.kinds import BUILTIN_PROVIDERS, KINDS
 from callwarden.reconciler.config import ReconcileConfig, load_config
 from callwarden.replay.audit import host_left
 from callwarden.rules.human import duration
+from callwarden.rules.spelling import did_you_mean
 from callwarden.service.app import ListenConfig, load_listen_config, operator_exposure
 from callwarden.service.webhooks import load_webhook_config
 from callwarden.settings import configured_media, contradictions
@@ -106,6 +113,9 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
             read.append(None)
         else:
             found.append(("ok", what))
+    limits = read[7]
+    if isinstance(limits, dict):
+        found += _limit_findings(limits, isinstance(read[0], ProviderSettings))
     reconcile, calls = read[1], read[2]
     if isinstance(reconcile, ReconcileConfig) and isinstance(calls, CallConfig):
         try:
@@ -130,6 +140,86 @@ def _settings(args: argparse.Namespace) -> list[Finding]:
                 kinds = ", ".join(k for k, s in KINDS.items() if s.provider == name)
                 found.append(("note", f"no API key for {name} ({kinds}): its calls would be "
                                       "refused upstream"))
+    return found
+
+
+_DEFAULT_WAIT_S = AccountLimit(kinds=("-",)).wait_s
+
+
+def _described(account: str, limit: AccountLimit) -> str:
+    """``kie-main (kie-standard, kie-veo): 5 in flight, 2 per user, 20 creates per 10 s``
+    (and its wait when not the default)."""
+    words = caps_in_words(limit)
+    if limit.wait_s != _DEFAULT_WAIT_S:
+        words.append(f"a refused start waits {limit.wait_s:g} s")
+    return f"{account} ({', '.join(limit.kinds)}): {', '.join(words)}"
+
+
+def _limit_findings(limits: Mapping[str, AccountLimit], kinds_loaded: bool) -> list[Finding]:
+    """Each configured account in words (a note); a kind callwarden does not know (with
+    the host's providers loaded) is a problem: no call is of that kind, so the calls it
+    meant would start unlimited."""
+    found: list[Finding] = [("note", f"limits {_described(a, limit)}")
+                            for a, limit in limits.items()]
+    if not kinds_loaded:
+        if limits:
+            found.append(("note", "[limits] kinds not checked: the provider adapters did "
+                                  "not load (above)"))
+        return found
+    for account, limit in limits.items():
+        for kind in limit.kinds:
+            if kind not in KINDS:
+                found.append(("problem", f"[limits] {account}: unknown kind {kind!r}"
+                                         f"{did_you_mean(kind, KINDS)}: no call is of that "
+                                         "kind, so the calls it meant start unlimited"))
+    return found
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return f"[{', '.join(map(str, value))}]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _differences(held: AccountLimit, wanted: AccountLimit) -> list[str]:
+    """The settings whose values differ: ``in_flight 3 in callwarden.limits, 5 in the
+    file`` (kinds compared as sets: their order means nothing to a start)."""
+    out = []
+    for field in msgspec.structs.fields(AccountLimit):
+        have, want = getattr(held, field.name), getattr(wanted, field.name)
+        same = set(have) == set(want) if field.name == "kinds" else have == want
+        if not same:
+            out.append(f"{field.name} {_shown(have)} in callwarden.limits, {_shown(want)} "
+                       "in the file")
+    return out
+
+
+async def _limits_held(conn: Conn, wanted: Mapping[str, AccountLimit]) -> list[Finding]:
+    """The settings file's accounts against ``callwarden.limits``, which every start
+    obeys: an account it lacks or holds otherwise is a problem, one only it holds a note."""
+    held = {str(r["account"]): limit_of(r) for r in await shown_limits(conn)}
+    found: list[Finding] = []
+    for account, want in wanted.items():
+        have = held.get(account)
+        if have is None:
+            found.append(("problem", f"limits {account}: in the settings file, not in "
+                                     "callwarden.limits: no start obeys it; run "
+                                     "callwarden limits apply"))
+        elif differs := _differences(have, want):
+            found.append(("problem", f"limits {account}: callwarden.limits differs from the "
+                                     f"settings file ({'; '.join(differs)}): starts obey "
+                                     "the database; run callwarden limits apply"))
+    for account, have in held.items():
+        if account not in wanted:
+            found.append(("note", f"limits {_described(account, have)}: in "
+                                  "callwarden.limits, not in the settings file (its starts "
+                                  "obey it; callwarden limits apply removes an account the "
+                                  "file does not name)"))
+    if wanted and not any(level == "problem" for level, _ in found):
+        found.append(("ok", f"callwarden.limits holds the settings file's {len(wanted)} "
+                            "account(s)"))
     return found
 
 
@@ -203,7 +293,10 @@ def _status_checks(rows: list[dict[str, object]]) -> list[Finding]:
     return found
 
 
-async def _database(url: str, host_left_after_s: float) -> list[Finding]:
+async def _database(url: str, host_left_after_s: float,
+                    limits: Mapping[str, AccountLimit] | None) -> list[Finding]:
+    """``limits``: the settings file's accounts (``None``: the file's [limits] could not be
+    read, a problem named with the settings)."""
     found: list[Finding] = []
     conn = await connect(url)
     async with conn:
@@ -220,6 +313,8 @@ async def _database(url: str, host_left_after_s: float) -> list[Finding]:
         found += await privilege_findings(conn)
         if not waiting:
             found += await _host_left(conn, host_left_after_s)
+            if limits is not None:
+                found += await _limits_held(conn, limits)
     return found
 
 
@@ -253,6 +348,13 @@ def _host_left_after(args: argparse.Namespace) -> float:
         return ReconcileConfig().host_left_after_s
 
 
+def _configured(args: argparse.Namespace) -> dict[str, AccountLimit] | None:
+    try:
+        return configured_limits(args.config)
+    except (CallwardenError, ValueError):  # already reported with the settings
+        return None
+
+
 def _emit_json(found: list[Finding]) -> int:
     problems = sum(1 for level, _ in found if level == "problem")
     sys.stdout.buffer.write(msgspec.json.encode({
@@ -266,7 +368,7 @@ async def handler(args: argparse.Namespace, url: str) -> int:
     settings = _settings(args)
     problems = 0 if args.json else _print(settings)  # every problem in one run: the database too
     try:
-        found = await _database(url, _host_left_after(args))
+        found = await _database(url, _host_left_after(args), _configured(args))
     except DatabaseUnavailable as exc:
         found = [("problem", f"the database was not checked: {exc}")]
     if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from callwarden.service.webhooks import load_webhook_config
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
-__all__ = ["configured_limits", "register"]
+__all__ = ["caps_in_words", "configured_limits", "limit_of", "register"]
 
 
 def configured_limits(given: Path | None) -> dict[str, AccountLimit]:
@@ -36,14 +37,29 @@ def configured_limits(given: Path | None) -> dict[str, AccountLimit]:
                                               f"{path} [limits]")
 
 
-def _cap(row: dict[str, Any]) -> str:
+def caps_in_words(limit: AccountLimit, open_calls: int | None = None) -> list[str]:
+    """An account's caps as people say them: ``["5 in flight", "2 per user", "20 creates
+    per 10 s"]`` (with ``open_calls``, the first as ``"1/5 in flight"``)."""
     parts = []
-    if row["in_flight"] is not None:
-        parts.append(f"{row['open_calls']}/{row['in_flight']} in flight")
-    if row["tenant_in_flight"] is not None:
-        parts.append(f"{row['tenant_in_flight']} per user")
-    if row["creates"] is not None:
-        parts.append(f"{row['creates']} creates per {row['per_s']:g} s")
+    if limit.in_flight is not None:
+        now = "" if open_calls is None else f"{open_calls}/"
+        parts.append(f"{now}{limit.in_flight} in flight")
+    if limit.tenant_in_flight is not None:
+        parts.append(f"{limit.tenant_in_flight} per user")
+    if limit.creates is not None and limit.per_s is not None:
+        parts.append(f"{limit.creates} creates per {limit.per_s:g} s")
+    return parts
+
+
+def limit_of(row: Mapping[str, Any]) -> AccountLimit:
+    """The caps of a ``callwarden.limits`` row (as ``limits_show`` answers it)."""
+    return AccountLimit(kinds=tuple(row["kinds"]), in_flight=row["in_flight"],
+                        tenant_in_flight=row["tenant_in_flight"], creates=row["creates"],
+                        per_s=row["per_s"], wait_s=row["wait_s"])
+
+
+def _cap(row: dict[str, Any]) -> str:
+    parts = caps_in_words(limit_of(row), row["open_calls"])
     if row["rate_factor"] < 1:  # the provider's 429s slowed it (docs/admission.md)
         parts.append(f"slowed to x{row['rate_factor']:.2f} by the provider's 429s")
     if row["paused_s"]:

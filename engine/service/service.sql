@@ -268,3 +268,4 @@ FROM (SELECT l.account FROM callwarden.limits l
 LEFT JOIN {{waiting_jobs}} w ON w.account = a.account
 GROUP BY a.account
 ORDER BY a.account;
+

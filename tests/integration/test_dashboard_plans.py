@@ -145,7 +145,7 @@ def cases(job: uuid.UUID, at: datetime, now: datetime) -> list[tuple[str, dict[s
     out += [("dashboard_waiting", waiting),
             ("dashboard_waiting", {**waiting, "user_id": "user-7", "kind": "kie-standard",
                                    "from": now - timedelta(days=1), "to": now}),
-            ("metrics_waiting", {})]
+            ("metrics_waiting", {}), ("limits_show", {"now": now})]
     # `callwarden jobs`: several states (--state open), an age range, a user
     for f, extra in ((Filters(end=at), {"states": list(OPEN_STATES)}),
                      (Filters(start=at - timedelta(days=1), end=at),

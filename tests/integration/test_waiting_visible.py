@@ -4,8 +4,10 @@ not started, so the call list never shows it), only its ``callwarden.waiting`` r
 that row ``callwarden jobs --state waiting``, the dashboard (the overview's card and the
 ``/waiting`` page) and ``/metrics`` (``callwarden_jobs_waiting``,
 ``callwarden_waiting_oldest_seconds``) show it, until the start that admits it; a job
-ended while it waited is not waiting any more, even with its row left behind. Rows are
-written by plain SQL, as a host would (``callwarden.start_call``)."""
+ended while it waited is not waiting any more, even with its row left behind. The
+overview's Limits card shows each account's caps beside its calls in flight, and a slow
+down after the provider's 429s. Rows are written by plain SQL, as a host would
+(``callwarden.start_call``)."""
 
 from __future__ import annotations
 
@@ -231,3 +233,43 @@ def test_the_card_and_the_page_escape_and_redact_what_they_show() -> None:
     assert "(+1 more)" in card
     assert retry_in(now, now) == "due"
     assert retry_in(now + timedelta(seconds=2), now) == "in 2.0 s"
+
+
+def limits_card_of(html: str) -> str:
+    """The overview's Limits card (its section), or "" when the page has none."""
+    at = html.find('aria-labelledby="limits-h"')
+    return "" if at < 0 else html[at:html.index("</section>", at)]
+
+
+async def test_the_overview_shows_each_accounts_cap_and_calls_in_flight(
+        conn: Conn, base: str, http: aiohttp.ClientSession) -> None:
+    """Proves the overview's Limits card (issue 42, item 1) over HTTP: absent while
+    ``callwarden.limits`` is empty; with a row a host wrote by SQL (3 in flight, 2 per
+    user, 20 creates per 10 s) and two calls started, the page (served with its CSP) shows
+    the account, its kinds, ``2 / 3`` in flight, the per-user cap and the creates, at full
+    rate; after the provider's 429 (``callwarden.slow_down``, 30 s) the live fragment
+    shows the rate halved, the cap it admits now (``2 / 1 of 3``) and the pause left."""
+    async with http.get(f"{base}/") as resp:
+        assert limits_card_of(await resp.text()) == ""
+    await conn.execute("INSERT INTO callwarden.limits (account, kinds, in_flight, "
+                       "tenant_in_flight, creates, per_s) VALUES ('kie-main', "
+                       "ARRAY['kie-standard', 'kie-veo'], 3, 2, 20, 10)")
+    for user in ("u1", "u2"):
+        assert await start(conn, await new_job(conn, user)) == "create"
+
+    async with http.get(f"{base}/") as resp:
+        assert resp.status == 200
+        assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+        card = limits_card_of(await resp.text())
+    assert "Limits: 1 provider account(s)" in card
+    for cell in ("<td>kie-main</td>", '<td class="long">kie-standard, kie-veo</td>',
+                 "<td>2 / 3</td>", "<td>2</td>", "<td>20 per 10 s</td>", "<td>full</td>",
+                 '<td class="muted">-</td>'):  # not paused
+        assert cell in card, (cell, card)
+
+    await one(conn, "SELECT * FROM callwarden.slow_down(%s, 30)", KIND)
+    async with http.get(f"{base}/overview/live") as resp:
+        card = limits_card_of(await resp.text())
+    assert "<td>2 / 1 of 3</td>" in card, card
+    assert "<td>slowed to \u00d70.50 by the provider&#x27;s 429s</td>" in card, card
+    assert re.search(r"<td>(29|30) s left</td>", card), card

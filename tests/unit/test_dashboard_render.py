@@ -1,6 +1,6 @@
 """The dashboard's pure halves: the duration formatter, the SVG charts, the call list's
-filters and cursor, the job story's gap layout and provider links, and the escaping of
-every value they show."""
+filters and cursor, the job story's gap layout and provider links, the overview's Limits
+card, and the escaping of every value they show."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import itertools
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from html import escape
 from xml.etree import ElementTree
 
 import msgspec
@@ -197,6 +198,41 @@ def test_the_overview_shows_thresholds_buckets_and_escapes() -> None:
     assert html.count('role="img"') == 3
     assert "<script>" not in html
     assert "&lt;script&gt;" in html
+
+
+def _overview_with(limits: list[dict[str, object]]) -> str:
+    return overview(Overview(
+        now=T0, window=WINDOWS["hour"], stale_rule=ReconcileConfig().stale, open_calls=[],
+        stale_counts=[], terminal=[], latency=[], settled=[], stale=[], exhausted=[],
+        recent=[], limits=limits))
+
+
+def test_the_limits_card_shows_each_cap_and_a_slow_down_escaped() -> None:
+    """The overview's Limits card is absent without an account; shown, it escapes the
+    account and the kinds (a host may write the rows by SQL), reads an account's calls in
+    flight over its cap, the creates per window, and for an account the provider's 429s
+    slowed the cap it admits now (floored, at least 1), the rate to two decimals and the
+    pause left; an account with no in-flight cap says so rather than showing a cap."""
+    assert 'id="limits-h"' not in _overview_with([])
+    base = {"tenant_in_flight": None, "creates": None, "per_s": None, "wait_s": 2.0,
+            "rate_factor": 1.0, "paused_s": 0.0}
+    html = _overview_with([
+        {**base, "account": EVIL, "kinds": [EVIL, "kie-veo"], "in_flight": 5,
+         "tenant_in_flight": 2, "creates": 20, "per_s": 10.0, "open_calls": 4},
+        {**base, "account": "slowed", "kinds": ["kie-suno"], "in_flight": 5,
+         "rate_factor": 0.25, "paused_s": 12.4, "open_calls": 3},
+        {**base, "account": "rate-only", "kinds": ["replicate-prediction"],
+         "in_flight": None, "creates": 2, "per_s": 60.0, "open_calls": 7}])
+    card = html[html.index('id="limits-h"'):]
+    card = card[:card.index("</section>")]
+    assert "Limits: 3 provider account(s)" in card
+    assert "<script>" not in card
+    assert f"<td>{escape(EVIL)}</td>" in card
+    assert f'<td class="long">{escape(EVIL)}, kie-veo</td>' in card
+    for cell in ("4 / 5", "20 per 10 s", "full", "3 / 1 of 5",
+                 "slowed to \u00d70.25 by the provider&#x27;s 429s", "12 s left",
+                 "7 (no cap)", "2 per 1 min"):
+        assert f"<td>{cell}</td>" in card, (cell, card)
 
 
 def test_percentiles_interpolate_as_percentile_cont() -> None:

@@ -101,7 +101,8 @@ class Dashboard:
                     "since": recent, "types": ["Exhausted"], "limit": 20}),
                 recent=await execute(conn, "dashboard_recent_outcomes", {
                     "since": recent, "types": list(TERMINAL), "limit": 30}),
-                waiting=await execute(conn, "metrics_waiting", {}))
+                waiting=await execute(conn, "metrics_waiting", {}),
+                limits=await execute(conn, "limits_show", {"now": now}))
         return overview(o)
 
     async def home(self, request: web.Request) -> web.Response:

@@ -1,7 +1,8 @@
 """The overview page's content (pure): calls in flight and stale per kind with their
 thresholds, calls reaching each terminal state over the window, who ended them, time to
 terminal per kind, credits settled over time, and the lists (stale, exhausted, recent);
-when a job waits for a provider account's slot, a card of the waiting jobs per account
+when provider accounts are limited, a card of their caps and calls in flight, and when a
+job waits for a provider account's slot, a card of the waiting jobs per account
 (:mod:`.waiting`).
 
 :func:`overview` renders the part the page's script refreshes (``/overview/live``); the
@@ -22,7 +23,7 @@ from callwarden.rules.stale import StaleRule
 from callwarden.service import charts
 from callwarden.service.dashboard.format import credits, duration
 from callwarden.service.dashboard.html import table
-from callwarden.service.dashboard.waiting import waiting_card
+from callwarden.service.dashboard.waiting import limits_card, waiting_card
 
 __all__ = ["OPEN_STATES", "ORIGIN", "TERMINAL", "WINDOWS", "Overview", "Window", "overview"]
 
@@ -65,6 +66,7 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     exhausted: Sequence[Row]      # dashboard_recent_outcomes (Exhausted)
     recent: Sequence[Row]         # dashboard_recent_outcomes (every terminal type)
     waiting: Sequence[Row] = ()   # metrics_waiting: account, jobs, oldest, next_retry, ...
+    limits: Sequence[Row] = ()    # limits_show: account, kinds, caps, open_calls, ...
 
 
 def _switch(current: Window) -> str:
@@ -192,6 +194,7 @@ def overview(o: Overview) -> str:
             + _switch(o.window)
             + '<div class="grid">'
             + f'<section class="card wide">{in_flight(o)}</section>'
+            + limits_card(o.limits)
             + waiting_card(o.waiting, o.now)
             + f'<section class="card">{ended_chart(o)}</section>'
             + f'<section class="card">{enders(o)}</section>'

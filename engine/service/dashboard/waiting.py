@@ -1,7 +1,11 @@
-"""The jobs waiting for a provider account's slot (pure; docs/admission.md, issue 42): a
-start the account's limits refused writes nothing to the job, only its row of
+"""The provider accounts' limits and the jobs waiting for a slot (pure; docs/admission.md,
+issue 42): a start the account's limits refused writes nothing to the job, only its row of
 ``callwarden.waiting`` (the reason, since when, when to try again, how many refusals), so
 such a job has no call yet and the call list cannot show it.
+
+:func:`limits_card`: the overview's card of ``callwarden.limits`` (``limits_show``),
+one line per account (its kinds, its calls in flight now over its cap, its other caps,
+and how far the provider's 429s slowed or paused it), shown whenever an account is limited.
 
 :func:`waiting_card`: the overview's card, one line per account with jobs waiting (how
 many, the oldest wait, the soonest retry, the reasons), shown only when a job waits.
@@ -12,6 +16,7 @@ reason is redacted (:mod:`.redaction`: a host may write the rows itself) and esc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from html import escape
@@ -21,7 +26,7 @@ from callwarden.service.dashboard.format import duration
 from callwarden.service.dashboard.html import table
 from callwarden.service.dashboard.redaction import redact_text
 
-__all__ = ["PAGE", "retry_in", "waiting_card", "waiting_page"]
+__all__ = ["PAGE", "limits_card", "retry_in", "waiting_card", "waiting_page"]
 
 Row = Mapping[str, Any]
 PAGE = 200  # waiting jobs on the page (the oldest first)
@@ -45,6 +50,44 @@ def _reasons(reasons: Sequence[str]) -> str:
     shown = [redact_text(r) for r in reasons[:_REASONS]]
     more = len(reasons) - len(shown)
     return "; ".join(shown) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _in_flight(a: Row) -> str:
+    """``"3 / 5"``: the calls open now over the cap; a slowed account's cap is what it
+    admits now (``"3 / 2 of 5"``, as ``callwarden.admit`` floors it)."""
+    open_calls, cap = int(a["open_calls"]), a["in_flight"]
+    if cap is None:
+        return f"{open_calls} (no cap)"
+    factor = float(a["rate_factor"])
+    if factor < 1:
+        return f"{open_calls} / {max(1, math.floor(cap * factor))} of {cap}"
+    return f"{open_calls} / {cap}"
+
+
+def _rate(factor: float) -> str:
+    return f"slowed to \u00d7{factor:.2f} by the provider's 429s" if factor < 1 else "full"
+
+
+def limits_card(accounts: Sequence[Row]) -> str:
+    """The overview's Limits card (empty when ``callwarden.limits`` has no row): per
+    account its kinds, its calls in flight now over its cap, the per-user cap, the creates
+    per window, the share of its caps the provider's 429s left it and the pause left."""
+    if not accounts:
+        return ""
+    rows = [[a["account"], ", ".join(a["kinds"] or ()), _in_flight(a), a["tenant_in_flight"],
+             None if a["creates"] is None else f"{a['creates']} per {duration(a['per_s'])}",
+             _rate(float(a["rate_factor"])),
+             f"{duration(a['paused_s'])} left" if a["paused_s"] else None]
+            for a in accounts]
+    return ('<section class="card wide" aria-labelledby="limits-h">'
+            f'<h2 id="limits-h">Limits: {len(accounts)} provider account(s)</h2>'
+            + table(["account", "kinds", "in flight / cap", "per user", "creates", "rate",
+                     "paused"], rows, fit=True, long=(1,))
+            + '<p class="muted">The caps of callwarden.limits (written by '
+              "<code>callwarden limits apply</code> or by SQL): a call holds its account's "
+              "slot from its start until it is terminal. A create the provider refused "
+              "(429) pauses its account, then halves the caps it admits, one call's worth "
+              "given back per wait.</p></section>")
 
 
 def waiting_card(accounts: Sequence[Row], now: datetime) -> str:
