@@ -23,7 +23,10 @@ it runs, under an "in progress" key that expires ``job_timeout`` + 10 s after th
 after which any worker takes it (``job_try`` + 1) and the runner resumes the call. So
 :func:`worker_settings` sets ``job_timeout`` to
 :func:`~callwarden.queue.process.longest_run_s`: a live worker is never overtaken, and arq
-never cancels a call that is still inside its budget.
+never cancels a call that is still inside its budget, nor one whose create (or sync call)
+sleeps through the provider's 429s (``CallConfig.rate_limited_wait_s``, counted there): a
+run cancelled in that sleep would leave its call ``created`` with no task, swept by the
+reconciler although nothing was created.
 
 A try that meets a database outage (a read-only server among them), or any database error
 before the job's call started, is deferred (``Retry``) on the schedule of

@@ -48,7 +48,12 @@ A try whose start the provider account's limits refused (the outcome ``waiting``
 was written, nothing sent upstream) is retried the same way, ``self.retry(countdown=)``
 after the limit's ``retry_after_s`` plus up to a quarter of it, for as long as it is
 refused, whatever ``max_retries`` says (a publish that fails is rejected with
-``requeue=True``, as an outage retry's). Run eagerly (no queue to wait in), the task
+``requeue=True``, as an outage retry's). Celery counts those retries in
+``request.retries`` too, so each carries the number of them so far in a message header of
+its own (:data:`WAITING_HEADER`), and the outage schedule counts only the outage's
+retries (``request.retries`` minus the waiting ones): a job that waited ten times meets
+its first outage with the first delay, not the longest, and is not "past the outage
+limit" (arq counts the two apart in Redis). Run eagerly (no queue to wait in), the task
 returns the ``waiting`` outcome, with its ``retry_after_s``, for the host to run it again.
 """
 
@@ -85,9 +90,9 @@ from callwarden.queue.process import (
     outcome_dict,
 )
 
-__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "CallTask", "check_options", "current_runtime",
-           "enqueue_own_call", "own_call_task", "register", "start_process", "stop_process",
-           "visibility_timeout_for"]
+__all__ = ["TASK_NAME", "VISIBILITY_MARGIN_S", "WAITING_HEADER", "CallTask", "check_options",
+           "current_runtime", "enqueue_own_call", "own_call_task", "register", "start_process",
+           "stop_process", "visibility_timeout_for"]
 
 log = logging.getLogger("callwarden.queue.celery")
 T = TypeVar("T")
@@ -96,6 +101,9 @@ Options = RunnerOptions | Callable[[], RunnerOptions] | None
 TASK_NAME = "callwarden.run_call"
 #: Added to the longest run: a prefetched message waits, an ack takes a round trip.
 VISIBILITY_MARGIN_S = 60.0
+#: The message header counting a task's retries its account's limits caused (``waiting``):
+#: Celery's ``request.retries`` counts them with the outage's, whose schedule must not.
+WAITING_HEADER = "callwarden_waiting_retries"
 
 
 class _Loop:
@@ -299,8 +307,23 @@ class CallTask(Task):  # type: ignore[type-arg]
                         outcome.retry_after_s or 0.0)
             return None
         delay = process.defer_waiting(outcome, kind, delivery)
+        # this message's own headers as Celery's retry sends them (RabbitMQ's x-death
+        # left out), one more waiting retry counted
+        kept = self.request.as_execution_options().get("headers") or {}
+        headers = {**kept, WAITING_HEADER: self._waited() + 1}
         return self._publish_retry(outcome.job_id, delivery, "waiting retry", delay,
-                                   sys.maxsize, None)
+                                   sys.maxsize, None, headers=headers)
+
+    def _waited(self) -> int:
+        """This try's retries so far that were waiting ones (:data:`WAITING_HEADER`, which
+        each waiting retry publishes one more; 0 on a message without it, as one a host
+        sent, or one from a release before it)."""
+        request = self.request
+        raw = (request.headers or {}).get(WAITING_HEADER, getattr(request, WAITING_HEADER, 0))
+        try:
+            return max(0, int(raw or 0))
+        except (TypeError, ValueError):
+            return 0
 
     def _retry_after_outage(self, process: ProcessRunner, job: uuid.UUID, delivery: str,
                             exc: DatabaseError) -> BaseException | None:
@@ -315,8 +338,11 @@ class CallTask(Task):  # type: ignore[type-arg]
         job would be gone, with no call. Such a reject is raised again with
         ``requeue=True``: the worker puts the message back on the queue, or, when it
         cannot reach the broker either, leaves it unacked, and the broker's visibility
-        timeout restores it. Either way it runs again."""
-        retry = self.request.retries + 1
+        timeout restores it. Either way it runs again.
+
+        The outage schedule's retry is counted without the waiting retries
+        (:data:`WAITING_HEADER`): Celery's ``request.retries`` counts every retry."""
+        retry = max(1, self.request.retries - self._waited() + 1)
         if self.request.is_eager and retry > process.options.outage.within_limit:
             process.left_after_eager_retries(job, delivery, exc)
             return None
@@ -325,13 +351,16 @@ class CallTask(Task):  # type: ignore[type-arg]
         return self._publish_retry(job, delivery, f"outage retry {retry}", delay, bound, exc)
 
     def _publish_retry(self, job: uuid.UUID, delivery: str, what: str, delay: float,
-                       bound: int, exc: Exception | None) -> BaseException:
-        """``self.retry`` with ``countdown=delay`` and ``max_retries=bound``: the
-        exception to raise (Celery's ``Retry``, or a ``Reject`` with ``requeue=True`` when
-        the publish failed: see :meth:`_retry_after_outage`)."""
+                       bound: int, exc: Exception | None, *,
+                       headers: Mapping[str, Any] | None = None) -> BaseException:
+        """``self.retry`` with ``countdown=delay`` and ``max_retries=bound`` (and
+        ``headers``, the retried message's, when given; else this one's): the exception to
+        raise (Celery's ``Retry``, or a ``Reject`` with ``requeue=True`` when the publish
+        failed: see :meth:`_retry_after_outage`)."""
+        options: dict[str, Any] = {} if headers is None else {"headers": dict(headers)}
         try:
             retried: BaseException = self.retry(exc=exc, countdown=delay, max_retries=bound,
-                                                throw=False)
+                                                throw=False, **options)
         except Reject as rejected:
             reason = getattr(rejected, "reason", None)  # the stubs name neither
             if getattr(rejected, "requeue", False):

@@ -13,7 +13,8 @@ host's create again:
 
 - ``create`` and ``resume``: the body runs, with a heartbeat every
   ``CallConfig.heartbeat_every_s`` for as long as it runs (``TaskCreated`` is the first
-  beat), so a process killed inside it is taken over after the heartbeat timeout;
+  beat), so a process killed inside it is taken over after the heartbeat timeout, for at
+  most :func:`body_bound_s` (a create's 429 waits included);
 - ``finalize``: upstream already succeeded: callwarden finalizes it (the body is not run);
 - ``ambiguous`` (a start with no task id: the reconciler sweeps it), ``done`` and
   ``not_started``: nothing runs; the outcome says why.
@@ -88,11 +89,18 @@ def waiting_outcome(job_id: uuid.UUID, exc: CallWaiting) -> CallOutcome:
                        detail=exc.reason, retry_after_s=exc.retry_after_s)
 
 
-def body_bound_s(calls: OwnCalls, kind: str) -> float:
+def body_bound_s(calls: OwnCalls, kind: str, *, creates: bool = True) -> float:
     """How long a body may run: the kind's poll budget plus a create and a last poll with
-    their retries (what the queue's visibility timeout is sized for)."""
+    their retries (``request_s`` each), and, for a body told to create (``creates``), the
+    create's 429 waits, ``CallConfig.rate_limited_wait_s``: a host whose create the
+    provider refuses with 429 pauses the account (``Database.slow_down``) and creates again
+    after the pause, while the call beats, as ``CallRunner`` does for that long
+    (docs/admission.md). With the defaults, ``kie-standard``: 900 + 2 x 60 + 300 = 1,320 s
+    to create, 1,020 s to resume. Within :func:`~callwarden.queue.process.longest_run_s`,
+    what the queue's visibility timeout (arq's ``job_timeout``) is sized for."""
     request_s = calls.settings.retry.max_total_s + calls.settings.retry.timeout_s
-    return calls.config.budget_for(kind) + 2 * request_s
+    waits_s = calls.config.rate_limited_wait_s if creates else 0.0
+    return calls.config.budget_for(kind) + 2 * request_s + waits_s
 
 
 async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
@@ -125,14 +133,15 @@ async def run_own(calls: OwnCalls, job_id: uuid.UUID, kind: str, body: OwnBody,
         return await call.finalize()
     if call.action not in ("create", "resume"):
         return call_outcome(job_id, call.projection, _NOT_RUN[call.action])
-    bound = body_bound_s(calls, kind)
+    bound = body_bound_s(calls, kind, creates=call.action == "create")
     ran = "returned"
     async with call.beating():
         try:
             async with asyncio.timeout(bound):
                 await body(call, *args, **kwargs)
         except TimeoutError:
-            ran = f"ran past {bound:g} s (the kind's poll budget and its requests)"
+            ran = (f"ran past {bound:g} s (the kind's poll budget and its requests"
+                   f"{', and rate_limited_wait_s' if call.action == 'create' else ''})")
     p = await calls.db.load(job_id)
     return call_outcome(job_id, p, None if p.terminal else
                         f"the body {ran} with the call {p.state.value if p.state else 'open'}"

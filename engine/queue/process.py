@@ -23,9 +23,12 @@ prefork pool) must not share its parent's :func:`~callwarden.calls.identity.inca
 is fixed when the module is first imported.
 
 :func:`longest_run_s` is how long one ``CallRunner.run`` can take for the kinds a queue
-runs: the queue must not deliver a job again before it (Celery's ``visibility_timeout`` on
-Redis, arq's ``job_timeout``), or two workers poll the same task — harmless, every write
-is fenced, but wasted provider requests.
+runs, a create's (or a sync call's) 429 waits (``CallConfig.rate_limited_wait_s``)
+included: the queue must not deliver a job again before it (Celery's ``visibility_timeout``
+on Redis, arq's ``job_timeout``), or two workers poll the same task — harmless, every write
+is fenced, but wasted provider requests; and arq cancels a run past its ``job_timeout``,
+which would leave a call cancelled in its 429 sleep ``created`` with no task, for the
+reconciler to sweep although nothing was created.
 """
 
 from __future__ import annotations
@@ -285,15 +288,27 @@ async def open_runner(options: RunnerOptions | Callable[[], RunnerOptions] | Non
 def longest_run_s(config: CallConfig | None = None, settings: ProviderSettings | None = None,
                   *, kinds: Iterable[str] | None = None, media: int = MEDIA_PER_RESULT) -> float:
     """The longest one ``run`` of a call of ``kinds`` (default: every kind) can take: the
-    create (or sync call) request with its retries, the poll budget plus one last poll, and
-    finalizing ``media`` results (:meth:`CallConfig.deadline_for`)."""
+    create (or sync call) with its 429 waits, the poll budget plus one last poll, and
+    finalizing ``media`` results (:meth:`CallConfig.deadline_for`).
+
+    The create (or sync call): one request with its retries (``request_s`` =
+    ``RetryPolicy.max_total_s + timeout_s``), plus ``CallConfig.rate_limited_wait_s``: a
+    request the provider refuses with 429, for a kind a ``[limits]`` account names, is
+    made again after the account's pause, and the runner sleeps (heartbeating) only while
+    the pause ends within ``rate_limited_wait_s`` of the first request, so every pause and
+    every request before the last ends inside it and only the last request comes on top
+    (docs/admission.md). Any run may create (``limits`` are in the database, not known
+    here): the wait is always counted. With the defaults, ``kie-standard``: 60 + 300 (the
+    create) + 900 + 60 (the budget, a last poll) + 720 (4 media) = 2,040 s; a sync kind
+    60 + 300 + 720 = 1,080 s; every kind (``kie-lip-sync``, a 3,600 s budget) 4,740 s."""
     config, settings = config or CallConfig(), settings or ProviderSettings()
     request_s = settings.retry.max_total_s + settings.retry.timeout_s
+    created_s = request_s + config.rate_limited_wait_s  # the create or sync call, its 429s
     finalize_s = config.deadline_for(media)
 
     def one(kind: str) -> float:
         polled = 0.0 if is_sync_call(kind) else config.budget_for(kind) + request_s
-        return request_s + polled + finalize_s
+        return created_s + polled + finalize_s
 
     return max(one(kind) for kind in (KINDS if kinds is None else kinds))
 

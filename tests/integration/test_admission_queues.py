@@ -358,3 +358,71 @@ async def test_a_real_worker_keeps_a_refused_job_queued_past_its_give_up_then_ru
     if queue == "celery":  # each refusal is a published retry, whatever max_retries says
         assert len(re.findall(rf"Task callwarden\.run_call\[t-{job}\] retry: Retry in",
                               logs)) >= 3
+
+
+# An outage's retry of a job that waited: the outage schedule counts only its own retries.
+OUTAGE_LINE = r"job {job} {delivery}: database error before its call started \([\s\S]*?\); " \
+              r"outage retry (\d+) in ([\d.]+) s"  # (the error's text spans two lines)
+REFUSE_THE_JOBS_EVENTS = """
+CREATE FUNCTION refuse_the_jobs_events() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.job_id = '{job}'::uuid THEN
+        RAISE EXCEPTION 'the test refuses the events of job {job}';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_the_jobs_events BEFORE INSERT ON callwarden.call_events
+    FOR EACH ROW EXECUTE FUNCTION refuse_the_jobs_events();
+"""
+
+
+@pytest.mark.xdist_group("fleets")  # spawns worker processes
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("queue", ["arq", "celery"])
+async def test_a_job_that_waited_gets_the_first_outage_delay_at_its_first_outage(
+        queue: str, conn: Conn, sim: RunningSimulator, queues: Queues, arq_redis: ArqRedis,
+        redis_url: str) -> None:
+    """A job refused by its account three times or more, whose next try (the slot freed)
+    meets a database error before its call started (a trigger refusing the job's
+    ``CallStarted``: retried on the outage schedule), is at its first outage retry: 1 s,
+    then 2 s, never "past the outage limit". Celery's ``request.retries`` counts the
+    waiting retries too: counted as outage retries, the first would have been retry 4 or
+    later (8 s), and a job that waited ten times would have had the longest delay and a
+    false "past the outage limit" (arq counts the two apart in Redis; Celery carries the
+    waiting count in the message's ``WAITING_HEADER``). Once the database takes the
+    job's events, it runs once: one create, committed."""
+    await one_slot(conn)
+    holder = await hold_the_slot(conn)
+    job = await the_job(conn)
+    worker = await _started(queue, queues)
+    if queue == "arq":
+        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
+        delivery = rf"arq_job=callwarden:{job} try=\d+"
+    else:
+        await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
+        delivery = rf"task=t-{job} redelivered=\w+"
+    waited = WAITING_LINE.format(job=job, delivery=delivery, reason=re.escape(REFUSED))
+    await worker.line(waited, "three refused tries", count=3)
+
+    await conn.execute(REFUSE_THE_JOBS_EVENTS.format(job=job).encode())
+    await free_the_slot(conn, holder)
+    outage = OUTAGE_LINE.format(job=job, delivery=delivery)
+    first, second = await worker.line(outage, "two outage retries", count=2)
+    logs = worker.logs()
+    waits = len(re.findall(waited, logs[:first.start()]))
+    assert waits >= 3
+    assert (first.group(1), first.group(2)) == ("1", "1"), (waits, first.group(0))
+    assert (second.group(1), second.group(2)) == ("2", "2"), second.group(0)
+    assert "past the outage limit" not in logs
+    assert sim.sim.journal.count("kie", "create") == 0
+
+    await conn.execute("DROP TRIGGER refuse_the_jobs_events ON callwarden.call_events")
+    await worker.line(rf"job {job} kind={KIND} {delivery} pid=\d+ result=completed",
+                      "the job's outcome")
+    await until("the job's settlement", lambda: value(
+        conn, "SELECT call_state = 'completed' FROM jobs WHERE id = %s", job))
+    assert sim.sim.journal.count("kie", "create") == 1
+    await settled_once(conn, job, "completed", "committed")
+    logs = worker.logs()
+    assert "given up" not in logs
+    assert not re.search(r"failed, |raised unexpected", logs)

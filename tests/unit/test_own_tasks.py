@@ -8,21 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import Celery
 
+from callwarden.calls.config import CallConfig
+from callwarden.calls.own import OwnCalls
+from callwarden.database.port import Database
 from callwarden.errors import ConfigError
 from callwarden.providers.base import ProviderSettings
 from callwarden.providers.errors import AdapterError
+from callwarden.providers.kinds import KINDS, is_sync_call
 from callwarden.providers.storage import LocalFolderStore
 from callwarden.queue import arq as cw_arq
 from callwarden.queue import celery as cw_celery
 from callwarden.queue.arq import enqueue_own_call, own_call_function, worker_settings
 from callwarden.queue.celery import check_options, own_call_task, register
 from callwarden.queue.celery import enqueue_own_call as send_own_call
-from callwarden.queue.own import own_task_name
+from callwarden.queue.own import body_bound_s, own_task_name
 from callwarden.queue.process import RunnerOptions, longest_run_s
 from tests.support.acme import ADAPTER, registry_restored
 
@@ -105,6 +109,22 @@ def test_an_arq_worker_is_timed_for_its_own_functions_kinds_and_names_are_unique
     with pytest.raises(ConfigError, match="named twice"):
         worker_settings(functions=[own_call_function("kie-standard", body, name="x"),
                                    own_call_function("kie-kling3", body, name="x")])
+
+
+def test_an_own_body_told_to_create_may_sleep_through_the_providers_429s() -> None:
+    """A body told ``create`` may meet a 429, pause the account (``slow_down``) and create
+    again after the pause for up to ``rate_limited_wait_s``, as ``CallRunner`` does: its
+    bound is the kind's poll budget, a create and a last poll with their retries (60 s
+    each by default), and that wait; a body told ``resume`` creates nothing. Every bound
+    fits in the queue's (``longest_run_s``: a start before it, finalizing after it)."""
+    calls = OwnCalls(cast(Database, object()))  # nothing is opened: settings only
+    assert body_bound_s(calls, "kie-standard") == 900 + 2 * 60 + 300 == 1320
+    assert body_bound_s(calls, "kie-standard", creates=False) == 900 + 2 * 60 == 1020
+    tight = OwnCalls(cast(Database, object()), config=CallConfig(
+        poll_budget_s={"kie-standard": 10.0}, rate_limited_wait_s=30.0))
+    assert body_bound_s(tight, "kie-standard") == 10 + 120 + 30
+    for kind in (k for k in KINDS if not is_sync_call(k)):
+        assert body_bound_s(calls, kind) < longest_run_s(kinds=[kind]), kind
 
 
 def test_a_worker_whose_processes_cannot_run_calls_stops_with_exit_2(

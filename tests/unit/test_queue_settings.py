@@ -6,35 +6,61 @@ from __future__ import annotations
 
 import logging
 import sys
+import uuid
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from arq.worker import Worker
 from celery import Celery
 
 from callwarden.calls.config import CallConfig
-from callwarden.errors import ConfigError
+from callwarden.calls.runner import CallOutcome
+from callwarden.errors import ConfigError, DatabaseUnavailable
+from callwarden.projections.fold import EMPTY
 from callwarden.queue.arq import TASK_NAME as ARQ_TASK
 from callwarden.queue.arq import worker_settings
-from callwarden.queue.celery import TASK_NAME, CallTask, register, visibility_timeout_for
+from callwarden.queue.celery import (
+    TASK_NAME,
+    WAITING_HEADER,
+    CallTask,
+    register,
+    visibility_timeout_for,
+)
 from callwarden.queue.outage import OutageRetries
-from callwarden.queue.process import RunnerOptions, longest_run_s, options_from_env
+from callwarden.queue.process import (
+    ProcessRunner,
+    RunnerOptions,
+    longest_run_s,
+    options_from_env,
+)
 
 
-def test_the_longest_run_covers_create_budget_last_poll_and_finalization() -> None:
-    # 60 s request bound (30 s of retries + a 30 s timeout), 15 min budget + one last
-    # poll, and 4 media finalized (4 x (120 s download + 60 s upload)).
-    assert longest_run_s(kinds=["kie-standard"]) == 60 + (900 + 60) + 720
-    assert longest_run_s(kinds=["anthropic-sync"]) == 60 + 720  # no polling
-    assert longest_run_s() == longest_run_s(kinds=["kie-lip-sync"]) == 4440
+def test_the_longest_run_covers_create_its_429_waits_budget_last_poll_and_finalization(
+        ) -> None:
+    # The create: a 60 s request bound (30 s of retries + a 30 s timeout) plus
+    # rate_limited_wait_s (300 s: a 429 of a limited account's kind is created again after
+    # the pause, sleeping while every pause ends inside it; only the last request comes on
+    # top); a 15 min budget + one last poll; and 4 media finalized (4 x (120 s download +
+    # 60 s upload)).
+    assert longest_run_s(kinds=["kie-standard"]) == (60 + 300) + (900 + 60) + 720 == 2040
+    assert longest_run_s(kinds=["anthropic-sync"]) == (60 + 300) + 720  # no polling
+    # kie-lip-sync: a 60 min budget
+    assert longest_run_s() == longest_run_s(kinds=["kie-lip-sync"]) == 360 + 3660 + 720 == 4740
     short = CallConfig(poll_budget_s={"kie-standard": 10.0})
-    assert longest_run_s(short, kinds=["kie-standard"]) == 60 + 70 + 720
+    assert longest_run_s(short, kinds=["kie-standard"]) == 360 + 70 + 720
+    # the 429 wait is a setting: the bound follows it
+    patient = CallConfig(rate_limited_wait_s=1200.0)
+    assert longest_run_s(patient, kinds=["kie-standard"]) == (60 + 1200) + 960 + 720
+    assert longest_run_s(patient, kinds=["anthropic-sync"]) == (60 + 1200) + 720
 
 
 def test_celery_register_defaults_a_visibility_timeout_past_the_longest_call() -> None:
     app = Celery("t", broker="memory://")
     task = register(app, name="t.run_call")
-    assert app.conf.broker_transport_options["visibility_timeout"] == 4500.0
-    assert visibility_timeout_for() == 4500.0 > 3600  # kombu's own default is too short
+    # the longest run of every kind (kie-lip-sync: 4,740 s, its 429 waits included) + 60 s
+    assert app.conf.broker_transport_options["visibility_timeout"] == 4800.0
+    assert visibility_timeout_for() == 4800.0 > 3600  # kombu's own default is too short
     assert app.conf.worker_prefetch_multiplier == 1
     assert isinstance(task, CallTask)
     assert (task.acks_late, task.reject_on_worker_lost, task.acks_on_failure_or_timeout) == (
@@ -51,19 +77,22 @@ def test_celery_register_keeps_the_hosts_settings_and_warns_when_too_short(
         register(app, name="t.run_call_2", kinds=["kie-standard"])
         assert app.conf.broker_transport_options == {"visibility_timeout": 30, "x": 1}
     assert app.conf.worker_prefetch_multiplier == 8
-    assert "visibility_timeout 30s is shorter than the longest call (1800s)" in caplog.text
+    # kie-standard: 2,040 s (its 429 waits included) + 60 s
+    assert "visibility_timeout 30s is shorter than the longest call (2100s)" in caplog.text
 
 
 async def test_arq_settings_time_out_after_the_longest_call_and_redeliver_10s_later() -> None:
     settings = worker_settings(redis_url="redis://127.0.0.1:1/0", kinds=["kie-standard"],
                                max_deliveries=3, log_level=None)
-    assert settings["job_timeout"] == 1740
+    # longest_run_s for kie-standard: (60 + 300) create and its 429 waits, 900 + 60 polled,
+    # 720 finalized: arq never cancels a create sleeping through the provider's 429s
+    assert settings["job_timeout"] == 2040
     fn = settings["functions"][0]
     # arq's own count is out of reach: the function gives a job up after max_deliveries
     # deliveries, not counting the tries that met a database outage
-    assert (fn.name, fn.timeout_s, fn.max_tries) == (ARQ_TASK, 1740, sys.maxsize)
+    assert (fn.name, fn.timeout_s, fn.max_tries) == (ARQ_TASK, 2040, sys.maxsize)
     worker = Worker(**settings)  # nothing connects until it runs
-    assert worker.in_progress_timeout_s == 1750  # how long a dead worker's job waits
+    assert worker.in_progress_timeout_s == 2050  # how long a dead worker's job waits
     assert worker._job_completion_wait == 30
 
 
@@ -74,7 +103,7 @@ def test_arq_settings_warn_when_the_hosts_job_timeout_is_too_short(
                                    kinds=["kie-standard"], max_jobs=2, poll_delay=0.1)
     assert (settings["job_timeout"], settings["max_jobs"], settings["poll_delay"]) == (
         60, 2, 0.1)
-    assert "job_timeout 60s is shorter than the longest call (1740s)" in caplog.text
+    assert "job_timeout 60s is shorter than the longest call (2040s)" in caplog.text
 
 
 def test_outage_retries_cover_the_default_limit_then_keep_the_job_at_a_minute() -> None:
@@ -119,3 +148,60 @@ def test_celery_call_task_leaves_outage_retries_to_itself() -> None:
     """No ``autoretry_for``: a retry bounded by ``max_retries`` would fail and ack a
     task whose job was never recorded (issue 24.1); ``run_call`` retries it itself."""
     assert not getattr(CallTask, "autoretry_for", ())
+
+
+def test_celery_counts_outage_retries_apart_from_waiting_ones() -> None:
+    """Celery's ``request.retries`` counts every retry, the waiting ones (a start the
+    account's limits refused) too: each waiting retry carries its count in
+    ``WAITING_HEADER``, one more per retry, beside the message's own headers, and the
+    outage schedule counts ``retries`` minus it. A task that waited ten times meets its
+    first outage as retry 1 (1 s), not retry 11 (60 s, "past the outage limit"). On the
+    memory transport: the retries are published, no broker runs."""
+    app = Celery("t", broker="memory://")
+    task = register(app, name="t.run_call_counted", kinds=["kie-standard"])
+    job = uuid.uuid4()
+    asked: list[int] = []
+
+    def retry_after_outage(_job: uuid.UUID, _delivery: str, retry: int,
+                           _exc: BaseException) -> float:
+        asked.append(retry)
+        return 1.0
+
+    process = cast(ProcessRunner, SimpleNamespace(
+        options=SimpleNamespace(outage=OutageRetries()), retry_after_outage=retry_after_outage,
+        defer_waiting=lambda _outcome, _kind, _delivery: 0.5))
+    waiting = CallOutcome(job_id=job, result="waiting", projection=EMPTY,
+                          detail="kie-main: 1 of 1 calls in flight", retry_after_s=0.4)
+
+    def pushed(retries: int, headers: dict[str, Any] | None) -> None:
+        task.push_request(id=f"t-{job}", args=[str(job), "kie-standard", {}], kwargs={},
+                          retries=retries, headers=headers, is_eager=False,
+                          called_directly=False, delivery_info={})
+
+    def outage_retry(retries: int, headers: dict[str, Any] | None) -> int:
+        pushed(retries, headers)
+        try:
+            task._retry_after_outage(process, job, "d", DatabaseUnavailable("down"))
+        finally:
+            task.pop_request()
+        return asked.pop()
+
+    def waiting_retry(retries: int, headers: dict[str, Any] | None) -> Any:
+        pushed(retries, headers)
+        try:
+            retried = task._retry_waiting(process, waiting, "kie-standard", "d")
+        finally:
+            task.pop_request()
+        sig = getattr(retried, "sig", None)
+        assert sig is not None, retried
+        return sig.options
+
+    first = waiting_retry(0, None)  # a message a host sent: no header yet
+    assert (first["retries"], first["headers"]) == (1, {WAITING_HEADER: 1})
+    tenth = waiting_retry(9, {WAITING_HEADER: 9, "host-trace": "abc"})  # the host's kept
+    assert (tenth["retries"], tenth["headers"]) == (10, {WAITING_HEADER: 10,
+                                                         "host-trace": "abc"})
+    assert outage_retry(10, tenth["headers"]) == 1  # its first outage: the first delay
+    assert outage_retry(12, tenth["headers"]) == 3  # two outage retries after the waits
+    assert outage_retry(10, None) == 11  # a message without the header: every retry counts
+    assert outage_retry(3, {WAITING_HEADER: "x"}) == 4  # an unreadable count is none
