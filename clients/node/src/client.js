@@ -11,6 +11,7 @@ import { pgTransport, rpcTransport } from './transport.js';
 /** @typedef {import('./transport.js').Transport} Transport */
 /** @typedef {import('./contract.js').FunctionSpec} FunctionSpec */
 /** @typedef {import('./contract.js').StartCall} StartCall */
+/** @typedef {import('./contract.js').SlowedDown} SlowedDown */
 /** @typedef {import('./contract.js').TaskCreated} TaskCreated */
 /** @typedef {import('./contract.js').Outcome} Outcome */
 /** @typedef {import('./contract.js').StoredMedia} StoredMedia */
@@ -178,6 +179,26 @@ export class Callwarden {
     const r = asRow('waiting_for', answer);
     return { reason: String(r.reason),
              retryAfterMs: Math.max(0, Math.round(Number(r.retry_after_s) * 1000)) };
+  }
+
+  /**
+   * The provider refused a create (or a sync call) of `kind` with 429, after your own
+   * transport's retries: pause the account whose limit names `kind` for the whole fleet
+   * for `retryAfterS` (the provider's `Retry-After`; null or left out: the account's
+   * `wait_s`), and halve its caps unless it was paused already
+   * (`callwarden.slow_down`). Create again after `pausedS` (plus some jitter), while your
+   * call beats; null when no limit names the kind (nothing to wait for: fail the call,
+   * refunded, e.g. `throw new CreateRefused(...)` in `runTask`'s `create`).
+   * @param {{kind: string, retryAfterS?: number | null}} args
+   * @returns {Promise<SlowedDown | null>}
+   */
+  async slowDown(args) {
+    const answer = await this.#call('slowDown', { kind: args.kind,
+                                                  retryAfterS: args.retryAfterS ?? null });
+    if (answer === null) return null;
+    const r = asRow('slow_down', answer);
+    return { account: String(r.account), pausedS: Math.max(0, Number(r.paused_s)),
+             rateFactor: Number(r.rate_factor) };
   }
 
   /**

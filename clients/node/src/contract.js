@@ -1,5 +1,5 @@
 // The host API's SQL functions (migration 0014_host_api.sql; 0018 added admission
-// control: `start_call`'s `wait`, and `waiting_for`), declared once: each
+// control: `start_call`'s `wait`, `waiting_for`, and `slow_down` for a 429), declared once: each
 // method's arguments (the JS name, the SQL parameter it binds by name, its SQL type,
 // whether it is required) and the shape of its answer. Both faces (pg and supabase-js
 // rpc) are driven by this table, so they cannot disagree on a name.
@@ -25,6 +25,16 @@
  *   (`kie-main: 5 of 5 calls in flight`), from `callwarden.waiting_for`
  * @property {number} [retryAfterMs] for `wait` only: when a start may be admitted, in ms
  *   (0 when the database no longer holds the job as waiting: try again now)
+ */
+
+/**
+ * What `slowDown` answered: the provider account (`callwarden.limits`) that names the kind,
+ * now paused for the whole fleet (every start answers `wait` until the pause ends).
+ * @typedef {Object} SlowedDown
+ * @property {string} account the account paused
+ * @property {number} pausedS seconds left of its pause: create again after them
+ * @property {number} rateFactor the share of its caps it admits now (halved by the first
+ *   429 of a pause, down to 1/64; one call's worth comes back per `wait_s` after it)
  */
 
 /**
@@ -66,7 +76,7 @@
  * @property {Record<string, unknown>} [raw]
  */
 
-/** @typedef {'text' | 'numeric' | 'jsonb' | 'uuid' | 'boolean' | 'int'} SqlType */
+/** @typedef {'text' | 'numeric' | 'jsonb' | 'uuid' | 'boolean' | 'int' | 'double'} SqlType */
 
 /**
  * How an argument may be given: `required` (a value), `nullable` (required, and null is a
@@ -134,11 +144,16 @@ export const FUNCTIONS = Object.freeze({
     sql: 'waiting_for', returns: 'optional_row', params: [
       ['jobId', 'job_id', 'uuid', 'required']],
   },
+  slowDown: {
+    sql: 'slow_down', returns: 'optional_row', params: [
+      ['kind', 'kind', 'text', 'required'],
+      ['retryAfterS', 'retry_after_s', 'double', 'nullable']],
+  },
 });
 
 /** The schema the functions live in. */
 export const SCHEMA = 'callwarden';
 
 /** The contract version this client speaks (`callwarden.host_api_version()`): 2 since
- * migration 0018 (`start_call` may answer `wait`; `waiting_for`). */
+ * migration 0018 (`start_call` may answer `wait`; `waiting_for`; `slow_down`). */
 export const HOST_API_VERSION = 2;

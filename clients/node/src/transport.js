@@ -46,7 +46,7 @@ import { CallwardenError, InvalidArgument, classify } from './errors.js';
 /** @type {Record<SqlType, string>} */
 const CASTS = {
   text: 'text', numeric: 'numeric', jsonb: 'jsonb', uuid: 'uuid', boolean: 'boolean',
-  int: 'integer',
+  int: 'integer', double: 'double precision',
 };
 
 /**
@@ -71,6 +71,9 @@ function check(fn, name, type, value) {
       break;
     case 'int':
       if (!Number.isInteger(value)) refuse('an integer');
+      break;
+    case 'double':
+      if (!(typeof value === 'number' && Number.isFinite(value))) refuse('a finite number');
       break;
     case 'numeric':
       if (!((typeof value === 'number' && Number.isFinite(value))

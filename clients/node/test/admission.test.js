@@ -8,7 +8,10 @@
 // - runTask and runSync answer `status: 'waiting'` without calling the host's code;
 // - the BullMQ glue (src/bullmq.js): a real BullMQ worker over Redis moves a waiting job to
 //   the delayed set (not failed, no attempt counted, with `attempts: 1`) for as long as
-//   the account is full, then runs it once the slot frees: one create, completed.
+//   the account is full, then runs it once the slot frees: one create, completed;
+// - slowDown (a host's own create refused with 429: callwarden.slow_down) pauses the
+//   account for the fleet and halves its caps: the next startCall answers `wait` naming
+//   the 429's pause; a kind no limit names answers null.
 // Waits are on conditions (bounded), never on time alone.
 //
 // Env (tests/integration/test_admission_queues.py sets it): DATABASE_URL (a migrated
@@ -22,7 +25,7 @@ import { createClient } from '@supabase/supabase-js';
 import { DelayedError, Queue, Worker } from 'bullmq';
 
 import { delayIfWaiting, delayWhenWaiting } from '../src/bullmq.js';
-import { Callwarden, FUNCTIONS, HOST_API_VERSION } from '../src/index.js';
+import { Callwarden, FUNCTIONS, HOST_API_VERSION, InvalidArgument } from '../src/index.js';
 import { need, pool } from './support/env.js';
 import { miniPostgrest } from './support/postgrest.js';
 import { events, jobRow, usage } from './support/rows.js';
@@ -33,6 +36,8 @@ const KIND = 'replicate-prediction';
 const SYNC_KIND = 'elevenlabs-sync';
 const ACCOUNT = 'node-admission-replicate';
 const SYNC_ACCOUNT = 'node-admission-elevenlabs';
+const SLOW_KIND = 'replicate-training'; // slowDown's account: its pause stops no other test
+const SLOW_ACCOUNT = 'node-admission-replicate-training';
 const WAIT_S = 0.3; // the limits' wait: a refused start is tried again 300 to 375 ms later
 const WAIT_MS = WAIT_S * 1000;
 const REFUSED = `${ACCOUNT}: 1 of 1 calls in flight`;
@@ -45,7 +50,7 @@ const holders = /** @type {string[]} */ ([]);
 
 before(async () => {
   await db.query('DELETE FROM callwarden.limits WHERE account = ANY($1)',
-                 [[ACCOUNT, SYNC_ACCOUNT]]);
+                 [[ACCOUNT, SYNC_ACCOUNT, SLOW_ACCOUNT]]);
   await db.query(`INSERT INTO callwarden.limits (account, kinds, in_flight, wait_s)
                   VALUES ($1, ARRAY[$2], 1, $5), ($3, ARRAY[$4], 1, $5)`,
                  [ACCOUNT, KIND, SYNC_ACCOUNT, SYNC_KIND, WAIT_S]);
@@ -53,7 +58,7 @@ before(async () => {
 after(async () => {
   await Promise.all(holders.map((jobId) => cw.cancel({ jobId, by: 'admin' })));
   await db.query('DELETE FROM callwarden.limits WHERE account = ANY($1)',
-                 [[ACCOUNT, SYNC_ACCOUNT]]);
+                 [[ACCOUNT, SYNC_ACCOUNT, SLOW_ACCOUNT]]);
   await db.end();
 });
 
@@ -304,5 +309,80 @@ describe('the BullMQ glue', () => {
       await queue.obliterate({ force: true });
       await queue.close();
     }
+  });
+});
+
+describe('slowDown: a host\'s own create refused with 429', () => {
+  test('is in the contract table: slow_down(kind, retry_after_s), one row or none', () => {
+    assert.deepEqual(FUNCTIONS.slowDown,
+                     { sql: 'slow_down', returns: 'optional_row',
+                       params: [['kind', 'kind', 'text', 'required'],
+                                ['retryAfterS', 'retry_after_s', 'double', 'nullable']] });
+  });
+
+  test('pauses the account for the fleet at half its caps: the next start waits for the 429', async () => {
+    await db.query(`INSERT INTO callwarden.limits (account, kinds, in_flight, wait_s)
+                    VALUES ($1, ARRAY[$2], 4, $3)`, [SLOW_ACCOUNT, SLOW_KIND, WAIT_S]);
+    const jobId = await job();
+    try {
+      const slowed = await cw.slowDown({ kind: SLOW_KIND, retryAfterS: 30 });
+      assert.ok(slowed);
+      assert.deepEqual({ ...slowed, pausedS: 0 },
+                       { account: SLOW_ACCOUNT, pausedS: 0, rateFactor: 0.5 });
+      assert.ok(slowed.pausedS > 25 && slowed.pausedS <= 30, `pausedS ${slowed.pausedS}`);
+      // another worker's 429 within the pause (no Retry-After: the account's wait_s): one
+      // decrease per pause, and the pause is never shortened
+      const again = await cw.slowDown({ kind: SLOW_KIND });
+      assert.equal(again?.rateFactor, 0.5);
+      assert.ok((again?.pausedS ?? 0) > 25, `pausedS ${again?.pausedS}`);
+      const row = (await db.query(
+        'SELECT rate_factor, paused_until > now() AS paused FROM callwarden.limits WHERE account = $1',
+        [SLOW_ACCOUNT])).rows[0];
+      assert.deepEqual(row, { rate_factor: 0.5, paused: true });
+
+      // every start of the account waits now, whoever makes it: nothing written
+      const start = await cw.startCall({ jobId, kind: SLOW_KIND, actor: ACTOR });
+      assert.equal(start.action, 'wait');
+      assert.equal(start.reason, `${SLOW_ACCOUNT}: the provider refused a create (429): paused`);
+      assert.ok((start.retryAfterMs ?? 0) > 25_000 && (start.retryAfterMs ?? 0) <= 30_000,
+                `retryAfterMs ${start.retryAfterMs}`);
+      await untouched(jobId);
+    } finally {
+      await cw.cancel({ jobId, by: 'admin' });
+      await db.query('DELETE FROM callwarden.limits WHERE account = $1', [SLOW_ACCOUNT]);
+    }
+    // no limit names the kind: nothing to pause, nothing to wait for (fail the call)
+    assert.equal(await cw.slowDown({ kind: SLOW_KIND, retryAfterS: 30 }), null);
+  });
+
+  test('the rpc face sends kind and retry_after_s by name; a bad retryAfterS is refused', async () => {
+    /** @type {Array<{fn: string, args: Record<string, unknown> | undefined}>} */
+    const calls = [];
+    /** @type {unknown[]} */
+    const answers = [[{ account: 'acct', paused_s: 2.5, rate_factor: 0.25 }], []];
+    const fake = {
+      /** @param {string} _schema */
+      schema: (_schema) => ({
+        /**
+         * @param {string} fn
+         * @param {Record<string, unknown>} [args]
+         */
+        rpc: async (fn, args) => {
+          calls.push({ fn, args });
+          return { data: answers.shift(), error: null };
+        },
+      }),
+    };
+    const viaFake = Callwarden.rpc(fake);
+    assert.deepEqual(await viaFake.slowDown({ kind: KIND, retryAfterS: 2.5 }),
+                     { account: 'acct', pausedS: 2.5, rateFactor: 0.25 });
+    assert.equal(await viaFake.slowDown({ kind: 'unlimited' }), null);
+    assert.deepEqual(calls, [
+      { fn: 'slow_down', args: { kind: KIND, retry_after_s: 2.5 } },
+      { fn: 'slow_down', args: { kind: 'unlimited', retry_after_s: null } },
+    ]);
+    await assert.rejects(cw.slowDown({ kind: KIND, retryAfterS: Number.NaN }),
+                         (err) => err instanceof InvalidArgument
+                           && /retryAfterS must be a finite number/.test(err.message));
   });
 });
