@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -260,6 +262,7 @@ class OwnCall:
         self.resume_task_id = projection.provider_task_id if action == "resume" else None
         self.outcome: Reported | None = (_reported(False, job_id, projection)
                                          if action == "done" else None)
+        self._rate_until: float | None = None  # the 429 wait's end (rate_limited)
 
     @property
     def task_id(self) -> str | None:
@@ -302,6 +305,41 @@ class OwnCall:
     async def failed(self, error: str, *, code: str | None = None) -> Reported:
         """Upstream failed, or the create was refused: failed and refunded."""
         return await self.report(Failed(error=error, code=code))
+
+    async def rate_limited(self, retry_after_s: float | None = None, *,
+                           error: str = "the provider refused the create (429)"
+                           ) -> float | None:
+        """The provider refused the create with 429: nothing was created. When a
+        ``[limits]`` account names the kind, the whole fleet's account pauses and slows
+        (``callwarden.slow_down``: docs/admission.md) and this answers the seconds to wait
+        before creating again (``retry_after_s``: the provider's Retry-After, if it sent
+        one), while ``CallConfig.rate_limited_wait_s`` lasts from the first 429; ``None``
+        when the call was failed and refunded instead (no limit names the kind, or the
+        wait ran out: ``error``, naming the account)::
+
+            while True:
+                try:
+                    task = await my_client.create(prompt)
+                except MyRateLimited as exc:
+                    if (wait := await call.rate_limited(exc.retry_after)) is None:
+                        return
+                    await asyncio.sleep(wait)
+                else:
+                    break
+        """
+        now = time.monotonic()
+        if self._rate_until is None:
+            self._rate_until = now + self.calls.config.rate_limited_wait_s
+        slowed = await self.calls.db.slow_down(self.kind, retry_after_s)
+        if slowed is not None:
+            pause = (max(slowed.paused_s, retry_after_s or 0.0, 0.05)
+                     * (1 + random.random() / 4))  # the calls one pause stopped spread out
+            if now + pause <= self._rate_until:
+                return pause
+            error = (f"{error} (account {slowed.account}: the provider refused every create "
+                     f"for rate_limited_wait_s, {self.calls.config.rate_limited_wait_s:g} s)")
+        await self.failed(error, code="rate_limited")
+        return None
 
     async def not_found(self, message: str = "") -> Reported:
         """The provider does not know the task: swept and refunded."""

@@ -15,6 +15,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from callwarden import OwnCalls
 from callwarden.calls.config import CallConfig
 from callwarden.calls.runner import CallRunner
 from callwarden.database.db import Conn, Pool
@@ -155,4 +156,39 @@ async def test_a_sync_calls_429_slows_its_account_and_it_calls_again(
     assert slowed == {"rate_factor": 0.5, "paused": True}
     settled = await row(conn, "SELECT status FROM usage_logs WHERE job_id = %s", job)
     assert settled["status"] == "committed"
+    assert await verify_job(conn, job) == []
+
+
+async def test_an_own_calls_429_slows_its_account_then_fails_naming_it(
+        conn: Conn, pool: Pool, tmp_path: Path) -> None:
+    """A host's own create refused with 429 (its code makes the request): rate_limited
+    pauses and halves the kind's account and answers the wait (the provider's 7 s, up to a
+    quarter more); once rate_limited_wait_s (12 s) cannot hold the next wait (20 s), the
+    call is failed
+    (rate_limited, naming the account) and refunded, and None answered. A kind no limit
+    names fails at the first 429 with the host's own text."""
+    await limit(conn)
+    calls = OwnCalls(pool, media=LocalFolderStore(tmp_path / "media"),
+                     config=CallConfig(rate_limited_wait_s=12.0))
+    job = await create_job(conn, credits=10)
+    call = await calls.start(job, KIND)
+    assert call.action == "create"
+    wait = await call.rate_limited(7.0)
+    assert wait is not None
+    assert 7.0 <= wait <= 8.75
+    assert (await row(conn, "SELECT rate_factor FROM callwarden.limits"))["rate_factor"] == 0.5
+    assert await call.rate_limited(20.0) is None  # a 20 s pause would pass the 12 s
+    failed = (await load_events(conn, job))[-1]
+    assert isinstance(failed, UpstreamFailed)
+    assert failed.code == "rate_limited"
+    assert "account kie-main" in failed.error
+    settled = await row(conn, "SELECT status FROM usage_logs WHERE job_id = %s", job)
+    assert settled["status"] == "refunded"
+
+    other = await create_job(conn, credits=10)
+    unlimited = await calls.start(other, "replicate-prediction")
+    assert await unlimited.rate_limited(1.0, error="acme said 429") is None
+    plain = (await load_events(conn, other))[-1]
+    assert isinstance(plain, UpstreamFailed)
+    assert plain.error == "acme said 429"
     assert await verify_job(conn, job) == []
