@@ -550,7 +550,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a provider's 429 on a create of a limited account's kind fails and refunds the "
         "call at once instead of slowing the account and creating again (issue 42)",
         (Edit("engine/calls/runner.py",
-              "                if pause is None:\n", "                if True:\n"),),
+              "                if pause is None:\n                    return await self._failed(",
+              "                if True:\n                    return await self._failed("),),
         ("tests/integration/test_admission_backoff.py",)),
     Mutant(
         "host-api-claims-twice",
