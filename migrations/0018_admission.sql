@@ -335,8 +335,10 @@ BEGIN
                        'TO %s', r);
         EXECUTE format('GRANT EXECUTE ON FUNCTION callwarden.limit_factor(double precision, '
                        'timestamptz, double precision, int, timestamptz) TO %s', r);
-        EXECUTE format('GRANT SELECT, UPDATE (paused_until, rate_factor) ON callwarden.limits '
-                       'TO %s', r);
+        EXECUTE format(CASE WHEN EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+                            THEN 'GRANT SELECT, UPDATE ON callwarden.limits TO %s'
+                            ELSE 'GRANT SELECT, UPDATE (paused_until, rate_factor) ON '
+                                 'callwarden.limits TO %s' END, r);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON callwarden.waiting TO %s', r);
     END LOOP;
 END
@@ -357,9 +359,13 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM callwarden.grant_runtime_tables(runtime);
     FOREACH stmt IN ARRAY ARRAY[
-        -- (the caps are the operator's: a runtime only pauses and scales them)
-        pg_catalog.format('GRANT SELECT, UPDATE (paused_until, rate_factor) ON '
-                          'callwarden.limits TO %s', runtime),
+        -- (the caps are the operator's: a runtime only pauses and scales them; Citus
+        -- grants no column list, so there the runtime may update the row)
+        pg_catalog.format(CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_extension
+                                            WHERE extname = 'citus')
+                               THEN 'GRANT SELECT, UPDATE ON callwarden.limits TO %s'
+                               ELSE 'GRANT SELECT, UPDATE (paused_until, rate_factor) ON '
+                                    'callwarden.limits TO %s' END, runtime),
         pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON callwarden.waiting TO %s',
                           runtime)] LOOP
         EXECUTE stmt;

@@ -383,7 +383,7 @@ async def test_a_database_migrated_before_citus_is_distributed_and_its_calls_fin
                                    "WHERE partmethod = 'h' ORDER BY 1")
         assert sorted(r["t"] for r in spread) == [
             "assets", "callwarden.call_events", "callwarden.callback_tokens",
-            "callwarden.callwarden_tasks", "jobs", "usage_logs"]
+            "callwarden.callwarden_tasks", "callwarden.waiting", "jobs", "usage_logs"]
         pool = open_pool(url, max_size=2)
         await pool.open()
         try:
