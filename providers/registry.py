@@ -1,5 +1,8 @@
 """``provider_kind`` -> the client that serves it: the one dispatch point by kind, a table.
 
+A host's adapter imports what it needs from here: :class:`Provider`, ``KindSpec`` (from
+:mod:`callwarden.providers.kinds`) and ``Polled`` (:mod:`callwarden.providers.polled`).
+
 :data:`PROVIDERS` holds one :class:`Provider` entry per provider name (its client factory,
 its endpoint in :class:`~callwarden.providers.base.ProviderSettings`, how its media are
 fetched, its webhook scheme, and the kinds it serves); :func:`register` adds one — the
@@ -49,14 +52,15 @@ from callwarden.providers.kinds import (
 from callwarden.providers.media import ANY_FILE, DEFAULT_MEDIA_TYPES, Credentials
 from callwarden.providers.media_guard import MediaPolicy
 from callwarden.providers.outcomes import Failed, NotFound, PollOutcome
+from callwarden.providers.polled import Polled
 from callwarden.providers.replicate import webhook as replicate_webhook
 from callwarden.providers.replicate.client import replicate_client_for
 from callwarden.providers.transport import Sleep
 from callwarden.providers.webhooks import WebhookScheme
 
-__all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "MediaFetch", "Provider", "client_for",
-           "host_providers", "host_variables", "media_fetch_for", "media_url_test", "poll_task",
-           "provider_for", "register"]
+__all__ = ["PROVIDERS", "WEBHOOKS", "ClientRequest", "KindSpec", "MediaFetch", "Polled",
+           "Provider", "client_for", "host_providers", "host_variables", "media_fetch_for",
+           "media_url_test", "poll_task", "provider_for", "register"]
 
 class MediaFetch(msgspec.Struct, frozen=True, kw_only=True):
     """How to download a kind's result URLs: where from (``policy``: the kind's media
