@@ -21,7 +21,7 @@ host's files is to it (a file it does not list is an error):
   when it names callwarden (``callwarden migrate``, ``CALLWARDEN_...``).
 
 **Per kind.** A top-level statement of a glue file belongs to the first kind unless it
-binds a name :data:`PARTS` gives a next kind (``HostReplicate``) or an optional part
+binds a name :data:`PARTS` gives a next kind (``PREDICTIONS``) or an optional part
 (Acme's webhook scheme: without it its calls are polled): then it is that part's. An import
 is each part's whose statements alone use one of its names (``from vendors import
 AcmeClient, ReplicateClient``: the first kind's and Replicate's, a line a host edits for
@@ -62,7 +62,7 @@ FILES: dict[str, tuple[Role, str]] = {
 
 #: The names each part other than the first kind binds in the glue files.
 PARTS: dict[str, tuple[str, ...]] = {
-    "replicate-prediction": ("HostReplicate", "REPLICATE"),
+    "replicate-prediction": ("PREDICTIONS", "REPLICATE"),
     "optional: Acme's callbacks": ("AcmeCallbacks",),
 }
 OPTIONAL = "optional: "

@@ -56,8 +56,8 @@ def settings_for(acme: Acme) -> ProviderSettings:
 
 
 def host_renders(http: aiohttp.ClientSession, settings: ProviderSettings) -> Any:
-    """The host's own Acme client (the adapter's class), as the host's code builds it."""
-    return load_example_adapter().AcmeRenders(ClientRequest(
+    """The host's own Acme client, as its adapter (``RENDERS``, a ``Polled``) builds it."""
+    return load_example_adapter().RENDERS(ClientRequest(
         kind=KIND, session=http, settings=settings, endpoint=settings.endpoints["acme"]))
 
 

@@ -18,52 +18,21 @@ from collections.abc import Callable, Mapping
 from vendors import AcmeClient, ReplicateClient
 
 from callwarden.providers.errors import SignatureError
-from callwarden.providers.kinds import KindSpec
-from callwarden.providers.outcomes import Failed, NotFound, PollOutcome, Running, Succeeded
-from callwarden.providers.registry import ClientRequest, Provider
+from callwarden.providers.registry import KindSpec, Polled, Provider
 from callwarden.providers.webhooks import MalformedDelivery, Parsed, json_object, text_field
 
 RENDER = KindSpec(name="acme-render", provider="acme", mode="async", family="render",
                   stale_threshold_s=600, result_url_lifetime_s=6 * 3600,  # files kept 6 h
                   poll_interval_s=1.0, poll_budget_s=900, media_hosts=("files.acme.example",))
-
-
-class AcmeRenders(AcmeClient):
-    """The host's Acme client, a render's state told as a poll outcome."""
-
-    def __init__(self, r: ClientRequest) -> None:
-        super().__init__(r.session, r.base_url, r.api_key)
-        self.kind = r.kind
-
-    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        render = await self.render(task_id)
-        if render is None:
-            return NotFound(message=f"acme has no render {task_id}")
-        if render["state"] == "done":
-            return Succeeded(media_urls=tuple(f["url"] for f in render["files"]))
-        if render["state"] == "error":
-            return Failed(error=render["error"]["message"], code="acme_error")
-        return Running(raw_state=render["state"])  # queued, rendering
-
-
-class HostReplicate(ReplicateClient):
-    """The host's Replicate client, a prediction's status told as a poll outcome."""
-
-    def __init__(self, r: ClientRequest) -> None:
-        super().__init__(r.session, r.base_url, r.api_key)
-        self.kind = r.kind
-
-    async def poll(self, task_id: str, *, created_at: float | None = None) -> PollOutcome:
-        answer = await self.prediction(task_id)
-        if answer is None:
-            return NotFound(message=f"replicate has no prediction {task_id}")
-        status, output = answer["status"], answer.get("output")
-        if status in ("starting", "processing"):
-            return Running(raw_state=status)
-        if status == "succeeded":
-            urls = [output] if isinstance(output, str) else list(output or [])
-            return Succeeded(media_urls=tuple(u for u in urls if isinstance(u, str)))
-        return Failed(error=str(answer.get("error") or status), code=status)
+# A render's state told as a poll outcome (queued and rendering: still running).
+RENDERS = Polled(AcmeClient, AcmeClient.render, state=lambda r: r["state"], succeeded={"done"},
+                 failed={"error"}, media=lambda r: [f["url"] for f in r["files"]],
+                 error=lambda r: r["error"]["message"])
+# A prediction's status told as a poll outcome (starting and processing: still running).
+PREDICTIONS = Polled(ReplicateClient, ReplicateClient.prediction, state=lambda p: p["status"],
+                     succeeded={"succeeded"}, failed={"failed", "canceled"},
+                     media=lambda p: p["output"] if isinstance(p["output"], list)
+                     else [p["output"]], error=lambda p: p.get("error"))
 
 
 class AcmeCallbacks:
@@ -95,9 +64,9 @@ class AcmeCallbacks:
         return f"{base_url.rstrip('/')}/webhooks/acme/{job_id}/{token}" if token else None
 
 
-PROVIDER = Provider(name="acme", kinds=(RENDER,), client=AcmeRenders,
+PROVIDER = Provider(name="acme", kinds=(RENDER,), client=RENDERS,
                     default_url="https://api.acme.example", webhook=AcmeCallbacks())
 # Replicate's kinds, thresholds, endpoint, media handling and webhook route stay
 # callwarden's; its calls go through the host's client.
-REPLICATE = Provider(name="replicate", client=HostReplicate)
+REPLICATE = Provider(name="replicate", client=PREDICTIONS)
 PROVIDERS = [PROVIDER, REPLICATE]
