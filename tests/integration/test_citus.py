@@ -123,6 +123,18 @@ async def test_migrate_distributes_the_tables_colocated_by_job_id(citus: Conn) -
 
 
 @CITUS
+async def test_follow_balance_refuses_on_the_cluster_and_creates_nothing(citus: Conn) -> None:
+    """A trigger on the distributed usage_logs may not write another table: the host is
+    told so (0A000, with what to do instead) when it asks, not at its first settlement."""
+    await citus.execute("CREATE TABLE accounts (user_id text PRIMARY KEY, balance numeric)")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="Citus runs no trigger"):
+        await citus.execute(
+            "SELECT callwarden.follow_balance('accounts', 'balance', 'user_id')")
+    assert await _rows(citus, "SELECT tgname FROM pg_trigger WHERE tgrelid = "
+                              "'usage_logs'::regclass AND tgname = 'callwarden_balance'") == []
+
+
+@CITUS
 async def test_a_runtime_role_is_granted_on_the_cluster_and_again_after_migrate(
         citus: Conn) -> None:
     """``callwarden grant`` (grant_runtime) on a cluster: its GRANTs on the distributed
