@@ -37,8 +37,8 @@ LANGUAGE plpgsql
 SET search_path = ''
 AS $body$
 DECLARE
-    user_type text;
-    balance_type text;
+    types jsonb;
+    col name;
     owner oid := (SELECT c.relowner FROM pg_catalog.pg_class c
                   WHERE c.oid = '@host@.usage_logs'::regclass);
 BEGIN
@@ -54,22 +54,18 @@ BEGIN
             USING ERRCODE = '0A000',
                   HINT = 'Settle the balance from the log (docs/embedding.md).';
     END IF;
-    SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) INTO user_type
+    SELECT pg_catalog.jsonb_object_agg(a.attname, pg_catalog.format_type(a.atttypid,
+                                                                           a.atttypmod))
+    INTO types
     FROM pg_catalog.pg_attribute a
-    WHERE a.attrelid = accounts AND a.attname = user_column AND a.attnum > 0
+    WHERE a.attrelid = accounts AND a.attname IN (balance, user_column) AND a.attnum > 0
       AND NOT a.attisdropped;
-    IF user_type IS NULL THEN
-        RAISE EXCEPTION 'callwarden.follow_balance: % has no column %', accounts, user_column
-            USING ERRCODE = '42703';
-    END IF;
-    SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) INTO balance_type
-    FROM pg_catalog.pg_attribute a
-    WHERE a.attrelid = accounts AND a.attname = balance AND a.attnum > 0
-      AND NOT a.attisdropped;
-    IF balance_type IS NULL THEN
-        RAISE EXCEPTION 'callwarden.follow_balance: % has no column %', accounts, balance
-            USING ERRCODE = '42703';
-    END IF;
+    FOREACH col IN ARRAY ARRAY[balance, user_column] LOOP
+        IF types IS NULL OR NOT types OPERATOR(pg_catalog.?) col THEN
+            RAISE EXCEPTION 'callwarden.follow_balance: % has no column %', accounts, col
+                USING ERRCODE = '42703';
+        END IF;
+    END LOOP;
     EXECUTE pg_catalog.format($trigger$
 CREATE OR REPLACE FUNCTION callwarden.balance_follows_settlement() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $settled$
@@ -87,7 +83,7 @@ $trigger$,
         CASE WHEN held
              THEN 'NEW.credits_reserved - coalesce(NEW.credits_charged, 0)'
              ELSE '-coalesce(NEW.credits_charged, 0)' END,
-        balance_type, user_column, user_type);
+        types ->> balance, user_column, types ->> user_column);
     REVOKE ALL ON FUNCTION callwarden.balance_follows_settlement() FROM PUBLIC;
     DROP TRIGGER IF EXISTS callwarden_balance ON @host@.usage_logs;
     CREATE TRIGGER callwarden_balance AFTER UPDATE OF status ON @host@.usage_logs
