@@ -15,16 +15,20 @@ error::
 callwarden builds the client as ``AcmeClient(session, base_url, api_key)`` (the provider's
 endpoint: ``CALLWARDEN_ACME_URL`` / ``ACME_API_KEY``, or the host's own names through
 ``Provider.url_env`` / ``key_env``) for every process that creates or recovers a call.
-A read answering ``None`` is :class:`~callwarden.providers.outcomes.NotFound`; a state in
-``succeeded`` is :class:`~callwarden.providers.outcomes.Succeeded` with the answer's
-files (the strings ``media`` gives) and text; a state in ``failed`` is
+A read answering ``None`` is :class:`~callwarden.providers.outcomes.NotFound`; a state (a
+string, or an enum whose value is one) in ``succeeded`` is
+:class:`~callwarden.providers.outcomes.Succeeded` with the answer's files (the list of URL
+strings ``media`` gives) and text (a string); a state in ``failed`` is
 :class:`~callwarden.providers.outcomes.Failed` with ``error``'s text (the state itself when
-there is no ``error``) and the state as its code; any other state is
-:class:`~callwarden.providers.outcomes.Running` (the kind's ``poll_budget_s`` bounds a
-state that never ends). It is a host's adapter like any other: what it answers and raises
-is checked (:mod:`callwarden.providers.checked`): a rule that fails on an answer of an
-unexpected shape (a ``KeyError``) is a ``MalformedResponse``, an HTTP error status the
-client raises the error it means. A provider whose answers need more (a cost, usage, an
+there is none, or when the rule finds no error where it reads one) and the state as its
+code; any other state is :class:`~callwarden.providers.outcomes.Running` (the kind's
+``poll_budget_s`` bounds a state that never ends). It is a host's adapter like any other:
+what it answers and raises is checked (:mod:`callwarden.providers.checked`): a rule that
+fails on an answer of an unexpected shape (a ``KeyError``), or answers what no outcome can
+hold (a state that is not a string, one URL string instead of a list, a URL that is not a
+string), is a ``MalformedResponse`` — never a call polled until its budget runs out or one
+that succeeds without its files; an HTTP error status the client raises is the error it
+means. A provider whose answers need more (a cost, usage, an
 inline file) is written as a class (docs/embedding.md, "Your own provider").
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aiohttp
@@ -46,36 +51,69 @@ __all__ = ["Creates", "Polled"]
 
 
 class Creates(Protocol):
-    """A host's client that starts a task and answers its id."""
+    """A host's client that starts a task and answers its id (``request``: the job's
+    request, a mapping; a client typed for a ``dict`` fits too)."""
 
-    async def create(self, request: Mapping[str, Any], *,
-                     callback_url: str | None = None) -> str: ...
+    async def create(self, request: Any, *, callback_url: str | None = None) -> str: ...
 
 
 C = TypeVar("C", bound=Creates)
 T = TypeVar("T")
 
 
+def _state(value: object) -> str:
+    """A state as the rules compare it: a string, or an enum's string value."""
+    said = value.value if isinstance(value, Enum) else value
+    if not isinstance(said, str):
+        raise TypeError(f"Polled: a state is a str, not {said!r}")
+    return said
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Rules(Generic[T]):
     state: Callable[[T], object]
-    succeeded: Collection[str]
-    failed: Collection[str]
+    succeeded: frozenset[str]
+    failed: frozenset[str]
     media: Callable[[T], Iterable[object]] | None
     text: Callable[[T], object] | None
     error: Callable[[T], object] | None
 
     def outcome(self, answer: T) -> PollOutcome:
-        state = str(self.state(answer))
+        """The outcome ``answer`` is; a rule answering what no outcome can hold (a state
+        or a URL that is not a string) raises ``TypeError``: a malformed answer, never a
+        call that runs until its budget or succeeds without its files."""
+        state = _state(self.state(answer))
         if state in self.succeeded:
-            urls = () if self.media is None else self.media(answer)
-            text = None if self.text is None else self.text(answer)
-            return Succeeded(media_urls=tuple(u for u in urls if isinstance(u, str) and u),
-                             text=None if text is None else str(text))
+            return Succeeded(media_urls=self._urls(answer), text=self._text(answer))
         if state in self.failed:
-            said = None if self.error is None else self.error(answer)
-            return Failed(error=str(said) if said not in (None, "") else state, code=state)
+            return Failed(error=self._error(answer) or state, code=state)
         return Running(raw_state=state)
+
+    def _urls(self, answer: T) -> tuple[str, ...]:
+        said = () if self.media is None else self.media(answer)
+        if isinstance(said, str | bytes):
+            raise TypeError("Polled: media answers a list of URLs, not one string")
+        urls: list[str] = []
+        for url in said:
+            if not isinstance(url, str) or not url:
+                raise TypeError(f"Polled: media answered {url!r}, not a URL")
+            urls.append(url)
+        return tuple(urls)
+
+    def _text(self, answer: T) -> str | None:
+        said = None if self.text is None else self.text(answer)
+        if said is not None and not isinstance(said, str):
+            raise TypeError(f"Polled: text answered a {type(said).__name__}, not a str")
+        return said
+
+    def _error(self, answer: T) -> str | None:
+        """The failure's text; a failure whose error is not where the rule reads it still
+        fails (with its state), it is not a malformed answer."""
+        try:
+            said = None if self.error is None else self.error(answer)
+        except (KeyError, IndexError, TypeError):
+            return None
+        return None if said in (None, "") else str(said)
 
 
 class Polled(Generic[C, T]):
@@ -92,12 +130,15 @@ class Polled(Generic[C, T]):
         if isinstance(succeeded, str) or isinstance(failed, str):
             raise TypeError("Polled: succeeded and failed are collections of states "
                             "({'done'}), not one string")
-        if set(succeeded) & set(failed):
-            raise ValueError(f"Polled: states both succeeded and failed: "
-                             f"{sorted(set(succeeded) & set(failed))}")
+        done, bad = frozenset(map(_state, succeeded)), frozenset(map(_state, failed))
+        if not done:
+            raise ValueError("Polled: no state means succeeded: every call would run until "
+                             "its budget")
+        if done & bad:
+            raise ValueError(f"Polled: states both succeeded and failed: {sorted(done & bad)}")
         self.client, self.read = client, read
-        self.rules = _Rules(state=state, succeeded=frozenset(succeeded),
-                            failed=frozenset(failed), media=media, text=text, error=error)
+        self.rules = _Rules(state=state, succeeded=done, failed=bad, media=media, text=text,
+                            error=error)
 
     def __call__(self, r: ClientRequest) -> AsyncKindClient:
         return _PolledClient(self, self.client(r.session, r.base_url, r.api_key), r.kind)

@@ -11,6 +11,7 @@ an outcome; rules that could not be told apart are refused when written."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from enum import Enum
 from typing import Any
 
 import aiohttp
@@ -95,8 +96,49 @@ async def test_a_rule_that_does_not_fit_the_answer_is_malformed(
         await poll(http, acme, task, media=lambda r: [f["href"] for f in r["files"]])
 
 
+@pytest.mark.parametrize(("changed", "said"), [
+    ({"media": lambda r: r["files"][0]["url"]}, "a list of URLs, not one string"),
+    ({"media": lambda r: [None]}, "media answered None, not a URL"),
+    ({"media": lambda r: [b"http://x/1.png"]}, "not a URL"),
+    ({"state": lambda r: 2}, "a state is a str, not 2"),
+    ({"text": lambda r: {"content": "hi"}}, "text answered a dict, not a str"),
+])
+async def test_a_rule_answering_what_no_outcome_holds_is_malformed(
+        registry: None, http: aiohttp.ClientSession, acme: Acme, changed: dict[str, Any],
+        said: str) -> None:
+    """Never a call that succeeds without its files (one URL read as its characters, a
+    URL dropped) nor one polled as running until its budget (a state that is no string)."""
+    task = await created(http, acme, "a fox")
+    acme.release()
+    with pytest.raises(MalformedResponse, match=said):
+        await poll(http, acme, task, **changed)
+
+
+class State(Enum):
+    DONE = "done"
+    ERROR = "error"
+
+
+async def test_enum_states_and_a_failure_without_its_error_body(
+        registry: None, http: aiohttp.ClientSession, acme: Acme) -> None:
+    fine, bad = await created(http, acme, "a fox"), await created(http, acme, "a wall")
+    acme.failing.add("a wall")
+    acme.release()
+    as_enum: dict[str, Any] = {"state": lambda r: State(r["state"]), "succeeded": {State.DONE},
+               "failed": [State.ERROR]}
+    assert await poll(http, acme, fine, **as_enum) == Succeeded(
+        media_urls=(f"{acme.url}/files/{fine}.png",))
+    # an error read where the answer has none: still the failure, told by its state
+    assert await poll(http, acme, bad, error=lambda r: r["detail"]["text"]) == Failed(
+        error="error", code="error")
+
+
 def test_rules_that_cannot_be_told_apart_are_refused() -> None:
     with pytest.raises(TypeError, match="collections of states"):
         rules(succeeded="done")
     with pytest.raises(ValueError, match=r"both succeeded and failed: \['done'\]"):
         rules(failed={"done", "error"})
+    with pytest.raises(ValueError, match="no state means succeeded"):
+        rules(succeeded=iter(()))
+    with pytest.raises(TypeError, match="a state is a str, not 2"):
+        rules(failed={2})
