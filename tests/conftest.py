@@ -27,6 +27,9 @@ from callwarden.database.db import Conn, EmbeddedServer, connect
 from callwarden.database.migrate import migrate
 from tests.pgbouncer import running_pgbouncer
 
+#: the queue tests' Redis fixtures (``redis_url``, ``arq_redis``: a real server per module)
+pytest_plugins = ["tests.redis"]
+
 # Hypothesis profiles (docs/testing.md, "Hypothesis profiles"); HYPOTHESIS_PROFILE picks
 # one. ``ci``, the default, is derandomized: its examples are a function of each test's
 # source, so a failure in one run fails again in the next, here or in CI, and

@@ -13,16 +13,12 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
-from arq import create_pool
-from arq.connections import ArqRedis, RedisSettings
 
 from callwarden.providers.simulator.core import RunningSimulator, running_simulator
-from tests.redis import running_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
@@ -105,28 +101,3 @@ async def workers(db_url: str, sim: RunningSimulator, tmp_path: Path
         yield ws
     finally:
         await ws.kill_leftovers()
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``redis-server`` for the module's queue tests (``tests/redis.py``)."""
-    with running_redis(tmp_path_factory.mktemp("redis")) as url:
-        yield url
-
-
-@pytest.fixture
-async def redis_url(redis_server: str) -> str:
-    """The module's server, emptied for this test."""
-    client = aioredis.Redis.from_url(redis_server)
-    await client.flushall()
-    await client.aclose()
-    return redis_server
-
-
-@pytest.fixture
-async def arq_redis(redis_url: str) -> AsyncIterator[ArqRedis]:
-    client = await create_pool(RedisSettings.from_dsn(redis_url))
-    try:
-        yield client
-    finally:
-        await client.aclose()

@@ -25,14 +25,12 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
-from arq import create_pool
-from arq.connections import ArqRedis, RedisSettings
+from arq.connections import ArqRedis
 from arq.worker import Retry
 from celery import Celery
 
@@ -57,7 +55,6 @@ from callwarden.queue.celery import register
 from callwarden.queue.process import RunnerOptions, open_runner
 from callwarden.replay.verify import verify_job
 from tests.acceptance.conftest import Workers
-from tests.redis import running_redis
 from tests.support.queues import Queues, QueueWorker, send_celery_task, until, value
 
 KIND = "kie-standard"
@@ -71,32 +68,6 @@ REQUEST = {"model": "nano-banana-pro",
                               "end": "succeeded"}}}
 SYNC_REQUEST = {"model": "claude-sonnet-4-5", "max_tokens": 64,
                 "messages": [{"role": "user", "content": "hello"}]}
-
-
-# -- Redis (as tests/acceptance/conftest.py: a real redis-server of the module's own) ----
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as url:
-        yield url
-
-
-@pytest.fixture
-async def redis_url(redis_server: str) -> str:
-    """The module's server, emptied for this test."""
-    client = aioredis.Redis.from_url(redis_server)
-    await client.flushall()
-    await client.aclose()
-    return redis_server
-
-
-@pytest.fixture
-async def arq_redis(redis_url: str) -> AsyncIterator[ArqRedis]:
-    client = await create_pool(RedisSettings.from_dsn(redis_url))
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 # -- the limit, the slot, the job ----------------------------------------------------------
