@@ -19,11 +19,19 @@
 -- The trigger's function, callwarden.balance_follows_settlement(), is written by
 -- follow_balance with the host's names in it, as the caller (the host's migration role,
 -- which may update its accounts table): SECURITY DEFINER, with an empty search_path, so
--- that callwarden's runtime role needs no grant on the host's table. Only a role that owns
--- usage_logs may call follow_balance (it creates a trigger there). A settlement whose user
--- has no row in the accounts table is not refused (the call still ends; a warning names
--- it). On Citus a trigger on the distributed usage_logs may not write another table:
--- follow_balance refuses there, and the host settles its balance from the events.
+-- that callwarden's runtime role needs no grant on the host's table. It runs only as the
+-- trigger callwarden_balance on usage_logs (a role that may execute it cannot attach it
+-- to a table of its own to move balances). A commit without credits_charged charged the
+-- reservation (as the write path reads it); a refund charged nothing. A settlement whose
+-- user has no row in the accounts table, or cannot be its key's type, is not refused:
+-- the call still ends, and a warning names it.
+--
+-- follow_balance refuses, creating nothing: a caller that does not own usage_logs or may
+-- not update the balance; an unknown column; a balance that is not numeric (real, double
+-- precision) since fractions of a credit would be rounded away; a user column that is not
+-- unique alone; held => NULL; a trigger callwarden_balance of the host's own. On Citus a
+-- trigger on the distributed usage_logs may not write another table: it refuses there,
+-- and the host settles its balance from usage_logs.settled_at.
 
 DO $follow$
 DECLARE
@@ -39,12 +47,18 @@ AS $body$
 DECLARE
     types jsonb;
     col name;
-    owner oid := (SELECT c.relowner FROM pg_catalog.pg_class c
-                  WHERE c.oid = '@host@.usage_logs'::regclass);
+    grantee regrole;
+    settled text;
+    logs constant regclass := '@host@.usage_logs'::regclass;
 BEGIN
-    IF NOT pg_catalog.pg_has_role(current_user, owner, 'USAGE') THEN
-        RAISE EXCEPTION 'callwarden.follow_balance: % does not own @host@.usage_logs',
-            current_user
+    IF held IS NULL THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: held is true (the order took the '
+                        'reservation off the balance) or false (the charge is taken at '
+                        'settlement), not NULL' USING ERRCODE = '22004';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c
+                                                 WHERE c.oid = logs), 'USAGE') THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: % does not own %', current_user, logs
             USING ERRCODE = '42501',
                   HINT = 'Call it from the host''s migration, as the role that owns usage_logs.';
     END IF;
@@ -52,7 +66,7 @@ BEGIN
         RAISE EXCEPTION 'callwarden.follow_balance: Citus runs no trigger on the distributed '
                         'usage_logs that writes another table'
             USING ERRCODE = '0A000',
-                  HINT = 'Settle the balance from the log (docs/embedding.md).';
+                  HINT = 'Settle the balance from usage_logs.settled_at (docs/embedding.md).';
     END IF;
     SELECT pg_catalog.jsonb_object_agg(a.attname, pg_catalog.format_type(a.atttypid,
                                                                            a.atttypmod))
@@ -66,25 +80,81 @@ BEGIN
                 USING ERRCODE = '42703';
         END IF;
     END LOOP;
-    EXECUTE pg_catalog.format($trigger$
-CREATE OR REPLACE FUNCTION callwarden.balance_follows_settlement() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $settled$
+    IF NOT (types ->> balance IN ('numeric', 'real', 'double precision')
+            OR types ->> balance LIKE 'numeric(%') THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: %.% is %: a charge in fractions of a '
+                        'credit would be rounded away', accounts, balance, types ->> balance
+            USING ERRCODE = '42804',
+                  HINT = 'Make the column numeric, or write the trigger with your own rounding '
+                         '(docs/embedding.md).';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                   JOIN pg_catalog.pg_attribute a
+                     ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                   WHERE i.indrelid = accounts AND i.indisunique AND i.indnkeyatts = 1
+                     AND i.indpred IS NULL AND a.attname = user_column) THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: %.% is not unique: a settlement would '
+                        'move the balance of every row of its user', accounts, user_column
+            USING ERRCODE = '42P10';
+    END IF;
+    IF NOT (pg_catalog.has_column_privilege(accounts, balance, 'UPDATE')
+            AND pg_catalog.has_column_privilege(accounts, user_column, 'SELECT')) THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: % may not update %.%: every settlement '
+                        'would fail', current_user, accounts, balance
+            USING ERRCODE = '42501';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+               WHERE t.tgrelid = logs AND t.tgname = 'callwarden_balance'
+                 AND t.tgfoid IS DISTINCT FROM pg_catalog.to_regprocedure(
+                     'callwarden.balance_follows_settlement()')::oid) THEN
+        RAISE EXCEPTION 'callwarden.follow_balance: % has a trigger callwarden_balance of '
+                        'its own', logs USING ERRCODE = '42710';
+    END IF;
+    -- the charge: a commit without credits_charged charged the reservation (as the write
+    -- path reads it), a refund charged nothing
+    settled := pg_catalog.format($settled$
+DECLARE
+    uid %4$s;
 BEGIN
-    UPDATE %1$s SET %2$I = %2$I + (%3$s)::%4$s WHERE %5$I = NEW.user_id::%6$s;
+    IF TG_RELID <> '@host@.usage_logs'::regclass OR TG_NAME <> 'callwarden_balance' THEN
+        RAISE EXCEPTION 'callwarden.balance_follows_settlement runs only as the trigger '
+                        'callwarden_balance on usage_logs' USING ERRCODE = '42501';
+    END IF;
+    BEGIN
+        uid := NEW.user_id;
+    EXCEPTION WHEN data_exception THEN
+        RAISE WARNING 'callwarden: the settlement of job %% reached no balance (user %% '
+                      'cannot be a key of the balance''s table)', NEW.job_id, NEW.user_id;
+        RETURN NULL;
+    END;
+    UPDATE %1$s SET %2$I = %2$I + (%5$s) WHERE %3$I = uid;
     IF NOT FOUND THEN
-        RAISE WARNING 'callwarden: the settlement of job %% reached no balance (no row '
-                      'for user %%)', NEW.job_id, NEW.user_id;
+        RAISE WARNING 'callwarden: the settlement of job %% reached no balance (no row for '
+                      'user %%)', NEW.job_id, NEW.user_id;
     END IF;
     RETURN NULL;
 END
-$settled$
-$trigger$,
-        accounts, balance,
-        CASE WHEN held
-             THEN 'NEW.credits_reserved - coalesce(NEW.credits_charged, 0)'
-             ELSE '-coalesce(NEW.credits_charged, 0)' END,
-        types ->> balance, user_column, types ->> user_column);
+$settled$,
+        accounts, balance, user_column, types ->> user_column,
+        CASE WHEN held THEN 'NEW.credits_reserved - ' ELSE '-' END
+        || 'CASE WHEN NEW.status = ''committed'' THEN coalesce(NEW.credits_charged, '
+           'NEW.credits_reserved) ELSE coalesce(NEW.credits_charged, 0) END');
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION callwarden.balance_follows_settlement() RETURNS trigger '
+        'LANGUAGE plpgsql SECURITY DEFINER SET search_path = '''' AS %L', settled);
+    -- nobody may create another trigger with it (grant_runtime's loop over callwarden's
+    -- functions grants it to a runtime role at the next migrate: its first lines refuse to
+    -- run on any table but usage_logs, under any name but callwarden_balance)
     REVOKE ALL ON FUNCTION callwarden.balance_follows_settlement() FROM PUBLIC;
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::regrole
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid = 'callwarden.balance_follows_settlement()'::regprocedure
+          AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE pg_catalog.format(
+            'REVOKE ALL ON FUNCTION callwarden.balance_follows_settlement() FROM %s', grantee);
+    END LOOP;
     DROP TRIGGER IF EXISTS callwarden_balance ON @host@.usage_logs;
     CREATE TRIGGER callwarden_balance AFTER UPDATE OF status ON @host@.usage_logs
         FOR EACH ROW WHEN (OLD.status = 'reserved' AND NEW.status <> 'reserved')
