@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from psycopg.rows import DictRow
@@ -79,6 +80,10 @@ class WaitingRow(msgspec.Struct, frozen=True, kw_only=True):
     retry_at: datetime
     retry_in_s: float    # until retry_at; 0 once due
     refusals: int
+
+
+#: a listed row (``JobRow``, ``WaitingRow``)
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 def states(text: str) -> list[str]:
@@ -224,7 +229,7 @@ def _show_waiting(rows: list[WaitingRow], more: bool, limit: int) -> None:
     out.print(f"{tail}; callwarden limits for the accounts", soft_wrap=True, markup=False)
 
 
-def _print_json(rows: list[JobRow] | list[WaitingRow]) -> None:
+def _print_json(rows: list[R]) -> None:
     sys.stdout.buffer.write(msgspec.json.encode(rows) + b"\n")
     sys.stdout.buffer.flush()
 
@@ -242,33 +247,28 @@ def _show(rows: list[JobRow], more: bool, limit: int) -> None:
 
 async def _jobs(args: argparse.Namespace, url: str) -> int:
     if WAITING in _chosen(args):
-        return await _waiting(args, url)
-    async with await connect(url) as conn:
-        clock = DatabaseClock()  # ages by the database's clock, as the dashboard's
-        await clock.sync(conn)
-        now = clock()
-        found = await execute(conn, "dashboard_list_calls", _params(args, now))
-    rows = [_row(r, now) for r in found[:args.limit]]
-    if args.json:
-        _print_json(rows)
-    else:
-        _show(rows, len(found) > args.limit, args.limit)
-    return 0
+        _refuse_for_waiting(args)  # before we connect
+        return await _listed(args, url, "dashboard_waiting", _waiting_params, _waiting_row,
+                             _show_waiting)
+    return await _listed(args, url, "dashboard_list_calls", _params, _row, _show)
 
 
-async def _waiting(args: argparse.Namespace, url: str) -> int:
-    """``--state waiting``: the jobs waiting for a slot, longest waiting first."""
-    _refuse_for_waiting(args)  # before we connect
+async def _listed(args: argparse.Namespace, url: str, query: str,
+                  params: Callable[[argparse.Namespace, datetime], dict[str, Any]],
+                  row: Callable[[DictRow, datetime], R],
+                  show: Callable[[list[R], bool, int], None]) -> int:
+    """``query``'s rows, at most ``--limit``, as JSON or a table; their ages by the
+    database's clock, as the dashboard's."""
     async with await connect(url) as conn:
         clock = DatabaseClock()
         await clock.sync(conn)
         now = clock()
-        found = await execute(conn, "dashboard_waiting", _waiting_params(args, now))
-    rows = [_waiting_row(r, now) for r in found[:args.limit]]
+        found = await execute(conn, query, params(args, now))
+    rows = [row(r, now) for r in found[:args.limit]]
     if args.json:
         _print_json(rows)
     else:
-        _show_waiting(rows, len(found) > args.limit, args.limit)
+        show(rows, len(found) > args.limit, args.limit)
     return 0
 
 
