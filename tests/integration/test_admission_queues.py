@@ -286,6 +286,15 @@ async def _started(queue: str, queues: Queues) -> QueueWorker:
     return worker
 
 
+async def _sent(queue: str, job: uuid.UUID, arq_redis: ArqRedis, redis_url: str) -> str:
+    """The job sent to ``queue``; how its worker's lines name its delivery (a regex)."""
+    if queue == "arq":
+        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
+        return rf"arq_job=callwarden:{job} try=\d+"
+    await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
+    return rf"task=t-{job} redelivered=\w+"
+
+
 @pytest.mark.xdist_group("fleets")  # spawns worker processes
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("queue", ["arq", "celery"])
@@ -302,12 +311,7 @@ async def test_a_real_worker_keeps_a_refused_job_queued_past_its_give_up_then_ru
     holder = await hold_the_slot(conn)
     job = await the_job(conn)
     worker = await _started(queue, queues)
-    if queue == "arq":
-        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
-        delivery = rf"arq_job=callwarden:{job} try=\d+"
-    else:
-        await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
-        delivery = rf"task=t-{job} redelivered=\w+"
+    delivery = await _sent(queue, job, arq_redis, redis_url)
     refused = await worker.line(WAITING_LINE.format(job=job, delivery=delivery,
                                                     reason=re.escape(REFUSED)),
                                 "three refused tries", count=3)
@@ -366,12 +370,7 @@ async def test_a_job_that_waited_gets_the_first_outage_delay_at_its_first_outage
     holder = await hold_the_slot(conn)
     job = await the_job(conn)
     worker = await _started(queue, queues)
-    if queue == "arq":
-        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
-        delivery = rf"arq_job=callwarden:{job} try=\d+"
-    else:
-        await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
-        delivery = rf"task=t-{job} redelivered=\w+"
+    delivery = await _sent(queue, job, arq_redis, redis_url)
     waited = WAITING_LINE.format(job=job, delivery=delivery, reason=re.escape(REFUSED))
     await worker.line(waited, "three refused tries", count=3)
 
