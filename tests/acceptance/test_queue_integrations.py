@@ -192,6 +192,17 @@ async def test_celery_worker_killed_while_polling_is_redelivered_and_resumed(
     await broker.aclose()
 
 
+async def _child_killed_and_resumed(conn: Conn, worker: QueueWorker, job: uuid.UUID) -> None:
+    """The pool child polling ``job``'s call is SIGKILLed; another child of the same worker
+    (not its main process) takes the call over."""
+    dead = await _poller(conn, job)
+    child = _owner_pid(worker, dead)
+    assert child != worker.proc.pid
+    os.kill(child, signal.SIGKILL)
+    resumed = await _poller(conn, job, other_than=dead, what="another child to poll")
+    assert _owner_pid(worker, resumed) not in (child, worker.proc.pid)
+
+
 async def test_celery_pool_child_killed_is_requeued_at_once_and_resumed(
         conn: Conn, job: uuid.UUID, queues: Queues, sim: RunningSimulator,
         redis_url: str) -> None:
@@ -200,13 +211,7 @@ async def test_celery_pool_child_killed_is_requeued_at_once_and_resumed(
     the same worker (with its own pool, loop and owner id) resumes the call."""
     worker = await queues.celery("solo")
     await _send(redis_url, job, task_id="t-child")
-    dead = await _poller(conn, job)
-    child = _owner_pid(worker, dead)
-    assert child != worker.proc.pid
-    os.kill(child, signal.SIGKILL)
-
-    resumed = await _poller(conn, job, other_than=dead, what="another child to poll")
-    assert _owner_pid(worker, resumed) not in (child, worker.proc.pid)
+    await _child_killed_and_resumed(conn, worker, job)
     _finish_upstream(sim)
     await _exactly_once(conn, sim, job)
     await worker.line(rf"job {job} kind={KIND} task=t-child redelivered=True pid=\d+ "
@@ -258,13 +263,7 @@ async def test_celery_own_call_task_child_killed_is_resumed_never_created_twice(
                                 OWN_REQUEST, task_id="t-own")
     finally:
         producer.close()
-    dead = await _poller(conn, own_job)
-    child = _owner_pid(worker, dead)
-    assert child != worker.proc.pid
-    os.kill(child, signal.SIGKILL)
-
-    resumed = await _poller(conn, own_job, other_than=dead, what="another child to poll")
-    assert _owner_pid(worker, resumed) not in (child, worker.proc.pid)
+    await _child_killed_and_resumed(conn, worker, own_job)
     _finish_upstream(sim)
     await _own_completed_once(conn, sim, own_job)
     await worker.line(rf"job {own_job} kind={own_host.KIND} task=t-own redelivered=True "
