@@ -185,6 +185,12 @@ def is_transient(err: BaseException) -> bool:
     return isinstance(err, TransientError | StorageError)
 
 
+#: The statuses that ask for the same request later: 408 Request Timeout (the server did
+#: not process it) and 425 Too Early (it will not yet: ElevenLabs' dub that is not
+#: dubbed). Retried like a 5xx, never refused like a 4xx.
+RETRY_LATER: frozenset[int] = frozenset({408, 425})
+
+
 def error_for_status(status: int, message: str, *, retry_after: float | None = None,
                      provider: str = "", code: str | None = None) -> ProviderError:
     """The error an HTTP error status means, carrying ``message``, ``provider``, ``status``
@@ -192,9 +198,10 @@ def error_for_status(status: int, message: str, *, retry_after: float | None = N
 
     - 429: :class:`RateLimited` (throttled, nothing created), with ``retry_after`` (s;
       the caller reads its ``Retry-After``, or its body's equivalent);
-    - 408 and 5xx: :class:`TransientError`. A 408 Request Timeout says the server did
-      not process the request (it timed out waiting for it), so sending it again may
-      succeed, as after a 5xx (where a create may have been made);
+    - :data:`RETRY_LATER` (408, 425) and 5xx: :class:`TransientError`. A 408 Request
+      Timeout says the server did not process the request (it timed out waiting for it),
+      a 425 Too Early that it will not yet, so sending it again may succeed, as after a
+      5xx (where a create may have been made);
     - 401 and 403: :class:`AuthenticationError`; 402: :class:`InsufficientCredits`;
     - any other 4xx: :class:`BadRequest` (the request refused: nothing created);
     - a status that is no error (1xx to 3xx): :class:`MalformedResponse`, an answer the
@@ -203,7 +210,7 @@ def error_for_status(status: int, message: str, *, retry_after: float | None = N
     kw: dict[str, Any] = {"provider": provider, "status": status, "code": code}
     if status == 429:
         return RateLimited(message, retry_after=retry_after, **kw)
-    if status == 408 or status >= 500:
+    if status in RETRY_LATER or status >= 500:
         return TransientError(message, **kw)
     if status in (401, 403):
         return AuthenticationError(message, **kw)

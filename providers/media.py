@@ -52,6 +52,7 @@ import msgspec
 
 from callwarden.providers.data_uri import decode_payload, read_header
 from callwarden.providers.errors import (
+    RETRY_LATER,
     MediaError,
     MediaExpired,
     MediaRefused,
@@ -93,7 +94,6 @@ GENERIC_TYPES: frozenset[str] = frozenset(
 )
 _CHUNK = 64 * 1024
 _EXPIRED = frozenset({403, 404, 410})
-_RETRY_LATER = frozenset({408, 425})
 
 # Leading bytes -> content type; RIFF and ISO-BMFF ("ftyp") containers by their brand.
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -200,7 +200,7 @@ def status_error(status: int, reason: str, retry_after: str | None, shown: str, 
     if status == 429:
         return RateLimited(message, status=status,
                            retry_after=parse_retry_after(retry_after, now=now))
-    if status >= 500 or status in _RETRY_LATER:
+    if status >= 500 or status in RETRY_LATER:
         return TransientError(message, status=status)
     return MediaError(message, status=status)
 

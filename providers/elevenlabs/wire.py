@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from callwarden.providers.errors import (
+    RETRY_LATER,
     AuthenticationError,
     BadRequest,
     InsufficientCredits,
@@ -193,7 +194,7 @@ def _error_class(status: int, *codes: str | None) -> type[ProviderError]:
         return AuthenticationError
     if status == 404:
         return TaskNotFound
-    if status in (408, 425) or status >= 500:
+    if status in RETRY_LATER or status >= 500:
         return TransientError  # 425: the dub is not ready yet
     return BadRequest
 

@@ -82,11 +82,14 @@ async def test_every_error_status_means_the_same_from_both_paths() -> None:
 
 
 @pytest.mark.parametrize(("status", "kind"), [
-    (408, TransientError), (429, RateLimited), (400, BadRequest), (499, BadRequest),
+    (408, TransientError), (425, TransientError), (429, RateLimited), (400, BadRequest),
+    (499, BadRequest),
     (500, TransientError), (599, TransientError)])
 def test_the_statuses_the_twins_once_disagreed_on(status: int, kind: type) -> None:
     """408 Request Timeout: the server did not process the request, so it is retried
-    later like a 5xx, not refused like a 4xx (the Replicate mapping said ``BadRequest``)."""
+    later like a 5xx, not refused like a 4xx (the Replicate mapping said ``BadRequest``);
+    425 Too Early too (the media download and ElevenLabs' mapping said so, the shared one
+    ``BadRequest``)."""
     assert type(error_for_status(status, "no")) is kind
 
 
