@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
@@ -24,30 +24,39 @@ SQL = load_queries((Path(__file__).parent / "bench.sql").read_text(encoding="utf
 
 
 @contextmanager
-def fresh_database(prefix: str = "bench") -> Iterator[str]:
-    """Yield the URL of a new migrated database; drop it (and any embedded server) after."""
-    server, folder = None, None
+def postgres() -> Iterator[str]:
+    """The admin URL of ``DATABASE_URL``'s server, or of a throwaway embedded one (stopped
+    and its folder deleted after)."""
     admin = os.environ.get("DATABASE_URL")
-    if not admin:
-        folder = Path(tempfile.mkdtemp(prefix="cw-bench-"))
-        server = EmbeddedServer(folder, cleanup="delete")
-        admin = server.url()
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    url = create_database(admin, name)
-
-    async def _migrate() -> None:
-        async with await connect(url) as conn:
-            await migrate(conn)
-
-    asyncio.run(_migrate())
+    if admin:
+        yield admin
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cw-bench-"))
+    server = EmbeddedServer(folder, cleanup="delete")
     try:
-        yield url
+        yield server.url()
     finally:
-        drop_database(admin, name)
-        if server is not None:
-            server.stop()
-        if folder is not None:  # the server deletes its data folder, not this one
-            shutil.rmtree(folder, ignore_errors=True)
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)  # the server deletes its data folder only
+
+
+@contextmanager
+def fresh_database(prefix: str = "bench", *, admin: str | None = None,
+                   upto: int | None = None) -> Iterator[str]:
+    """Yield the URL of a new database migrated (up to ``upto``, else all the way) on
+    ``admin``'s server (else :func:`postgres`'s); drop it after."""
+    with ExitStack() as stack:
+        server = admin or stack.enter_context(postgres())
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        url = create_database(server, name)
+        stack.callback(drop_database, server, name)
+
+        async def _migrate() -> None:
+            async with await connect(url) as conn:
+                await migrate(conn, upto=upto)
+
+        asyncio.run(_migrate())
+        yield url
 
 
 def conninfo_parts(url: str) -> dict[str, str]:

@@ -15,21 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
 import statistics
-import tempfile
 import time
-import uuid
-from pathlib import Path
 
-from _common import SQL
+from _common import SQL, fresh_database, postgres
 from rich.console import Console
 from rich.table import Table
 
-from callwarden.database.databases import create_database, drop_database
-from callwarden.database.db import Conn, EmbeddedServer, connect
-from callwarden.database.migrate import available, migrate
+from callwarden.database.db import Conn, connect
+from callwarden.database.migrate import available
 
 MEDIA = '[{"key": "k/0", "url": "/m/k/0", "content_type": "image/png", "size": 3}]'
 RESULT = '{"media_urls": ["u"], "cost": 2.5}'
@@ -63,11 +57,6 @@ async def round_ms(url: str, jobs: int) -> dict[str, float]:
     return {**out, "call": sum(out.values())}
 
 
-async def prepare(url: str, upto: int | None) -> None:
-    async with await connect(url) as conn:
-        await migrate(conn, upto=upto)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=200, help="calls per round")
@@ -75,30 +64,16 @@ def main() -> None:
     ap.add_argument("--before", type=int, default=16, help="the earlier release's last migration")
     args = ap.parse_args()
     newest = available()[-1].version
-    server, folder = None, None
-    admin = os.environ.get("DATABASE_URL")
-    if not admin:
-        folder = Path(tempfile.mkdtemp(prefix="cw-bench-"))
-        server = EmbeddedServer(folder, cleanup="delete")
-        admin = server.url()
-    sides = {args.before: f"bench_host_{args.before}_{uuid.uuid4().hex[:8]}",
-             newest: f"bench_host_{newest}_{uuid.uuid4().hex[:8]}"}
-    urls = {v: create_database(admin, name) for v, name in sides.items()}
-    try:
-        for version, url in urls.items():
-            asyncio.run(prepare(url, version))
+    with postgres() as admin, \
+            fresh_database("bench_host", admin=admin, upto=args.before) as before, \
+            fresh_database("bench_host", admin=admin) as new:
+        urls = {args.before: before, newest: new}
+        for url in urls.values():
             asyncio.run(round_ms(url, args.jobs // 2))  # warm-up
         times: dict[int, list[dict[str, float]]] = {v: [] for v in urls}
         for r in range(args.rounds):
             for version in (sorted(urls) if r % 2 == 0 else sorted(urls, reverse=True)):
                 times[version].append(asyncio.run(round_ms(urls[version], args.jobs)))
-    finally:
-        for name in sides.values():
-            drop_database(admin, name)
-        if server is not None:
-            server.stop()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
     table = Table(title=f"the host API: one happy async call, {args.jobs} calls x "
                         f"{args.rounds} rounds")
     table.add_column("ms (median of rounds)")
