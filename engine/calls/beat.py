@@ -11,6 +11,11 @@ while psycopg_pool hands the waiting task a connection can leave that connection
 out for good (the same bench: 7 of 8 connections left after a window, in 4 runs of 10).
 ``stop()`` therefore sets a flag the loop checks around every beat, cancels only a sleep,
 and waits for a beat in flight to finish.
+
+With the default ``sleep`` the first wait is the event loop's timer, and the loop's task is
+made only when it fires: most blocks end before their first beat is due, and then stopping
+is cancelling a timer (no task made, cancelled and waited for over turns of the event
+loop: a runner's call starts one around its create and one around storing its media).
 """
 
 from __future__ import annotations
@@ -26,22 +31,37 @@ class Beat:
     :meth:`stop`, or until a beat answers ``False`` (a lease that was lost)."""
 
     def __init__(self, beat: Callable[[], Awaitable[bool | None]], every_s: float, *,
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
-        self._beat, self._every_s, self._sleep = beat, every_s, sleep
+                 sleep: Callable[[float], Awaitable[object]] | None = None) -> None:
+        """``sleep``: how the loop waits (default :func:`asyncio.sleep`, the first wait on
+        the loop's timer: see the module)."""
+        self._beat, self._every_s = beat, every_s
+        self._sleep, self._timed = sleep or asyncio.sleep, sleep is None
         self._stopped = self._sleeping = False
         self._task: asyncio.Task[None] | None = None
+        self._first: asyncio.TimerHandle | None = None
 
     def start(self) -> Beat:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        if self._timed:
+            self._first = loop.call_later(self._every_s, self._first_due)
+        else:
+            self._task = loop.create_task(self._run())
         return self
 
-    async def _run(self) -> None:
+    def _first_due(self) -> None:
+        self._first = None
+        self._task = asyncio.get_running_loop().create_task(self._run(slept=True))
+
+    async def _run(self, *, slept: bool = False) -> None:
+        """Beat after each wait (``slept``: the first one is over) until stopped."""
         while not self._stopped:
-            self._sleeping = True
-            try:
-                await self._sleep(self._every_s)
-            finally:
-                self._sleeping = False
+            if not slept:
+                self._sleeping = True
+                try:
+                    await self._sleep(self._every_s)
+                finally:
+                    self._sleeping = False
+            slept = False
             if self._stopped or await self._beat() is False:
                 return
 
@@ -50,6 +70,9 @@ class Beat:
         finish (cancelling a task that waits for a pooled connection can lose the
         connection), and the caller's own cancellation does not reach the beat (shielded)."""
         self._stopped = True
+        if self._first is not None:  # the first beat was not due yet: no task was made
+            self._first.cancel()
+            self._first = None
         task, self._task = self._task, None
         if task is None:
             return

@@ -6,6 +6,7 @@ running)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -40,11 +41,17 @@ class HeldBeat:
         self.ended += 1
 
 
-async def test_stop_lets_the_beat_in_flight_finish_and_no_other_starts() -> None:
+#: The loop's waits: a sleep of its own, or the default (the first one on the loop's timer).
+SLEEPS = pytest.mark.parametrize("sleep", [no_wait, None], ids=["own_sleep", "timer"])
+
+
+@SLEEPS
+async def test_stop_lets_the_beat_in_flight_finish_and_no_other_starts(
+        sleep: Callable[[float], Awaitable[None]] | None) -> None:
     """``stop()`` during a beat does not cancel it: the beat completes (it saw no
     CancelledError), ``stop()`` returns once it has, and no further beat runs."""
     beat = HeldBeat()
-    loop = Beat(beat, 0.0, sleep=no_wait).start()
+    loop = Beat(beat, 0.0, sleep=sleep).start()
     await beat.in_flight.wait()
     stopping = asyncio.ensure_future(loop.stop())
     await settle()
@@ -56,14 +63,16 @@ async def test_stop_lets_the_beat_in_flight_finish_and_no_other_starts() -> None
     assert (beat.begun, beat.ended, beat.cancelled) == (1, 1, 0)
 
 
-async def test_a_cancelled_caller_does_not_cancel_the_beat_in_flight() -> None:
+@SLEEPS
+async def test_a_cancelled_caller_does_not_cancel_the_beat_in_flight(
+        sleep: Callable[[float], Awaitable[None]] | None) -> None:
     """The task that stops the loop being cancelled (a worker shutting down) is not
     passed on to the beat: it still completes, and the loop still ends."""
     beat = HeldBeat()
-    loop = Beat(beat, 0.0, sleep=no_wait).start()
+    loop = Beat(beat, 0.0, sleep=sleep).start()
+    await beat.in_flight.wait()
     task = loop._task
     assert task is not None
-    await beat.in_flight.wait()
     stopping = asyncio.ensure_future(loop.stop())
     await settle()
     stopping.cancel()
@@ -104,3 +113,30 @@ async def test_a_beat_answering_false_ends_the_loop() -> None:
     assert task.done()
     await loop.stop()
     assert beats == 3
+
+
+async def test_the_timer_makes_no_task_before_the_first_beat_then_beats_until_stopped() -> None:
+    """With the default sleep no task is made until the first beat is due (a block that
+    ends before it only cancels a timer); from then on the loop beats every ``every_s``
+    until it is stopped, and not after."""
+    beats = 0
+    three = asyncio.Event()
+
+    async def beat() -> None:
+        nonlocal beats
+        beats += 1
+        if beats == 3:
+            three.set()
+
+    idle = Beat(beat, 3600.0).start()
+    assert idle._task is None
+    await idle.stop()
+    loop = Beat(beat, 0.001).start()
+    assert loop._task is None
+    await asyncio.wait_for(three.wait(), timeout=5)
+    task = loop._task
+    assert task is not None
+    await asyncio.wait_for(loop.stop(), timeout=5)
+    # its task ended and no timer is left: no beat can come after the stop
+    assert task.done()
+    assert (loop._task, loop._first) == (None, None)
