@@ -60,7 +60,7 @@ from callwarden.errors import (
 from callwarden.events.codec import Encoded, EventDecodeError, decode
 from callwarden.events.types import Adopted, Cancelled, Event, StoredMedia, TaskCreated
 from callwarden.projections.columns import ProjectionUnreadable, from_row
-from callwarden.projections.fold import CallProjection, apply, fold
+from callwarden.projections.fold import CallProjection, apply, fold, fold_from
 
 __all__ = [
     "AppendResult", "Decide", "append", "append_params", "as_run", "cancel",
@@ -85,7 +85,9 @@ def trace_appends(hook: TraceAppend | None) -> None:
 async def _run(conn: Conn, name: str, params: dict[str, Any]) -> list[DictRow]:
     try:
         cur = await conn.execute(QUERIES[name], params)
-        return await cur.fetchall() if cur.description is not None else []
+        # rows to fetch (``rownumber``: not ``description``, which builds every column's
+        # description only to be compared with None)
+        return await cur.fetchall() if cur.rownumber is not None else []
     except psycopg.Error as exc:
         if is_lost_append_race(exc):
             return []  # someone appended this seq first: a lost race
@@ -216,9 +218,9 @@ async def _append(
 ) -> AppendResult:
     check_run(events)
     events, encoded = recorded(events)
-    new = current
-    for e in events:
-        new = apply(new, e)
+    new = apply(current, events[0])  # (from EMPTY on a row with no event yet)
+    if len(events) > 1:  # the rest of a run, folded in one pass
+        new = fold_from(new, events[1:])
     params = append_params(job_id, current, new, events, encoded)
     statement = ("append_start" if params["is_start"]
                  else "append_event" if params["settle_to"] is not None else "append_move")
