@@ -17,6 +17,8 @@ unique index they rely on for one task, one job)."""
 
 from __future__ import annotations
 
+import weakref
+
 from callwarden.database.boundary import translated
 from callwarden.database.db import Conn
 from callwarden.database.queries import QUERIES
@@ -24,11 +26,20 @@ from callwarden.database.queries import QUERIES
 __all__ = ["forget", "on_citus", "statement_for"]
 
 _SEEN: dict[tuple[str, int, str], bool] = {}
+#: Each connection's server and database, read from libpq once (every append asks).
+_KEYS: weakref.WeakKeyDictionary[Conn, tuple[str, int, str]] = weakref.WeakKeyDictionary()
+
+
+def _key(conn: Conn) -> tuple[str, int, str]:
+    key = _KEYS.get(conn)
+    if key is None:
+        key = _KEYS[conn] = (conn.info.host, conn.info.port, conn.info.dbname)
+    return key
 
 
 async def on_citus(conn: Conn) -> bool:
     """Whether ``conn``'s database has the ``citus`` extension (asked once, remembered)."""
-    key = (conn.info.host, conn.info.port, conn.info.dbname)
+    key = _key(conn)
     found = _SEEN.get(key)
     if found is None:
         with translated():
@@ -41,7 +52,7 @@ async def on_citus(conn: Conn) -> bool:
 def forget(conn: Conn) -> None:
     """Ask again next time (``migrate`` calls it: it may have moved the database to
     Citus; processes that asked before must still be restarted)."""
-    _SEEN.pop((conn.info.host, conn.info.port, conn.info.dbname), None)
+    _SEEN.pop(_key(conn), None)
 
 
 async def statement_for(conn: Conn, name: str) -> str:
