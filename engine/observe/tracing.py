@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -65,6 +65,11 @@ def _ignore(_: object) -> None:
     pass
 
 
+#: What a hook answers while :func:`_off`: one context, made once, that yields
+#: :func:`_ignore` (a request and an append then build no generator of their own).
+_NO_SPAN = nullcontext(_ignore)
+
+
 _global = True  # spans come from the global provider (use() without one)
 
 
@@ -75,13 +80,15 @@ def _off() -> bool:
                                   (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
-@contextmanager
 def _request(provider: str, method: str, url: str, attempt: int
-             ) -> Iterator[Callable[[RawResponse], None]]:
+             ) -> AbstractContextManager[Callable[[RawResponse], None]]:
+    return _NO_SPAN if _off() else _request_span(provider, method, url, attempt)
+
+
+@contextmanager
+def _request_span(provider: str, method: str, url: str, attempt: int
+                  ) -> Iterator[Callable[[RawResponse], None]]:
     assert _tracer is not None
-    if _off():
-        yield _ignore
-        return
     u = urlsplit(url)  # no credentials, no query string
     attrs: dict[str, Any] = {
         "callwarden.provider": provider, "callwarden.attempt": attempt,
@@ -98,15 +105,17 @@ def _request(provider: str, method: str, url: str, attempt: int
         yield lambda raw: span.set_attribute("http.response.status_code", raw.status)
 
 
-@contextmanager
 def _transition(job_id: uuid.UUID, current: CallProjection, events: Sequence[Event]
-                ) -> Iterator[Callable[[AppendResult], None]]:
+                ) -> AbstractContextManager[Callable[[AppendResult], None]]:
+    return _NO_SPAN if _off() else _transition_span(job_id, current, events)
+
+
+@contextmanager
+def _transition_span(job_id: uuid.UUID, current: CallProjection, events: Sequence[Event]
+                     ) -> Iterator[Callable[[AppendResult], None]]:
     """One span per append: one event, or a run (``callwarden.event`` names them joined
     by ``+``, ``callwarden.events`` counts them, ``callwarden.seq`` is the last one's)."""
     assert _tracer is not None
-    if _off():
-        yield _ignore
-        return
     attrs: dict[str, Any] = {
         "callwarden.job_id": str(job_id),
         "callwarden.event": "+".join(type(e).__name__ for e in events),
