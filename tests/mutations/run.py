@@ -546,6 +546,23 @@ MUTANTS: tuple[Mutant, ...] = (
               "        IF v_n >= v_cap THEN", "        IF v_n > v_cap THEN"),),
         ("tests/integration/test_admission.py",)),
     Mutant(
+        "follow-balance-trigger-anywhere",
+        "the balance trigger's function runs on any table under any name (issue 41): a role "
+        "that may execute it credits any balance from a table of its own",
+        (Edit("migrations/0020_follow_balance.sql",
+              "    IF TG_RELID <> '@host@.usage_logs'::regclass OR TG_NAME <> "
+              "'callwarden_balance' THEN",
+              "    IF false THEN"),),
+        ("tests/integration/test_follow_balance.py",)),
+    Mutant(
+        "polled-url-string-read-as-letters",
+        "Polled takes one URL string for its list of files (issue 41): a call succeeds with "
+        "a file per character and without its result",
+        (Edit("providers/polled.py",
+              "        if isinstance(said, str | bytes):\n",
+              "        if isinstance(said, bytes):\n"),),
+        ("tests/integration/providers/test_polled.py",)),
+    Mutant(
         "provider-429-fails-limited-call",
         "a provider's 429 on a create of a limited account's kind fails and refunds the "
         "call at once instead of slowing the account and creating again (issue 42)",
