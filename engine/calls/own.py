@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -89,6 +88,7 @@ from callwarden.providers.outcomes import (
 )
 from callwarden.providers.storage import MediaStore, StoredObject
 from callwarden.rules.upstream import upstream_event
+from callwarden.rules.waits import rate_limited_error, rate_limited_pause
 
 if TYPE_CHECKING:
     from callwarden.calls.own_sync import SyncCallContext
@@ -332,12 +332,11 @@ class OwnCall:
             self._rate_until = now + self.calls.config.rate_limited_wait_s
         slowed = await self.calls.db.slow_down(self.kind, retry_after_s)
         if slowed is not None:
-            pause = (max(slowed.paused_s, retry_after_s or 0.0, 0.05)
-                     * (1 + random.random() / 4))  # the calls one pause stopped spread out
+            pause = rate_limited_pause(slowed.paused_s, retry_after_s)
             if now + pause <= self._rate_until:
                 return pause
-            error = (f"{error} (account {slowed.account}: the provider refused every create "
-                     f"for rate_limited_wait_s, {self.calls.config.rate_limited_wait_s:g} s)")
+            error = rate_limited_error(error, slowed.account,
+                                       self.calls.config.rate_limited_wait_s)
         await self.failed(error, code="rate_limited")
         return None
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -68,6 +67,7 @@ from callwarden.providers.outcomes import Failed, PollOutcome, Running
 from callwarden.providers.registry import client_for
 from callwarden.providers.storage import MediaStore
 from callwarden.rules.upstream import upstream_event
+from callwarden.rules.waits import rate_limited_error, rate_limited_pause
 
 __all__ = ["ACTIVE", "CallOutcome", "CallRunner", "call_outcome"]
 
@@ -227,8 +227,7 @@ class CallRunner(AsyncClosing):
         slowed = await self.db.slow_down(kind, exc.retry_after)
         if slowed is None:
             return None, None
-        # (up to a quarter more: the calls one pause stopped do not all call again at once)
-        pause = max(slowed.paused_s, exc.retry_after or 0.0, 0.05) * (1 + random.random() / 4)
+        pause = rate_limited_pause(slowed.paused_s, exc.retry_after)
         log.info("%s create refused (%s): account %s paused %.2f s, caps x%.3f", kind, exc,
                  slowed.account, pause, slowed.rate_factor)
         return slowed.account, pause if self.monotonic() + pause <= until else None
@@ -328,9 +327,7 @@ class CallRunner(AsyncClosing):
 
     def _limited(self, exc: RateLimited, account: str | None) -> str:
         """A 429's error text: the provider's, and the account's wait that ran out."""
-        return str(exc) if account is None else (
-            f"{exc} (account {account}: the provider refused every create for "
-            f"rate_limited_wait_s, {self.config.rate_limited_wait_s:g} s)")
+        return rate_limited_error(str(exc), account, self.config.rate_limited_wait_s)
 
     async def inline(self, job_id: uuid.UUID, kind: str,
                      outcome: PollOutcome) -> tuple[PollOutcome, tuple[str, ...]]:

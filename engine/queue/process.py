@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,8 +64,9 @@ from callwarden.providers.kinds import KINDS, is_sync_call
 from callwarden.providers.storage import MediaStore
 from callwarden.queue.outage import OutageRetries
 from callwarden.queue.own import OwnBody, run_own
+from callwarden.rules.waits import jittered
 
-__all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "jittered", "log_outcome",
+__all__ = ["MEDIA_PER_RESULT", "ProcessRunner", "RunnerOptions", "log_outcome",
            "longest_run_s", "open_runner", "options_from_env", "outcome_dict"]
 
 log = logging.getLogger("callwarden.queue")
@@ -259,12 +259,6 @@ class ProcessRunner:
     def database_answered(self) -> None:
         """A job's try reached the database: the process's outage, if any, is over."""
         self.outage.up()
-
-
-def jittered(delay_s: float) -> float:
-    """``delay_s`` plus up to a quarter of it, so the jobs a limit refused together do not
-    all come back at once."""
-    return delay_s * (1 + random.random() / 4)
 
 
 def _what_failed(exc: BaseException) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import uuid
 
 import aiohttp
@@ -52,6 +51,7 @@ from callwarden.queue.claims import (
     parse_job,
     reject,
 )
+from callwarden.rules.waits import jittered
 
 __all__ = ["Worker", "run_worker"]
 
@@ -188,7 +188,7 @@ class Worker:
         if outcome.result == "waiting":  # refused by the account's limits: not a delivery
             async with connection(self.pool) as conn:
                 back = await defer(conn, job.job_id, owner=self.owner,
-                                   retry_after_s=_jittered(outcome.retry_after_s or 1.0))
+                                   retry_after_s=jittered(outcome.retry_after_s or 1.0))
             log.info("job %s kind=%s waiting: %s (deferred=%s)", job.job_id, spec.kind,
                      outcome.detail, back)
             return
@@ -230,12 +230,6 @@ class Worker:
     async def _give_up(self, job: Claimed) -> None:
         await self._reject(job, f"delivered {job.deliveries} times (max "
                                 f"{self.max_deliveries})")
-
-
-def _jittered(delay_s: float) -> float:
-    """``delay_s`` plus up to a quarter of it, so the jobs a limit refused together do not
-    all come back at once."""
-    return delay_s * (1 + random.random() / 4)
 
 
 def _log_outcome(job: Claimed, spec: JobSpec, outcome: CallOutcome, acked: bool) -> None:
