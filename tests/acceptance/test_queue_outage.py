@@ -51,7 +51,14 @@ from callwarden.queue.arq import CTX_KEY, OUTAGE_KEY, enqueue_call, run_job_call
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.queue.process import RunnerOptions, open_runner
 from tests.acceptance.conftest import ROOT, Workers
-from tests.support.queues import Queues, QueueWorker, completed_once, rooted, send_celery_task
+from tests.support.queues import (
+    Queues,
+    QueueWorker,
+    completed_once,
+    rooted,
+    send_call,
+    send_celery_task,
+)
 
 pytestmark = pytest.mark.xdist_group("fleets")
 
@@ -291,11 +298,8 @@ async def _worker_for(queue: str, queues: Queues) -> QueueWorker:
 
 async def _send(queue: str, job: uuid.UUID, arq_redis: ArqRedis, redis_url: str) -> str:
     """Enqueue the job on ``queue``; the pattern of its outcome line once it completed."""
-    if queue == "arq":
-        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
-        return rf"job {job} kind={KIND} arq_job=callwarden:{job} try=\d+ pid=\d+ "
-    await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
-    return rf"job {job} kind={KIND} task=t-{job} redelivered=\w+ pid=\d+ "
+    delivery = await send_call(queue, job, KIND, REQUEST, arq_redis, redis_url)
+    return rf"job {job} kind={KIND} {delivery} pid=\d+ "
 
 
 @pytest.mark.timeout(180)

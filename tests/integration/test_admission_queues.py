@@ -47,7 +47,6 @@ from callwarden.queue.arq import (
     CTX_KEY,
     OUTAGE_KEY,
     WAITING_KEY,
-    enqueue_call,
     run_job_call,
     run_own_call,
 )
@@ -55,7 +54,13 @@ from callwarden.queue.celery import register
 from callwarden.queue.process import RunnerOptions, open_runner
 from callwarden.replay.verify import verify_job
 from tests.acceptance.conftest import Workers
-from tests.support.queues import Queues, QueueWorker, send_celery_task, until, value
+from tests.support.queues import (
+    Queues,
+    QueueWorker,
+    send_call,
+    until,
+    value,
+)
 
 KIND = "kie-standard"
 SYNC_KIND = "anthropic-sync"
@@ -286,15 +291,6 @@ async def _started(queue: str, queues: Queues) -> QueueWorker:
     return worker
 
 
-async def _sent(queue: str, job: uuid.UUID, arq_redis: ArqRedis, redis_url: str) -> str:
-    """The job sent to ``queue``; how its worker's lines name its delivery (a regex)."""
-    if queue == "arq":
-        assert await enqueue_call(arq_redis, job, KIND, REQUEST) is not None
-        return rf"arq_job=callwarden:{job} try=\d+"
-    await send_celery_task(redis_url, job, KIND, REQUEST, task_id=f"t-{job}")
-    return rf"task=t-{job} redelivered=\w+"
-
-
 @pytest.mark.xdist_group("fleets")  # spawns worker processes
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("queue", ["arq", "celery"])
@@ -311,7 +307,7 @@ async def test_a_real_worker_keeps_a_refused_job_queued_past_its_give_up_then_ru
     holder = await hold_the_slot(conn)
     job = await the_job(conn)
     worker = await _started(queue, queues)
-    delivery = await _sent(queue, job, arq_redis, redis_url)
+    delivery = await send_call(queue, job, KIND, REQUEST, arq_redis, redis_url)
     refused = await worker.line(WAITING_LINE.format(job=job, delivery=delivery,
                                                     reason=re.escape(REFUSED)),
                                 "three refused tries", count=3)
@@ -370,7 +366,7 @@ async def test_a_job_that_waited_gets_the_first_outage_delay_at_its_first_outage
     holder = await hold_the_slot(conn)
     job = await the_job(conn)
     worker = await _started(queue, queues)
-    delivery = await _sent(queue, job, arq_redis, redis_url)
+    delivery = await send_call(queue, job, KIND, REQUEST, arq_redis, redis_url)
     waited = WAITING_LINE.format(job=job, delivery=delivery, reason=re.escape(REFUSED))
     await worker.line(waited, "three refused tries", count=3)
 

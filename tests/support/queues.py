@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from arq.connections import ArqRedis
 from celery import Celery
 
 from callwarden.database.citus import on_citus
 from callwarden.database.db import Conn
 from callwarden.providers.simulator.core import RunningSimulator
+from callwarden.queue.arq import enqueue_call
 from callwarden.queue.celery import TASK_NAME as CELERY_TASK
 from callwarden.replay.verify import verify, verify_job
 
@@ -124,6 +126,17 @@ async def until(what: str, check: Callable[[], Awaitable[Any]], *,
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
     return found
+
+
+async def send_call(queue: str, job: uuid.UUID, kind: str, request: Mapping[str, Any],
+                    arq_redis: ArqRedis, redis_url: str) -> str:
+    """``job`` sent to ``queue`` (``arq`` or Celery) as a host's web process sends it; how
+    its worker's lines name the delivery (a regex)."""
+    if queue == "arq":
+        assert await enqueue_call(arq_redis, job, kind, request) is not None
+        return rf"arq_job=callwarden:{job} try=\d+"
+    await send_celery_task(redis_url, job, kind, request, task_id=f"t-{job}")
+    return rf"task=t-{job} redelivered=\w+"
 
 
 async def send_celery_task(redis_url: str, job: uuid.UUID, kind: str,
