@@ -78,6 +78,13 @@ SELECT id, user_id,
 FROM jobs
 WHERE provider_task_id LIKE 'task-%%';
 
+-- name: load_assets
+-- One stored file per completed job (the job page's files, its assets query).
+INSERT INTO assets (job_id, user_id, storage_key, url, content_type, size_bytes)
+SELECT id, user_id, id::text || '/0.png', '/media/' || id::text || '/0.png', 'image/png', 1024
+FROM jobs
+WHERE call_state = 'completed';
+
 -- name: vacuum_analyze
 VACUUM ANALYZE jobs, callwarden.call_events, usage_logs;
 

@@ -30,7 +30,7 @@ from callwarden.service.dashboard.rollup import QUERIES as ROLLED
 ROWS = int(os.environ.get("CALLWARDEN_DASHBOARD_ROWS", "1000000"))
 LOAD = load_queries((Path(__file__).parents[2] / "bench" / "dashboard.sql")
                     .read_text(encoding="utf-8"))
-TABLES = {"jobs", "call_events", "usage_logs"}
+TABLES = {"jobs", "call_events", "usage_logs", "assets"}
 
 
 def seq_scans(plan: dict[str, Any]) -> Iterator[str]:
@@ -88,6 +88,7 @@ async def generic_plan(conn: Conn, name: str, params: dict[str, Any]) -> dict[st
 async def million(conn: Conn) -> tuple[uuid.UUID, datetime]:
     for name in ("load_jobs", "load_call_events", "load_usage_logs"):
         await conn.execute(LOAD[name], {"rows": ROWS, "open": 200})
+    await conn.execute(LOAD["load_assets"])
     # jobs waiting for a slot (callwarden.waiting is small: each row reaches its job by
     # the primary key)
     await conn.execute("INSERT INTO callwarden.limits (account, kinds, in_flight) "
@@ -95,7 +96,7 @@ async def million(conn: Conn) -> tuple[uuid.UUID, datetime]:
     await conn.execute("INSERT INTO callwarden.waiting (job_id, account, reason, retry_at) "
                        "SELECT id, 'kie-main', 'kie-main: 1 of 1 calls in flight', "
                        "now() + interval '2 s' FROM jobs ORDER BY id LIMIT 1000")
-    await conn.execute("VACUUM ANALYZE jobs, callwarden.call_events, usage_logs, "
+    await conn.execute("VACUUM ANALYZE jobs, callwarden.call_events, usage_logs, assets, "
                        "callwarden.waiting, callwarden.limits")
     counts = await (await conn.execute(
         "SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM "
@@ -123,6 +124,8 @@ def cases(job: uuid.UUID, at: datetime, now: datetime) -> list[tuple[str, dict[s
         ("dashboard_search", {"job_id": job, "task_id": str(job)}),
         ("dashboard_search", {"job_id": None, "task_id": "task-4242"}),
         ("dashboard_job_events", {"job_id": job}), ("dashboard_ledger", {"job_id": job}),
+        # the job page's what went in and what came out: its row, its stored files
+        ("dashboard_job_io", {"job_id": job}), ("dashboard_job_assets", {"job_id": job}),
         ("audit_job", {"job_id": job}), ("load_events", {"job_id": job}),
         # a bulk admin action: its preview's jobs (up to 500 ids), a run's refund read-back
         ("dashboard_bulk_jobs", {"ids": [job, *(uuid.uuid4() for _ in range(499))]}),
