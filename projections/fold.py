@@ -49,8 +49,8 @@ from callwarden.projections.writes import (
     Step,
 )
 
-__all__ = ["EMPTY", "OBSERVED_FIELDS", "STATE_STATUS", "CallProjection", "apply", "fold",
-           "fold_from"]
+__all__ = ["EMPTY", "OBSERVED_FIELDS", "STATE_STATUS", "CallProjection", "apply", "apply_all",
+           "fold", "fold_from"]
 
 #: The host status each state projects to (``None``: left as the host set it).
 STATE_STATUS: dict[CallState, str | None] = {
@@ -301,7 +301,12 @@ def fold(events: Iterable[Event]) -> CallProjection:
 
 
 def apply(p: CallProjection, e: Event) -> CallProjection:
-    """``p`` after one more event; raises ``InvalidTransition`` if it may not follow.
+    """``p`` after one more event; raises ``InvalidTransition`` if it may not follow."""
+    return apply_all(p, (e,))
+
+
+def apply_all(p: CallProjection, events: Iterable[Event]) -> CallProjection:
+    """``p`` (a job's row as read) after ``events``, in one pass.
 
     A row with no event yet folds from :data:`EMPTY` (keeping only what was observed on
     it: the host's status and settled reservations), never from the seed columns the host
@@ -309,4 +314,4 @@ def apply(p: CallProjection, e: Event) -> CallProjection:
     if p.state is None and p.version == 0:
         p = msgspec.structs.replace(EMPTY, status=p.status,
                                     settled_reservations=p.settled_reservations)
-    return fold_from(p, (e,))
+    return fold_from(p, events)

@@ -60,7 +60,7 @@ from callwarden.errors import (
 from callwarden.events.codec import Encoded, EventDecodeError, decode
 from callwarden.events.types import Adopted, Cancelled, Event, StoredMedia, TaskCreated
 from callwarden.projections.columns import ProjectionUnreadable, from_row
-from callwarden.projections.fold import CallProjection, apply, fold, fold_from
+from callwarden.projections.fold import CallProjection, apply_all, fold
 
 __all__ = [
     "AppendResult", "Decide", "append", "append_params", "as_run", "cancel",
@@ -218,9 +218,7 @@ async def _append(
 ) -> AppendResult:
     check_run(events)
     events, encoded = recorded(events)
-    new = apply(current, events[0])  # (from EMPTY on a row with no event yet)
-    if len(events) > 1:  # the rest of a run, folded in one pass
-        new = fold_from(new, events[1:])
+    new = apply_all(current, events)
     params = append_params(job_id, current, new, events, encoded)
     statement = ("append_start" if params["is_start"]
                  else "append_event" if params["settle_to"] is not None else "append_move")
